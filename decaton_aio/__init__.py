@@ -1,0 +1,60 @@
+"""decaton-aio: an asyncio-native Kafka task processing runtime.
+
+Records of one partition are processed concurrently as coroutines, ordering is kept per
+key, and at-least-once delivery holds whatever order tasks finish in.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from decaton_aio.embedded import EmbeddedBroker
+from decaton_aio.errors import (
+    BrokerError,
+    ConfigError,
+    DecatonError,
+    DecodeError,
+    ProcessingError,
+    ProducerError,
+)
+from decaton_aio.logs import configure_logging
+from decaton_aio.metadata import (
+    METADATA_HEADER,
+    TaskMetadata,
+    decode_metadata,
+    encode_metadata,
+    metadata_from_headers,
+)
+from decaton_aio.producer import ProducerConfig, RecordLocation, TaskProducer
+from decaton_aio.serializers import (
+    BytesSerializer,
+    JsonSerializer,
+    MsgpackSerializer,
+    ProtobufSerializer,
+)
+from decaton_aio.typing import Serializer
+
+__all__ = [
+    "METADATA_HEADER",
+    "BrokerError",
+    "BytesSerializer",
+    "ConfigError",
+    "DecatonError",
+    "DecodeError",
+    "EmbeddedBroker",
+    "JsonSerializer",
+    "MsgpackSerializer",
+    "ProcessingError",
+    "ProducerConfig",
+    "ProducerError",
+    "ProtobufSerializer",
+    "RecordLocation",
+    "Serializer",
+    "TaskMetadata",
+    "TaskProducer",
+    "__version__",
+    "configure_logging",
+    "decode_metadata",
+    "encode_metadata",
+    "metadata_from_headers",
+]

@@ -1,0 +1,3 @@
+from decaton_aio.cli import entrypoint
+
+entrypoint()

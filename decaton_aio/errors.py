@@ -1,0 +1,63 @@
+"""The error tree of decaton-aio.
+
+Every error the library raises on purpose derives from :class:`DecatonError`::
+
+    DecatonError
+     +-- ConfigError            a setting, argument or application object is wrong
+     +-- BrokerError            the embedded broker cannot be found, started or reached
+     +-- DecodeError            a record's body or ``dt_meta`` header cannot be decoded
+     +-- ProducerError          a task could not be delivered to the broker
+     +-- ProcessingError        a processor failed a task
+
+Each class carries ``retriable``: whether doing the same thing again may succeed.
+Control flow (asking for a retry, skipping a record) is not an error and lives elsewhere.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "ConfigError",
+    "DecatonError",
+    "DecodeError",
+    "ProcessingError",
+    "ProducerError",
+]
+
+
+class DecatonError(Exception):
+    """Raised for any failure decaton-aio reports on purpose."""
+
+    retriable: bool = False
+
+
+class ConfigError(DecatonError, ValueError):
+    """Raised when a setting, argument or application object is invalid."""
+
+
+class BrokerError(DecatonError):
+    """Raised when the embedded broker cannot be found, started or reached."""
+
+
+class DecodeError(DecatonError):
+    """Raised when a record's body or ``dt_meta`` header cannot be decoded.
+
+    Attributes:
+        part: which part failed: ``"header"`` (the ``dt_meta`` metadata) or ``"body"``.
+        reason: a one-line human-readable reason, suitable for a dead letter header.
+    """
+
+    def __init__(self, part: str, reason: str) -> None:
+        super().__init__(f"cannot decode task {part}: {reason}")
+        self.part = part
+        self.reason = reason
+
+
+class ProducerError(DecatonError):
+    """Raised when a task could not be delivered to the broker."""
+
+    retriable = True
+
+
+class ProcessingError(DecatonError):
+    """Raised when a processor failed a task and the failure is reported to the caller."""

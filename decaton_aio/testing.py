@@ -1,0 +1,180 @@
+"""Helpers for testing code built on decaton-aio against a real broker.
+
+The pytest plugin (:mod:`decaton_aio.pytest_plugin`) is a thin layer of fixtures over
+these. They work the same against the embedded broker and against a real Apache Kafka
+cluster named by ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from decaton_aio.embedded import EmbeddedBroker
+from decaton_aio.errors import BrokerError
+
+__all__ = [
+    "BOOTSTRAP_ENV_VAR",
+    "TEST_CONSUMER_SETTINGS",
+    "BrokerHandle",
+    "TopicAdmin",
+    "read_records",
+]
+
+#: Set it to run the same tests against an existing cluster instead of the embedded broker.
+BOOTSTRAP_ENV_VAR = "DECATON_AIO_BOOTSTRAP_SERVERS"
+
+#: Consumer group settings for tests: the embedded broker completes a new group's join
+#: only after half the session timeout, so a short one keeps each consumer start quick.
+TEST_CONSUMER_SETTINGS: dict[str, Any] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 500,
+}
+
+
+@dataclass
+class BrokerHandle:
+    """The broker a test talks to: an embedded one, or an external cluster.
+
+    Attributes:
+        bootstrap_servers: where clients connect.
+        embedded: the embedded broker when the project started one, else ``None``.
+    """
+
+    bootstrap_servers: str
+    embedded: EmbeddedBroker | None = None
+
+    @property
+    def is_embedded(self) -> bool:
+        """True when the broker is the embedded Tansu, with its known gaps."""
+        return self.embedded is not None
+
+    @property
+    def supports_idempotence(self) -> bool:
+        """Whether aiokafka's idempotent producer works here (not on the embedded broker)."""
+        return self.embedded is None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> BrokerHandle:
+        """The external cluster named by the environment, or a started embedded broker."""
+        env = os.environ if environ is None else environ
+        servers = env.get(BOOTSTRAP_ENV_VAR, "").strip()
+        if servers:
+            return cls(servers)
+        broker = EmbeddedBroker().start()
+        return cls(broker.bootstrap_servers, broker)
+
+    def close(self) -> None:
+        """Stop the embedded broker, if this handle started one."""
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+class TopicAdmin:
+    """Creates uniquely named topics and deletes them again."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self._client: AIOKafkaAdminClient | None = None
+        self.created: list[str] = []
+
+    async def create(
+        self, partitions: int = 1, *, name: str | None = None, prefix: str = "test"
+    ) -> str:
+        """Create a topic and wait until its metadata is visible.
+
+        Args:
+            partitions: how many partitions.
+            name: the exact name; ``<prefix>-<random>`` when omitted.
+            prefix: the start of a generated name.
+
+        Returns:
+            The topic name.
+        """
+        if self._client is None:
+            self._client = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap_servers)
+            await self._client.start()
+        topic = name or f"{prefix}-{uuid.uuid4().hex[:12]}"
+        response = await self._client.create_topics([NewTopic(topic, partitions, 1)])
+        for item in getattr(response, "topic_errors", []):
+            code = item[1]
+            if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+                raise BrokerError(f"creating topic {topic!r} failed with error code {code}")
+        self.created.append(topic)
+        return topic
+
+    async def close(self, *, delete: bool = True) -> None:
+        """Delete the topics created here (best effort) and disconnect."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            if delete and self.created:
+                await client.delete_topics(self.created)
+        except Exception:  # noqa: BLE001 - cleanup must not hide the test's own result
+            pass
+        finally:
+            await client.close()
+
+
+async def read_records(
+    bootstrap_servers: str,
+    topic: str,
+    count: int,
+    *,
+    timeout_s: float = 30.0,
+    partitions: Sequence[int] | None = None,
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Read ``count`` records of a topic from the beginning, without a consumer group.
+
+    Reads until ``count`` records arrived, not until the end offsets: the embedded broker
+    reports wrong end offsets for batches holding several records.
+
+    Raises:
+        TimeoutError: when fewer than ``count`` records arrived within ``timeout_s``; the
+            message says how many did.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers, enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        if partitions is None:
+            found = await _partitions_for(consumer, topic, timeout_s)
+            partitions = sorted(found)
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(records) < count:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"read {len(records)} of {count} records from {topic}")
+            batch = await consumer.getmany(timeout_ms=int(min(remaining, 0.5) * 1000))
+            for part in batch.values():
+                records.extend(part)
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def _partitions_for(consumer: AIOKafkaConsumer, topic: str, timeout_s: float) -> set[int]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        found: set[int] | None = consumer.partitions_for_topic(topic)
+        if found:
+            return found
+        if loop.time() > deadline:
+            raise TimeoutError(f"topic {topic!r} has no partitions after {timeout_s}s")
+        await consumer.topics()  # refreshes the cluster metadata
+        await asyncio.sleep(0.05)
