@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -188,6 +189,10 @@ class _DataError(Exception):
 
 async def _produce(args: argparse.Namespace) -> int:
     lines = _read_lines(args.file)
+    if args.log_level != "debug":
+        # Delivery failures are reported once, by us, as one line; the client's own
+        # connection errors would repeat them.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     config = ProducerConfig(
         bootstrap_servers=args.bootstrap_servers,
         idempotence=args.idempotence,

@@ -1,0 +1,124 @@
+"""The command line: exit codes and one clear line for every bad argument."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decaton_aio import __version__
+from decaton_aio.cli import (
+    EXIT_DATA,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    import_object,
+    main,
+)
+from decaton_aio.errors import ConfigError
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, f"expected one line, got:\n{err}"
+    assert "Traceback" not in err
+    return err
+
+
+def test_help_and_version_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help lists the subcommands; --version prints the version; both exit 0."""
+    assert main(["--help"]) == EXIT_OK
+    out = capsys.readouterr().out
+    for command in ("broker", "produce", "run"):
+        assert command in out
+    assert main(["--version"]) == EXIT_OK
+    assert __version__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], "required: COMMAND"),
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["produce", "--topic", "t"], "--bootstrap-servers"),
+        (["produce", "--bootstrap-servers", "x:1"], "--topic"),
+        (["broker", "--port", "abc"], "invalid int value: 'abc'"),
+        (["--log-level", "loud", "broker"], "invalid choice: 'loud'"),
+        (["run"], "MODULE:ATTR"),
+    ],
+)
+def test_bad_arguments_exit_usage_with_one_line(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad argument exits EXIT_USAGE with one line naming the problem."""
+    monkeypatch.delenv("DECATON_AIO_BOOTSTRAP_SERVERS", raising=False)
+    assert main(argv) == EXIT_USAGE
+    assert expected in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("no_colon", "is not MODULE:ATTR"),
+        (":attr", "is not MODULE:ATTR"),
+        ("no_such_module_xyz:proc", "no such module"),
+        ("json:no_such_attr", "has no attribute 'no_such_attr'"),
+    ],
+)
+def test_run_with_bad_target_is_one_line(
+    target: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` reports an unimportable target in one line, with EXIT_USAGE."""
+    assert main(["run", target]) == EXIT_USAGE
+    assert expected in _one_line_error(capsys)
+
+
+def test_import_object_reports_errors_inside_the_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that fails while importing is named with the error it raised."""
+    (tmp_path / "broken_app.py").write_text("raise RuntimeError('db url missing')\n")
+    (tmp_path / "needs_dep.py").write_text("import not_installed_dep_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="RuntimeError: db url missing"):
+        import_object("broken_app:proc")
+    with pytest.raises(ConfigError, match="not_installed_dep_xyz"):
+        import_object("needs_dep:proc")
+    assert import_object("os.path:join.__name__") == "join"
+
+
+def test_produce_rejects_bad_line_before_sending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A malformed JSON line is named by file and line number and nothing is produced.
+
+    The cluster address points nowhere: had anything been sent, the exit code would say
+    the cluster is unavailable instead.
+    """
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"key": "a", "task": {"n": 1}}\n{"key": "b", "task": \n')
+    code = main(["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--file", str(data)])
+    assert code == EXIT_DATA
+    err = _one_line_error(capsys)
+    assert f"{data}:2:" in err
+    assert "nothing was produced" in err
+
+
+def test_produce_missing_file_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file that does not exist is one line naming it."""
+    missing = tmp_path / "nope.jsonl"
+    code = main(["produce", "--bootstrap-servers", "h:1", "--topic", "t", "--file", str(missing)])
+    assert code == EXIT_USAGE
+    assert str(missing) in _one_line_error(capsys)
+
+
+def test_produce_to_unreachable_cluster_is_unavailable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster nobody listens on exits EXIT_UNAVAILABLE with one line."""
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"key": "a", "task": 1}\n')
+    code = main(["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--file", str(data)])
+    assert code == EXIT_UNAVAILABLE
+    assert "127.0.0.1:1" in _one_line_error(capsys)
+
+
+def test_exit_codes_are_distinct() -> None:
+    """Each named exit code means one thing."""
+    codes = [EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DATA, EXIT_UNAVAILABLE]
+    assert len(set(codes)) == len(codes)
