@@ -101,7 +101,7 @@ def _metadata_probe(host: str, port: int, timeout_s: float) -> bool:
     if header is None:
         return False
     size, got_correlation = struct.unpack(">ii", header)
-    return size >= 4 and got_correlation == correlation_id
+    return bool(size >= 4 and got_correlation == correlation_id)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -217,7 +217,7 @@ class EmbeddedBroker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self._env},
-                preexec_fn=_die_with_parent(),  # noqa: PLW1509 (no threads run at start)
+                preexec_fn=_die_with_parent(),
             )
         atexit.register(self.stop)
         deadline = time.monotonic() + self._startup_timeout_s

@@ -17,7 +17,7 @@ import structlog
 
 from decaton_aio.errors import ConfigError
 
-__all__ = ["LOG_LEVEL_ENV_VAR", "LOG_LEVELS", "configure_logging"]
+__all__ = ["LOG_LEVELS", "LOG_LEVEL_ENV_VAR", "configure_logging"]
 
 LOG_LEVEL_ENV_VAR = "DECATON_AIO_LOG_LEVEL"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

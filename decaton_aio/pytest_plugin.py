@@ -78,9 +78,7 @@ async def task_producer(kafka_broker: BrokerHandle) -> AsyncIterator[ProducerFac
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
     handle = item.config.stash.get(_handle_key, None)
     if (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -29,7 +30,9 @@ async def test_produce_from_stdin_writes_dt_meta(kafka_broker: BrokerHandle, top
     if not kafka_broker.supports_idempotence:
         argv.append("--no-idempotence")
     stdin = "".join(json.dumps(line) + "\n" for line in lines)
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+    done = await asyncio.to_thread(
+        subprocess.run, argv, input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"produced 3 tasks to {topic}")
 

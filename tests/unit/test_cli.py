@@ -49,7 +49,10 @@ def test_help_and_version_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_bad_arguments_exit_usage_with_one_line(
-    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    argv: list[str],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bad argument exits EXIT_USAGE with one line naming the problem."""
     monkeypatch.delenv("DECATON_AIO_BOOTSTRAP_SERVERS", raising=False)
@@ -74,7 +77,9 @@ def test_run_with_bad_target_is_one_line(
     assert expected in _one_line_error(capsys)
 
 
-def test_import_object_reports_errors_inside_the_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_import_object_reports_errors_inside_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module that fails while importing is named with the error it raised."""
     (tmp_path / "broken_app.py").write_text("raise RuntimeError('db url missing')\n")
     (tmp_path / "needs_dep.py").write_text("import not_installed_dep_xyz\n")
@@ -86,7 +91,9 @@ def test_import_object_reports_errors_inside_the_module(tmp_path: Path, monkeypa
     assert import_object("os.path:join.__name__") == "join"
 
 
-def test_produce_rejects_bad_line_before_sending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_produce_rejects_bad_line_before_sending(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A malformed JSON line is named by file and line number and nothing is produced.
 
     The cluster address points nowhere: had anything been sent, the exit code would say
@@ -94,14 +101,18 @@ def test_produce_rejects_bad_line_before_sending(tmp_path: Path, capsys: pytest.
     """
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"key": "a", "task": {"n": 1}}\n{"key": "b", "task": \n')
-    code = main(["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--file", str(data)])
+    code = main(
+        ["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--file", str(data)]
+    )
     assert code == EXIT_DATA
     err = _one_line_error(capsys)
     assert f"{data}:2:" in err
     assert "nothing was produced" in err
 
 
-def test_produce_missing_file_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_produce_missing_file_is_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A file that does not exist is one line naming it."""
     missing = tmp_path / "nope.jsonl"
     code = main(["produce", "--bootstrap-servers", "h:1", "--topic", "t", "--file", str(missing)])
@@ -109,11 +120,15 @@ def test_produce_missing_file_is_usage_error(tmp_path: Path, capsys: pytest.Capt
     assert str(missing) in _one_line_error(capsys)
 
 
-def test_produce_to_unreachable_cluster_is_unavailable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_produce_to_unreachable_cluster_is_unavailable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A cluster nobody listens on exits EXIT_UNAVAILABLE with one line."""
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"key": "a", "task": 1}\n')
-    code = main(["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--file", str(data)])
+    code = main(
+        ["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--file", str(data)]
+    )
     assert code == EXIT_UNAVAILABLE
     assert "127.0.0.1:1" in _one_line_error(capsys)
 

@@ -1,0 +1,113 @@
+"""The application object: what to consume, how to decode it, and the processor.
+
+An :class:`Application` is plain configuration, no global state: ``python -m decaton_aio
+run module:app`` imports one (or a bare ``async def process(ctx, task)`` function) and
+command-line flags override its fields. :class:`ConsumerConfig` holds the Kafka consumer
+settings, kept apart so the same application runs against any cluster.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from decaton_aio.errors import ConfigError
+from decaton_aio.partition import TaskFunction
+from decaton_aio.serializers import BytesSerializer
+from decaton_aio.typing import Serializer
+
+__all__ = ["DEFAULT_MAX_FETCH_RECORDS", "Application", "ConsumerConfig"]
+
+#: Records taken from the client per fetch call: bounds the work of one loop turn, since
+#: some brokers ignore the per-partition byte limit and return huge batches.
+DEFAULT_MAX_FETCH_RECORDS = 2000
+_OFFSET_RESETS = ("earliest", "latest")
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Kafka consumer settings of a subscription.
+
+    Attributes:
+        bootstrap_servers: ``host:port[,host:port]`` of the cluster.
+        group_id: the consumer group; every instance of the application shares it.
+        client_id: the client id the broker sees.
+        session_timeout_ms: a member silent this long is evicted from the group.
+        heartbeat_interval_ms: how often the member heartbeats.
+        auto_offset_reset: where a new group starts: ``earliest`` (the default, so tasks
+            produced before the first start are not skipped) or ``latest``.
+        max_fetch_records: records taken per fetch call.
+        max_partition_fetch_bytes: bytes the broker may return per partition per fetch.
+    """
+
+    bootstrap_servers: str
+    group_id: str
+    client_id: str = "decaton-aio"
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
+    auto_offset_reset: str = "earliest"
+    max_fetch_records: int = DEFAULT_MAX_FETCH_RECORDS
+    max_partition_fetch_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise ConfigError("bootstrap_servers is empty: give host:port of the cluster")
+        if not self.group_id:
+            raise ConfigError("group_id is empty: name the consumer group")
+        if self.auto_offset_reset not in _OFFSET_RESETS:
+            raise ConfigError(
+                f"auto_offset_reset must be one of {_OFFSET_RESETS}, got {self.auto_offset_reset!r}"
+            )
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ConfigError(
+                "heartbeat_interval_ms must be below session_timeout_ms "
+                f"({self.heartbeat_interval_ms} >= {self.session_timeout_ms})"
+            )
+        if self.max_fetch_records < 1:
+            raise ConfigError(f"max_fetch_records must be >= 1, got {self.max_fetch_records}")
+
+
+@dataclass(frozen=True)
+class Application:
+    """A processor and what it consumes.
+
+    ::
+
+        async def process(ctx, task: PageView) -> None:
+            await store.add(task.user_id, task.page)
+
+        app = Application(process, topics=("page-views",), serializer=JsonSerializer(PageView))
+
+    Attributes:
+        processor: ``async def process(ctx, task)``.
+        topics: the task topics.
+        group_id: the consumer group; the subscription id when omitted.
+        serializer: decodes record values into tasks (raw bytes by default).
+        properties: initial runtime properties, by name (see ``decaton_aio.properties``).
+        subscription_id: names this subscription in logs and metrics.
+    """
+
+    processor: TaskFunction
+    topics: tuple[str, ...] = ()
+    group_id: str | None = None
+    serializer: Serializer[Any] = field(default_factory=BytesSerializer)
+    properties: Mapping[str, object] = field(default_factory=dict)
+    subscription_id: str = "decaton-aio"
+
+    def __post_init__(self) -> None:
+        if not inspect.iscoroutinefunction(self.processor):
+            raise ConfigError(
+                f"processor {self.processor!r} is not an async function: "
+                "define it as 'async def process(ctx, task)'"
+            )
+        if isinstance(self.topics, str):
+            object.__setattr__(self, "topics", (self.topics,))
+        else:
+            object.__setattr__(self, "topics", tuple(self.topics))
+
+    @property
+    def group(self) -> str:
+        """The consumer group: ``group_id`` or the subscription id."""
+        return self.group_id or self.subscription_id

@@ -1,0 +1,135 @@
+"""Running an application as a process: event loop, signals, properties, metrics.
+
+:func:`run_application` is what ``python -m decaton_aio run`` calls once it has parsed its
+arguments: it builds the live properties (code, file, environment, command line, in that
+order of precedence), watches the properties file, serves metrics, runs the subscription
+until SIGINT or SIGTERM, and shuts down gracefully. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.metrics import Metrics
+from decaton_aio.properties import Properties
+from decaton_aio.property_sources import FilePropertySource, properties_from_env
+from decaton_aio.subscription import Subscription
+
+__all__ = ["RunOptions", "install_event_loop_policy", "run_application"]
+
+log = structlog.get_logger("decaton_aio.runner")
+
+#: Exit code used when a second signal ends the process without draining.
+EXIT_ON_SECOND_SIGNAL = 130
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run an application as a process.
+
+    Attributes:
+        consumer: the Kafka consumer settings.
+        properties: property overrides from the command line (highest precedence).
+        properties_file: a watched ``.json`` or ``.properties`` file of properties.
+        metrics_port: serve Prometheus metrics on this port (0: a free one; None: off).
+        metrics_addr: the address the metrics endpoint listens on.
+        environ: where ``DECATON_*`` property variables are read from.
+    """
+
+    consumer: ConsumerConfig
+    properties: Mapping[str, object] = field(default_factory=dict)
+    properties_file: Path | None = None
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    environ: Mapping[str, str] | None = None
+
+
+def install_event_loop_policy() -> bool:
+    """Use uvloop when it is installed.
+
+    Returns:
+        True when uvloop is in use.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+async def run_application(
+    app: Application,
+    options: RunOptions,
+    *,
+    on_started: Callable[[Subscription], Awaitable[None] | None] | None = None,
+    install_signal_handlers: bool = True,
+) -> None:
+    """Run ``app`` until SIGINT/SIGTERM (or until the subscription stops by itself).
+
+    Args:
+        app: the application.
+        options: consumer settings, property sources and metrics.
+        on_started: called with the running subscription (e.g. to print where it runs).
+        install_signal_handlers: stop on the first SIGINT/SIGTERM, exit at the second.
+
+    Raises:
+        ConfigError: when a property (from any source) is unknown or invalid.
+    """
+    environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
+    source = FilePropertySource(options.properties_file) if options.properties_file else None
+    layers: list[Mapping[str, Any]] = [app.properties]
+    if source is not None:
+        layers.append(await source.load())
+    layers += [properties_from_env(environ), options.properties]
+    properties = Properties(*layers)
+    metrics = Metrics()
+    subscription = Subscription(app, options.consumer, properties=properties, metrics=metrics)
+    if options.metrics_port is not None:
+        port = metrics.start_http_server(options.metrics_port, options.metrics_addr)
+        log.info("metrics endpoint", url=f"http://{options.metrics_addr}:{port}/metrics")
+    loop = asyncio.get_running_loop()
+    signals = 0
+    stopping: set[asyncio.Task[None]] = set()
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second signal: exiting without draining")
+            sys.stderr.flush()
+            os._exit(EXIT_ON_SECOND_SIGNAL)
+        log.info("signal received: shutting down", signal=signal.Signals(signum).name)
+        stopping.add(loop.create_task(subscription.stop()))
+
+    if install_signal_handlers:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await subscription.start()
+        if source is not None:
+            await source.start(properties)
+        if on_started is not None:
+            maybe = on_started(subscription)
+            if maybe is not None:
+                await maybe
+        await subscription.wait_stopped()
+    finally:
+        if subscription.state.value != "terminated":
+            await subscription.stop()
+        if source is not None:
+            await source.stop()
+        metrics.stop()
+        if install_signal_handlers:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)

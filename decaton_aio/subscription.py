@@ -1,0 +1,381 @@
+"""A subscription: one consumer, one event loop, many partitions processed concurrently.
+
+The :class:`Subscription` owns an aiokafka consumer (auto commit off) and, per assigned
+partition, a :class:`~decaton_aio.partition.PartitionProcessor`. Two routines run on the
+loop:
+
+- the fetch routine takes record batches and feeds them to their partitions, pausing a
+  partition whose pending records reach ``decaton.max.pending.records``;
+- the commit routine commits every partition's watermark each
+  ``decaton.commit.interval.ms``; a failed commit is logged and tried again next time.
+
+Rebalances (aiokafka calls the listener inside ``getmany``, so no record is fed while it
+runs): on revoke, stop starting the partitions' tasks, drop their queued records, wait up
+to ``decaton.group.rebalance.timeout.ms`` for running ones, commit, and close them; on
+assign, a fresh processor per partition. Shutdown stops fetching, drains up to
+``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
+
+Unexpected errors in a routine escape to :meth:`Subscription.run`, which stops the
+subscription and re-raises them: one supervisor, no silent death.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.errors import ConfigError
+from decaton_aio.metrics import Metrics
+from decaton_aio.partition import PartitionProcessor
+from decaton_aio.properties import (
+    COMMIT_INTERVAL_MS,
+    GROUP_REBALANCE_TIMEOUT_MS,
+    MAX_PENDING_RECORDS,
+    PARTITION_CONCURRENCY,
+    PROCESSING_SHUTDOWN_TIMEOUT_MS,
+    Properties,
+)
+
+__all__ = ["Subscription", "SubscriptionState"]
+
+log = structlog.get_logger("decaton_aio.subscription")
+
+_FETCH_TIMEOUT_MS = 100
+
+
+class SubscriptionState(enum.Enum):
+    """Lifecycle of a subscription; transitions only go forward, except RUNNING <->
+    REBALANCING."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    REBALANCING = "rebalancing"
+    SHUTTING_DOWN = "shutting_down"
+    TERMINATED = "terminated"
+
+
+class Subscription:
+    """Consumes an application's topics and runs its processor.
+
+    ::
+
+        async with Subscription(app, ConsumerConfig("localhost:9092", "orders")) as sub:
+            await sub.wait_stopped()
+
+    Args:
+        app: the processor, topics and decoder.
+        consumer: Kafka consumer settings.
+        properties: live runtime properties; built from ``app.properties`` when omitted.
+        metrics: where partition statistics are registered; a private one when omitted.
+    """
+
+    def __init__(
+        self,
+        app: Application,
+        consumer: ConsumerConfig,
+        *,
+        properties: Properties | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if not app.topics:
+            raise ConfigError("the application has no topics: pass topics=('my-topic',)")
+        self.app = app
+        self.consumer_config = consumer
+        self.properties = properties if properties is not None else Properties(app.properties)
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.state = SubscriptionState.INITIALIZING
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partitions: dict[TopicPartition, PartitionProcessor] = {}
+        self._fetch_task: asyncio.Task[None] | None = None
+        self._commit_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[SubscriptionState], None]] = []
+
+    # ------------------------------------------------------------------ inspection
+
+    @property
+    def partitions(self) -> dict[TopicPartition, PartitionProcessor]:
+        """The partitions assigned now, with their processors (read only)."""
+        return dict(self._partitions)
+
+    def on_state_change(self, listener: Callable[[SubscriptionState], None]) -> None:
+        """Call ``listener(new_state)`` on every state transition."""
+        self._listeners.append(listener)
+
+    def _set_state(self, state: SubscriptionState) -> None:
+        if state is self.state:
+            return
+        log.info("subscription state", subscription=self.app.subscription_id, state=state.value)
+        self.state = state
+        for listener in self._listeners:
+            try:
+                listener(state)
+            except Exception:
+                log.exception("state listener failed")
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Connect, join the group and start fetching.
+
+        Raises:
+            ConfigError: when started twice.
+            KafkaError: when the cluster cannot be reached.
+        """
+        if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
+            raise ConfigError("a Subscription can be started once; make a new one")
+        cfg = self.consumer_config
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            group_id=cfg.group_id,
+            client_id=cfg.client_id,
+            enable_auto_commit=False,
+            auto_offset_reset=cfg.auto_offset_reset,
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+            max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        consumer.subscribe(list(self.app.topics), listener=_Listener(self))
+        self._watch_properties()
+        self._set_state(SubscriptionState.RUNNING)
+        self._fetch_task = asyncio.create_task(self._fetch_routine(), name="decaton-fetch")
+        self._commit_task = asyncio.create_task(self._commit_routine(), name="decaton-commit")
+        for task in (self._fetch_task, self._commit_task):
+            task.add_done_callback(self._routine_ended)
+
+    async def stop(self) -> None:
+        """Stop fetching, drain up to the shutdown timeout, commit and leave the group.
+
+        Safe to call more than once.
+        """
+        if self.state in (SubscriptionState.SHUTTING_DOWN, SubscriptionState.TERMINATED):
+            await self._stopped.wait()
+            return
+        self._set_state(SubscriptionState.SHUTTING_DOWN)
+        try:
+            await _cancel(self._fetch_task)
+            await _cancel(self._commit_task)
+            timeout_s = self.properties[PROCESSING_SHUTDOWN_TIMEOUT_MS].value / 1000
+            drained = await self._drain(list(self._partitions.values()), timeout_s)
+            if not drained:
+                log.warning("shutdown timeout: tasks still running are left unfinished")
+            await self._commit(final=True)
+            for tp, processor in list(self._partitions.items()):
+                self._close_partition(tp, processor)
+            if self._consumer is not None:
+                await self._consumer.stop()
+        finally:
+            for unsubscribe in self._unsubscribe:
+                unsubscribe()
+            self._set_state(SubscriptionState.TERMINATED)
+            self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        """Wait until the subscription terminated; re-raise what made a routine fail."""
+        await self._stopped.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    async def __aenter__(self) -> Subscription:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def _routine_ended(self, task: asyncio.Task[None]) -> None:
+        # The supervisor: a routine that dies unexpectedly stops the whole subscription.
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failure = task.exception()
+        log.error("a subscription routine failed; stopping", exc_info=self._failure)
+        asyncio.get_running_loop().create_task(self.stop())
+
+    # -------------------------------------------------------------------- routines
+
+    async def _fetch_routine(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        max_records = self.consumer_config.max_fetch_records
+        partitions = self._partitions
+        while True:
+            batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
+            for tp, records in batches.items():
+                processor = partitions.get(tp)
+                if processor is None or not records:
+                    continue  # revoked while the batch was in the client
+                processor.feed(records)
+                if not processor.paused and processor.needs_pause:
+                    processor.paused = processor.stats.paused = True
+                    consumer.pause(tp)
+                high = consumer.highwater(tp)
+                if high is not None:
+                    processor.stats.high_watermark = high
+
+    def _resume(self, processor: PartitionProcessor) -> None:
+        # Called from a completion when pending records fell below the threshold.
+        if self._partitions.get(processor.tp) is not processor or self._consumer is None:
+            return
+        processor.paused = processor.stats.paused = False
+        self._consumer.resume(processor.tp)
+
+    async def _commit_routine(self) -> None:
+        while True:
+            await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
+            await self._commit()
+
+    async def _commit(
+        self, processors: list[PartitionProcessor] | None = None, *, final: bool = False
+    ) -> bool:
+        """Commit the watermarks that moved; log and keep going on failure.
+
+        Returns:
+            True when there was nothing to commit or the commit succeeded.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            return True
+        offsets: dict[TopicPartition, int] = {}
+        for processor in processors if processors is not None else self._partitions.values():
+            offset = processor.committable()
+            stats = processor.stats
+            stats.pending = processor.pending
+            if offset is not None and offset != processor.last_committed:
+                offsets[processor.tp] = offset
+        if not offsets:
+            return True
+        try:
+            await consumer.commit(offsets)
+        except (KafkaError, AssertionError) as exc:
+            # A commit during a rebalance fails by design; the next interval retries it.
+            log.warning(
+                "commit failed; retrying at the next interval" if not final else "commit failed",
+                error=repr(exc),
+                offsets={f"{tp.topic}-{tp.partition}": o for tp, o in offsets.items()},
+            )
+            return False
+        for processor in processors if processors is not None else self._partitions.values():
+            if processor.tp in offsets:
+                processor.last_committed = offsets[processor.tp]
+                processor.stats.committed_offset = offsets[processor.tp]
+        return True
+
+    # ------------------------------------------------------------------- rebalance
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        processors = [self._partitions[tp] for tp in revoked if tp in self._partitions]
+        if self.state is SubscriptionState.RUNNING:
+            self._set_state(SubscriptionState.REBALANCING)
+        if not processors:
+            return
+        for processor in processors:
+            processor.revoke()
+        timeout_s = self.properties[GROUP_REBALANCE_TIMEOUT_MS].value / 1000
+        started = time.monotonic()
+        drained = await self._drain(processors, timeout_s)
+        await self._commit(processors, final=True)
+        for processor in processors:
+            self._close_partition(processor.tp, processor)
+        log.info(
+            "partitions revoked",
+            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in revoked),
+            drained=drained,
+            waited_s=round(time.monotonic() - started, 3),
+        )
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        props = self.properties
+        limit = props[PARTITION_CONCURRENCY].value
+        max_pending = props[MAX_PENDING_RECORDS].value
+        for tp in assigned:
+            if tp in self._partitions:
+                continue
+            stats = self.metrics.register_partition(
+                self.app.subscription_id, tp.topic, tp.partition
+            )
+            self._partitions[tp] = PartitionProcessor(
+                tp,
+                subscription_id=self.app.subscription_id,
+                process=self.app.processor,
+                decode=self.app.serializer.decode,
+                limit=limit,
+                max_pending=max_pending,
+                stats=stats,
+                on_below_max_pending=self._resume,
+            )
+        log.info(
+            "partitions assigned",
+            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
+        )
+        if self.state is SubscriptionState.REBALANCING:
+            self._set_state(SubscriptionState.RUNNING)
+
+    def _close_partition(self, tp: TopicPartition, processor: PartitionProcessor) -> None:
+        processor.close()
+        if self._partitions.get(tp) is processor:
+            del self._partitions[tp]
+        self.metrics.retire_partition(self.app.subscription_id, tp.topic, tp.partition)
+
+    @staticmethod
+    async def _drain(processors: list[PartitionProcessor], timeout_s: float) -> bool:
+        if not processors:
+            return True
+        results = await asyncio.gather(*(p.wait_idle(timeout_s) for p in processors))
+        return all(results)
+
+    # ------------------------------------------------------------ live properties
+
+    def _watch_properties(self) -> None:
+        def on_concurrency(old: int, new: int) -> None:
+            for processor in self._partitions.values():
+                processor.set_limit(new)
+
+        def on_max_pending(old: int, new: int) -> None:
+            for processor in self._partitions.values():
+                processor.set_max_pending(new)
+
+        props = self.properties
+        self._unsubscribe += [
+            props[PARTITION_CONCURRENCY].subscribe(on_concurrency),
+            props[MAX_PENDING_RECORDS].subscribe(on_max_pending),
+        ]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Forwards aiokafka's rebalance callbacks to the subscription."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self._subscription = subscription
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._subscription._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._subscription._on_assigned(set(assigned))
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is None or task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,475 @@
+"""Per-partition watermark tracking: which offset is safe to commit.
+
+This module owns the answer to one question: given records of one partition that were
+fetched in offset order and complete in any order, what is the Kafka commit offset? The
+answer is the *watermark*: the first offset that is not complete yet (the next offset a
+restarted consumer must read). Committing it never skips an unfinished record, so
+at-least-once holds however tasks finish (Decaton's ``OutOfOrderCommitControl`` idea).
+
+Invariant: every registered offset below ``committable()`` is complete, and the offset
+``committable()`` returns is registered and pending (or one past the last registered
+offset when nothing is pending).
+
+Offsets are not dense. Transaction markers and log compaction leave offsets a consumer
+never sees; such a gap must not hold the watermark back. Small gaps take one slot each,
+marked ``_GAP`` (counts as done). A gap longer than :data:`MAX_GAP_SLOTS` would waste
+memory (a compacted topic can jump by millions), so it starts a new *segment* instead:
+the ring is indexed by a dense *virtual position* and a short table maps each segment's
+first virtual position to its first offset, so a jump costs no slots at all.
+
+Storage is one byte per slot in a power-of-two ring (a ``bytearray`` viewed as a numpy
+array): completing is a single byte store, advancing is a numpy scan, and no Python object
+per record stays alive.
+
+Caller: the event loop that owns the partition. The tracker is not thread-safe and never
+blocks; it knows nothing about asyncio or Kafka.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["MAX_GAP_SLOTS", "WatermarkTracker", "completed_offsets"]
+
+MAX_GAP_SLOTS = 128
+"""Gaps up to this many offsets take one ring slot per offset; longer ones start a segment."""
+
+_PENDING = 0  # registered, not complete: the only state that holds the watermark back
+_DONE = 1  # registered and complete
+_GAP = 2  # never registered (transaction marker, compacted away): counts as done
+
+_SCAN_CHUNK = 1 << 16  # advance scans this many slots per numpy call, so it can stop early
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
+
+def completed_offsets(base: int, bitmap: bytes) -> npt.NDArray[np.int64]:
+    """Decode an exported bitmap into the offsets it marks as needing no processing.
+
+    Args:
+        base: the offset of the first bit, as returned by
+            :meth:`WatermarkTracker.export_completed`.
+        bitmap: the packed bits (most significant bit first).
+
+    Returns:
+        The marked offsets in increasing order (completed records, and gap offsets that
+        were never delivered).
+    """
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8))
+    return np.flatnonzero(bits).astype(np.int64) + base
+
+
+class WatermarkTracker:
+    """Tracks out-of-order completions of one partition and yields the commit offset.
+
+    Register offsets in increasing order as records are fetched, complete them in any
+    order, and ask :meth:`committable` for the offset to commit (typically once per commit
+    interval). Offsets never registered (gaps) count as done.
+
+    Args:
+        start_offset: the partition's fetch position, if known. Offsets between it and the
+            first registered offset count as gaps. When ``None`` the first registered
+            offset starts the window.
+        initial_capacity: ring slots allocated up front (rounded up to a power of two);
+            the ring doubles when more records are in flight.
+    """
+
+    def __init__(self, start_offset: int | None = None, *, initial_capacity: int = 1024) -> None:
+        if initial_capacity < 1:
+            raise ValueError(f"initial_capacity must be >= 1, got {initial_capacity}")
+        self._initial_capacity = 1 << (initial_capacity - 1).bit_length()
+        self._generation = 0
+        self._clear(start_offset)
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def pending(self) -> int:
+        """Records registered and not yet complete."""
+        return self._pending
+
+    @property
+    def generation(self) -> int:
+        """Incremented by every :meth:`reset`; pass it to :meth:`complete` to drop stale calls."""
+        return self._generation
+
+    @property
+    def capacity(self) -> int:
+        """Ring slots currently allocated (one byte each)."""
+        return len(self._buf)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def reset(self, start_offset: int | None = None) -> None:
+        """Forget everything, e.g. after a seek or when the partition is (re)assigned.
+
+        Completions issued before the reset are recognised as stale when the caller passes
+        the generation it saw at registration time. Memory shrinks back to the initial
+        capacity and any imported checkpoint is dropped.
+
+        Args:
+            start_offset: the new fetch position, or ``None`` to start at the first
+                registered offset.
+        """
+        self._generation += 1
+        self._clear(start_offset)
+
+    def _clear(self, start_offset: int | None) -> None:
+        self._alloc(self._initial_capacity)
+        self._pending = 0
+        self._wm_v = 0  # virtual position of the first slot that may still be pending
+        self._end_v = 0  # virtual position one past the last registered slot
+        self._end = 0  # offset one past the last registered offset (or the start offset)
+        # Segment table: segment k starts at virtual position _seg_v[k], holding offset
+        # _seg_off[k]; offsets are dense (up to small gaps) within a segment.
+        self._seg_v: list[int] = []
+        self._seg_off: list[int] = []
+        self._last_off = 0  # first offset of the newest segment (fast path of complete)
+        self._last_shift = 0  # offset - virtual position in the newest segment
+        self._preset: npt.NDArray[np.uint8] | None = None  # imported checkpoint bits
+        self._preset_base = 0
+        self._started = False
+        if start_offset is not None:
+            self._begin(start_offset)
+
+    def _alloc(self, capacity: int) -> None:
+        # A bytearray gives the fastest single-byte stores from Python; the numpy view over
+        # the same memory does the range fills and scans.
+        self._buf = bytearray(capacity)
+        self._ring: npt.NDArray[np.uint8] = np.frombuffer(self._buf, dtype=np.uint8)
+        self._mask = capacity - 1
+
+    def _begin(self, offset: int) -> None:
+        if offset < 0:
+            raise ValueError(f"offsets are non-negative, got {offset}")
+        self._started = True
+        self._end = offset
+        self._seg_v = [0]
+        self._seg_off = [offset]
+        self._last_off = self._last_shift = offset
+
+    # --------------------------------------------------------------- registration
+
+    def register(self, offset: int) -> bool:
+        """Register one fetched offset as pending.
+
+        Args:
+            offset: the record's offset; greater than every offset registered before.
+
+        Returns:
+            ``True`` when an imported checkpoint says the record was already completed: it
+            is registered as done and must not be processed again. Usually ``False``.
+
+        Raises:
+            ValueError: the offset is negative or not above the last registered one.
+        """
+        if not self._started:
+            self._begin(offset)
+        elif offset < self._end:
+            raise ValueError(f"offset {offset} registered out of order (next is >= {self._end})")
+        gap = offset - self._end
+        if gap > MAX_GAP_SLOTS:
+            self._jump(offset)
+            gap = 0
+        if self._end_v + gap + 1 - self._wm_v > len(self._buf):
+            self._make_room(gap + 1)
+        if gap:
+            self._fill(self._end_v, gap, _GAP)
+        done = self._preset is not None and self._preset_hit(offset)
+        self._buf[(self._end_v + gap) & self._mask] = _DONE if done else _PENDING
+        self._end_v += gap + 1
+        self._end = offset + 1
+        if not done:
+            self._pending += 1
+        return done
+
+    def register_batch(
+        self, offsets: Sequence[int] | npt.NDArray[np.integer]
+    ) -> npt.NDArray[np.int64]:
+        """Register a fetch batch of offsets as pending, vectorized.
+
+        Args:
+            offsets: strictly increasing offsets, all above the last registered one.
+
+        Returns:
+            The offsets an imported checkpoint marks as already completed; they are
+            registered as done and must not be processed again. Usually empty.
+
+        Raises:
+            ValueError: the offsets are not one-dimensional, negative, not strictly
+                increasing, or not above the last registered offset. Nothing is
+                registered then.
+        """
+        arr = np.asarray(offsets, dtype=np.int64)
+        if arr.ndim != 1:
+            raise ValueError(f"offsets must be one-dimensional, got shape {arr.shape}")
+        if arr.size == 0:
+            return _EMPTY
+        first = int(arr[0])
+        if first < 0:
+            raise ValueError(f"offsets are non-negative, got {first}")
+        if self._started and first < self._end:
+            raise ValueError(f"offset {first} registered out of order (next is >= {self._end})")
+        steps = np.diff(arr)
+        if arr.size > 1 and int(steps.min()) <= 0:
+            raise ValueError("offsets in a batch must be strictly increasing")
+        if not self._started:
+            self._begin(first)
+        # Split at long gaps so each run only holds short gaps and fits one segment.
+        cuts = np.flatnonzero(steps > MAX_GAP_SLOTS + 1) + 1
+        if cuts.size == 0:
+            return self._register_run(arr)
+        hits = [self._register_run(run) for run in np.split(arr, cuts)]
+        return np.concatenate(hits)
+
+    def _register_run(self, run: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        first, last = int(run[0]), int(run[-1])
+        if first - self._end > MAX_GAP_SLOTS:
+            self._jump(first)
+        span = last + 1 - self._end  # slots taken: the run plus its short gaps
+        if self._end_v + span - self._wm_v > len(self._buf):
+            self._make_room(span)
+        base_v = self._end_v
+        if span == run.size:  # dense run, the common case: one fill
+            self._fill(base_v, span, _PENDING)
+        else:
+            self._fill(base_v, span, _GAP)
+            self._ring[(run - self._end + base_v) & self._mask] = _PENDING
+        hits = _EMPTY
+        if self._preset is not None:
+            hits = self._preset_hits(run)
+            if hits.size:
+                self._ring[(hits - self._end + base_v) & self._mask] = _DONE
+        self._pending += run.size - hits.size
+        self._end_v += span
+        self._end = last + 1
+        return hits
+
+    def _jump(self, offset: int) -> None:
+        # Start a new segment at ``offset`` so the long gap before it takes no slots.
+        if self._seg_v[-1] == self._end_v:  # newest segment is empty: just move it
+            self._seg_off[-1] = offset
+        else:
+            self._seg_v.append(self._end_v)
+            self._seg_off.append(offset)
+        self._last_off = offset
+        self._last_shift = offset - self._end_v
+        self._end = offset
+
+    # ------------------------------------------------------------------ completion
+
+    def complete(self, offset: int, generation: int | None = None) -> bool:
+        """Mark a registered offset complete. O(1): one byte store.
+
+        Completing is idempotent, and completing an offset the tracker has already let go
+        of (below the last :meth:`committable`, or from before a :meth:`reset` when
+        ``generation`` is given) is a no-op, because such calls happen legitimately: a
+        deferred completion that timed out, a task that outlived a rebalance.
+
+        Args:
+            offset: the record's offset.
+            generation: the :attr:`generation` seen when the offset was registered. If it
+                differs from the current one the call is stale and ignored. Pass it
+                whenever a completion can outlive a reset: without it a stale offset
+                that was registered again after a seek would be marked done too early.
+
+        Returns:
+            ``True`` if the offset went from pending to complete, ``False`` for a no-op.
+
+        Raises:
+            ValueError: the offset is at or above the watermark but was never
+                registered (beyond the last registered offset, or a gap). Nothing changes.
+        """
+        if generation is not None and generation != self._generation:
+            return False
+        if offset >= self._last_off:  # newest segment: no table lookup
+            if offset >= self._end:
+                raise ValueError(f"offset {offset} was never registered (next is {self._end})")
+            v = offset - self._last_shift
+        else:
+            v = self._locate(offset)
+        if v < self._wm_v:
+            return False
+        i = v & self._mask
+        state = self._buf[i]
+        if state != _PENDING:
+            if state == _GAP:
+                raise ValueError(f"offset {offset} is a gap, it was never registered")
+            return False
+        self._buf[i] = _DONE
+        self._pending -= 1
+        return True
+
+    def _locate(self, offset: int) -> int:
+        # Virtual position of an offset in an older segment; -1 if below every segment.
+        k = bisect_right(self._seg_off, offset) - 1
+        if k < 0:
+            return -1
+        v = offset - self._seg_off[k] + self._seg_v[k]
+        if v >= self._seg_v[k + 1]:  # inside the long gap before segment k + 1
+            if self._seg_v[k + 1] <= self._wm_v:
+                return -1
+            raise ValueError(f"offset {offset} is a gap, it was never registered")
+        return v
+
+    # ------------------------------------------------------------------ watermark
+
+    def committable(self) -> int | None:
+        """Advance the watermark and return the offset to commit.
+
+        Returns:
+            The first offset that is not complete (registered and pending), or one past
+            the last registered offset when all are complete; the start offset when
+            nothing was registered since; ``None`` if there is no position at all yet.
+        """
+        if not self._started:
+            return None
+        self._advance()
+        if self._wm_v == self._end_v:
+            return self._end
+        return self._wm_v + self._seg_off[0] - self._seg_v[0]  # _advance pruned the table
+
+    def _advance(self) -> None:
+        v, end = self._wm_v, self._end_v
+        if self._pending == 0:
+            v = end  # everything registered is complete: no scan needed
+        elif self._buf[v & self._mask] != _PENDING:
+            ring, mask = self._ring, self._mask
+            while v < end:  # one numpy scan per chunk, never one Python step per offset
+                lo = v & mask
+                hi = min(lo + (end - v), len(ring), lo + _SCAN_CHUNK)
+                chunk = ring[lo:hi]
+                i = int(chunk.argmin())
+                if chunk[i] == _PENDING:
+                    v += i
+                    break
+                v += hi - lo
+        self._wm_v = v
+        # Drop segments that lie wholly below the watermark; keep the one holding it.
+        k = bisect_right(self._seg_v, v) - 1
+        if k > 0:
+            del self._seg_v[:k]
+            del self._seg_off[:k]
+
+    # ------------------------------------------------------------------- the ring
+
+    def _make_room(self, extra: int) -> None:
+        # Reclaim completed slots first; grow only if the live window still does not fit.
+        self._advance()
+        need = self._end_v + extra - self._wm_v
+        if need <= len(self._buf):
+            return
+        capacity = len(self._buf)
+        while capacity < need:
+            capacity *= 2  # doubling keeps growth amortized O(1) per registered offset
+        window = self._read(self._wm_v, self._end_v - self._wm_v)
+        self._alloc(capacity)
+        self._write(self._wm_v, window)
+
+    def _spans(self, v: int, n: int) -> list[tuple[int, int]]:
+        # Slot ranges [lo, hi) covering virtual positions [v, v + n), split at the wrap.
+        lo = v & self._mask
+        if lo + n <= len(self._buf):
+            return [(lo, lo + n)]
+        return [(lo, len(self._buf)), (0, lo + n - len(self._buf))]
+
+    def _fill(self, v: int, n: int, value: int) -> None:
+        for lo, hi in self._spans(v, n):
+            self._ring[lo:hi] = value
+
+    def _read(self, v: int, n: int) -> npt.NDArray[np.uint8]:
+        parts = [self._ring[lo:hi] for lo, hi in self._spans(v, n)]
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+
+    def _write(self, v: int, values: npt.NDArray[np.uint8]) -> None:
+        done = 0
+        for lo, hi in self._spans(v, len(values)):
+            self._ring[lo:hi] = values[done : done + hi - lo]
+            done += hi - lo
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def export_completed(self) -> tuple[int, bytes] | None:
+        """Export what is already done above the watermark, to skip it after a restart.
+
+        Bit ``i`` (most significant bit first, as :func:`numpy.packbits`) is set when
+        offset ``base + i`` needs no processing: it completed, or it is a gap. Trailing
+        zero bits are cut, so the bitmap is empty when nothing above the watermark is done.
+        Offsets of an imported checkpoint not yet registered again are included, so a
+        quick second restart loses nothing. Long gaps are runs of ``0xff`` bytes, which
+        compress well if the caller persists the bitmap.
+
+        Returns:
+            ``(base, bitmap)`` where ``base`` is :meth:`committable`, or ``None`` if the
+            tracker has no position yet.
+        """
+        base = self.committable()
+        if base is None:
+            return None
+        parts: list[npt.NDArray[np.bool_]] = []
+        for k, (seg_v, seg_off) in enumerate(zip(self._seg_v, self._seg_off, strict=True)):
+            start_v = max(seg_v, self._wm_v)
+            stop_v = self._seg_v[k + 1] if k + 1 < len(self._seg_v) else self._end_v
+            if stop_v > start_v:
+                parts.append(self._read(start_v, stop_v - start_v) != _PENDING)
+            if k + 1 < len(self._seg_v):  # the long gap up to the next segment is done
+                parts.append(np.ones(self._seg_off[k + 1] - (stop_v - seg_v + seg_off), bool))
+        if self._preset is not None:
+            tail = self._preset[max(0, self._end - self._preset_base) :].astype(bool)
+            parts.append(np.zeros(max(0, self._preset_base - self._end), bool))
+            parts.append(tail)
+        bits = np.concatenate(parts) if parts else np.zeros(0, bool)
+        marked = np.flatnonzero(bits)
+        if marked.size == 0:
+            return base, b""
+        return base, np.packbits(bits[: int(marked[-1]) + 1]).tobytes()
+
+    def import_completed(self, base: int, bitmap: bytes) -> None:
+        """Load a checkpoint from :meth:`export_completed` so finished records are skipped.
+
+        Call it after :meth:`reset` and before registering the offsets it covers. Marked
+        offsets that are registered later are registered as done and reported by
+        :meth:`register` / :meth:`register_batch`. Bits for offsets already registered are
+        ignored (they are processed again, which at-least-once allows). A second import
+        replaces the first.
+
+        Args:
+            base: the offset of the first bit.
+            bitmap: the packed bits.
+
+        Raises:
+            ValueError: ``base`` is negative.
+        """
+        if base < 0:
+            raise ValueError(f"offsets are non-negative, got {base}")
+        bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8))
+        if self._started and base < self._end:
+            bits = bits[self._end - base :]
+            base = self._end
+        marked = np.flatnonzero(bits)
+        if marked.size == 0:
+            self._preset = None
+            return
+        self._preset = bits[: int(marked[-1]) + 1]
+        self._preset_base = base
+
+    def _preset_hit(self, offset: int) -> bool:
+        assert self._preset is not None
+        i = offset - self._preset_base
+        hit = 0 <= i < len(self._preset) and bool(self._preset[i])
+        if i + 1 >= len(self._preset):
+            self._preset = None  # registration has passed the checkpoint's last bit
+        return hit
+
+    def _preset_hits(self, run: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        assert self._preset is not None
+        idx = run - self._preset_base
+        inside = (idx >= 0) & (idx < len(self._preset))
+        hits = run[inside][self._preset[idx[inside]].astype(bool)]
+        if int(idx[-1]) + 1 >= len(self._preset):
+            self._preset = None
+        return hits
