@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.context import ProcessingContext
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import (
     BrokerError,
@@ -26,30 +28,39 @@ from decaton_aio.metadata import (
     metadata_from_headers,
 )
 from decaton_aio.producer import ProducerConfig, RecordLocation, TaskProducer
+from decaton_aio.properties import Properties, PropertyDefinition
 from decaton_aio.serializers import (
     BytesSerializer,
     JsonSerializer,
     MsgpackSerializer,
     ProtobufSerializer,
 )
+from decaton_aio.subscription import Subscription, SubscriptionState
 from decaton_aio.typing import Serializer
 
 __all__ = [
     "METADATA_HEADER",
+    "Application",
     "BrokerError",
     "BytesSerializer",
     "ConfigError",
+    "ConsumerConfig",
     "DecatonError",
     "DecodeError",
     "EmbeddedBroker",
     "JsonSerializer",
     "MsgpackSerializer",
+    "ProcessingContext",
     "ProcessingError",
     "ProducerConfig",
     "ProducerError",
+    "Properties",
+    "PropertyDefinition",
     "ProtobufSerializer",
     "RecordLocation",
     "Serializer",
+    "Subscription",
+    "SubscriptionState",
     "TaskMetadata",
     "TaskProducer",
     "__version__",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -24,11 +25,16 @@ from typing import Any, NoReturn
 import msgspec
 
 from decaton_aio import __version__
+from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
+from decaton_aio.metrics import DEFAULT_METRICS_ADDR
 from decaton_aio.producer import ProducerConfig, TaskProducer
+from decaton_aio.property_sources import parse_assignments
+from decaton_aio.runner import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.serializers import JsonSerializer
+from decaton_aio.testing import TopicAdmin
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -147,9 +153,71 @@ def _build_parser() -> _Parser:
         help="idempotent producer (default on; the embedded broker needs --no-idempotence)",
     )
 
-    run = commands.add_parser("run", help="run a processor: MODULE:ATTR")
+    run = commands.add_parser(
+        "run",
+        help="run a processor: MODULE:ATTR",
+        description="Run an Application object or a bare 'async def process(ctx, task)' "
+        "until SIGINT/SIGTERM (a second signal exits at once). Without "
+        "--bootstrap-servers an embedded broker is started.",
+    )
     run.add_argument("target", metavar="MODULE:ATTR")
+    _add_bootstrap(run, required=False)
+    run.add_argument(
+        "--topic",
+        action="append",
+        default=_env_list("DECATON_AIO_TOPICS"),
+        help="task topic, repeatable (env DECATON_AIO_TOPICS, comma separated)",
+    )
+    run.add_argument("--group", default=os.environ.get("DECATON_AIO_GROUP"), help="consumer group")
+    run.add_argument(
+        "--subscription-id",
+        default=os.environ.get("DECATON_AIO_SUBSCRIPTION_ID"),
+        help="names the subscription in logs and metrics",
+    )
+    run.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a runtime property, repeatable (env DECATON_<NAME>, e.g. "
+        "DECATON_PARTITION_CONCURRENCY)",
+    )
+    run.add_argument(
+        "--properties-file",
+        type=Path,
+        default=os.environ.get("DECATON_AIO_PROPERTIES_FILE"),
+        help="watched .json or .properties file (env DECATON_AIO_PROPERTIES_FILE)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_env_int("DECATON_AIO_METRICS_PORT"),
+        help="serve Prometheus metrics on this port (env DECATON_AIO_METRICS_PORT)",
+    )
+    run.add_argument(
+        "--metrics-addr",
+        default=os.environ.get("DECATON_AIO_METRICS_ADDR", DEFAULT_METRICS_ADDR),
+        help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
+    )
+    run.add_argument("--session-timeout-ms", type=int, default=10_000)
+    run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)
+    run.add_argument("--auto-offset-reset", choices=("earliest", "latest"), default="earliest")
     return parser
+
+
+def _env_list(name: str) -> list[str] | None:
+    raw = os.environ.get(name, "")
+    return [item.strip() for item in raw.split(",") if item.strip()] or None
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise _UsageError(f"decaton-aio: {name}={raw!r} is not an integer (see --help)") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,11 +304,65 @@ def _run_broker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_target(args: argparse.Namespace) -> int:
+def _application(args: argparse.Namespace) -> Application:
     target = import_object(args.target)
-    print(f"loaded {args.target}: {target!r}")
-    print("the processing runtime is not available in this version", file=sys.stderr)
-    return EXIT_FAILURE
+    if isinstance(target, Application):
+        app = target
+    elif callable(target):
+        app = Application(target)
+    else:
+        raise ConfigError(
+            f"{args.target} is a {type(target).__name__}: point at an Application or an "
+            "'async def process(ctx, task)' function"
+        )
+    changes: dict[str, Any] = {}
+    if args.topic:
+        changes["topics"] = tuple(args.topic)
+    if args.group:
+        changes["group_id"] = args.group
+    if args.subscription_id:
+        changes["subscription_id"] = args.subscription_id
+    app = dataclasses.replace(app, **changes) if changes else app
+    if not app.topics:
+        raise ConfigError(f"{args.target} names no topics: pass --topic")
+    return app
+
+
+def _run_target(args: argparse.Namespace) -> int:
+    app = _application(args)
+    overrides = parse_assignments(args.property)
+    install_event_loop_policy()
+    with contextlib.ExitStack() as stack:
+        servers = args.bootstrap_servers
+        if not servers:
+            broker = stack.enter_context(EmbeddedBroker())
+            servers = broker.bootstrap_servers
+            print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
+            asyncio.run(_create_topics(servers, app.topics))
+        options = RunOptions(
+            consumer=ConsumerConfig(
+                bootstrap_servers=servers,
+                group_id=app.group,
+                session_timeout_ms=args.session_timeout_ms,
+                heartbeat_interval_ms=args.heartbeat_interval_ms,
+                auto_offset_reset=args.auto_offset_reset,
+            ),
+            properties=overrides,
+            properties_file=args.properties_file,
+            metrics_port=args.metrics_port,
+            metrics_addr=args.metrics_addr,
+        )
+        asyncio.run(run_application(app, options))
+    return EXIT_OK
+
+
+async def _create_topics(servers: str, topics: Sequence[str]) -> None:
+    admin = TopicAdmin(servers)
+    try:
+        for topic in topics:
+            await admin.create(1, name=topic)
+    finally:
+        await admin.close(delete=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,9 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         One of the ``EXIT_*`` codes of this module.
     """
-    parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _build_parser().parse_args(argv)
     except _UsageError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE

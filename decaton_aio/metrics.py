@@ -73,9 +73,15 @@ _LABEL_NAMES = ("subscription", "topic", "partition")
 class FastHistogram:
     """A fixed-bucket histogram whose :meth:`observe` costs one bisect and two additions.
 
-    Attributes:
+    Args:
         bounds: the bucket upper bounds in seconds, strictly increasing. A value equal to a
             bound lands in that bound's bucket (Prometheus' ``le``: less than or equal).
+
+    Raises:
+        ConfigError: the bounds are empty, not finite or not strictly increasing.
+
+    Attributes:
+        bounds: the bucket upper bounds.
         counts: observations per bucket (not cumulative); the last one is the overflow
             bucket (``+Inf``) for values above every bound.
         sum: the sum of every observed value.
@@ -84,16 +90,11 @@ class FastHistogram:
     __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...] = DEFAULT_BUCKETS_S) -> None:
-        """Create an empty histogram.
-
-        Args:
-            bounds: the bucket upper bounds in seconds.
-
-        Raises:
-            ConfigError: the bounds are empty, not finite or not strictly increasing.
-        """
-        if bounds is not DEFAULT_BUCKETS_S:
-            _check_bounds(bounds)
+        # The default is known good; skipping its check keeps scrape-time copies cheap.
+        if bounds is not DEFAULT_BUCKETS_S and not (
+            bounds and all(map(math.isfinite, bounds)) and all(a < b for a, b in pairwise(bounds))
+        ):
+            raise ConfigError(f"histogram bounds must be finite and strictly increasing: {bounds}")
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
@@ -140,15 +141,6 @@ def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
     return (*map(floatToGoString, bounds), "+Inf")
 
 
-def _check_bounds(bounds: tuple[float, ...]) -> None:
-    finite = all(math.isfinite(b) for b in bounds)
-    increasing = all(a < b for a, b in pairwise(bounds))
-    if not bounds or not finite or not increasing:
-        raise ConfigError(
-            f"histogram bounds must be finite and strictly increasing, got {bounds!r}"
-        )
-
-
 class PartitionStats:
     """What the runtime counts about one assigned partition; it mutates the fields directly.
 
@@ -160,28 +152,17 @@ class PartitionStats:
     ``high_watermark`` (the partition's end offset, for the lag); ``-1`` means unknown and
     the gauge is not exported. Histograms: ``process_duration`` (seconds the processor
     ran), ``completion_duration`` (processing start to completion; longer than the process
-    duration with deferred completion) and ``delivery_latency`` (metadata timestamp to
+    duration with deferred completion) and ``delivery_latency`` (record timestamp to
     processing start).
 
     Caller: the event loop that owns the partition (writes); the scrape thread (reads).
     """
 
     __slots__ = (
-        "committed_offset",
-        "compactions",
-        "completion_duration",
-        "consumed_offset",
-        "delivery_latency",
-        "discarded",
-        "errors",
-        "high_watermark",
-        "paused",
-        "pending",
-        "process_duration",
-        "processed",
-        "retries",
-        "throttled_s",
-    )
+        "committed_offset", "compactions", "completion_duration", "consumed_offset",
+        "delivery_latency", "discarded", "errors", "high_watermark", "paused", "pending",
+        "process_duration", "processed", "retries", "throttled_s",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         """Create stats with zero counters, empty histograms and unknown offsets."""
@@ -211,8 +192,8 @@ class PartitionStats:
             return -1
         return max(0, high - committed)
 
-    def add_counters(self, other: PartitionStats) -> None:
-        """Add another stats object's counters and histograms to this one (gauges untouched).
+    def merge_counters(self, other: PartitionStats) -> None:
+        """Add another object's counters and histograms to this one's; gauges are untouched.
 
         Args:
             other: the stats to fold in, for example a revoked partition's.
@@ -227,17 +208,14 @@ class PartitionStats:
         self.completion_duration.merge(other.completion_duration)
         self.delivery_latency.merge(other.delivery_latency)
 
-    def copy_gauges(self, other: PartitionStats) -> None:
-        """Set this object's gauges to another's.
-
-        Args:
-            other: the stats to copy the gauges from.
-        """
-        self.pending = other.pending
-        self.paused = other.paused
-        self.committed_offset = other.committed_offset
-        self.consumed_offset = other.consumed_offset
-        self.high_watermark = other.high_watermark
+    def snapshot(self) -> PartitionStats:
+        """Return a copy that later updates of this object do not change."""
+        copy = PartitionStats()
+        copy.merge_counters(self)
+        copy.pending, copy.paused = self.pending, self.paused
+        copy.committed_offset, copy.consumed_offset = self.committed_offset, self.consumed_offset
+        copy.high_watermark = self.high_watermark
+        return copy
 
 
 class PartitionLabels(NamedTuple):
@@ -251,7 +229,7 @@ class PartitionLabels(NamedTuple):
 StatsSource = Callable[[], Iterable[tuple[PartitionLabels, PartitionStats]]]
 """Returns the live partitions and their stats; called by a scrape under the collector lock."""
 
-# (name, help, attribute): counters read from PartitionStats at scrape time.
+# (name, help, attribute of PartitionStats). CounterMetricFamily appends ``_total``.
 _COUNTERS = (
     ("decaton_tasks_processed", "Tasks the processor finished, successfully or with an "
      "error (tasks_error_total counts the failed ones).", "processed"),
@@ -271,15 +249,15 @@ _HISTOGRAMS = (
     ("decaton_task_completion_duration_seconds", "Seconds from processing start to task "
      "completion; longer than the process duration when completion is deferred.",
      "completion_duration"),
-    ("decaton_task_delivery_latency_seconds", "Seconds from the task's metadata timestamp "
-     "(when it was produced) to processing start.", "delivery_latency"),
+    ("decaton_task_delivery_latency_seconds", "Seconds from the record timestamp (the "
+     "task's produce time) to processing start.", "delivery_latency"),
 )  # fmt: skip
-# Gauges; a value below 0 means unknown and the sample is left out.
-_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
+# Gauges of live partitions only; a value below 0 means unknown and the sample is left out.
+_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
     ("decaton_partition_tasks_pending", "Records fetched from the partition and not "
      "completed yet.", lambda s: s.pending),
     ("decaton_partition_paused", "1 while fetching from the partition is paused for "
-     "back-pressure, else 0.", lambda s: 1 if s.paused else 0),
+     "back-pressure, else 0.", lambda s: int(s.paused)),
     ("decaton_partition_committed_offset", "Last offset committed for the partition (the "
      "next offset a restart reads); absent until known.", lambda s: s.committed_offset),
     ("decaton_partition_consumed_offset", "One past the offset of the last record fetched "
@@ -292,93 +270,76 @@ _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
 class DecatonCollector:
     """A prometheus_client collector that reads :class:`PartitionStats` at scrape time.
 
+    Args:
+        source: returns the live partitions; called under :attr:`lock`.
+
     Attributes:
-        lock: held while a scrape copies the stats; hold it while changing what the source
-            returns together with :meth:`retire`, so a scrape sees either the live stats or
-            the retired ones, never both. Re-entrant so :meth:`retire` can run inside it.
+        lock: held while a scrape copies the stats. Change what the source returns and call
+            :meth:`retire` inside one ``with lock`` block, so a scrape sees a partition's
+            counts either live or retired, never both or neither. Re-entrant.
     """
 
     def __init__(self, source: StatsSource) -> None:
-        """Create a collector over live partitions.
-
-        Args:
-            source: returns the live partitions; called under :attr:`lock`.
-        """
         self.lock = threading.RLock()
         self._source = source
         self._retired: dict[PartitionLabels, PartitionStats] = {}
 
     def retire(self, labels: PartitionLabels, stats: PartitionStats) -> None:
-        """Fold a revoked partition's counters into its retired accumulator.
+        """Fold a revoked partition's counters and histograms into its retired accumulator.
 
-        From now on the partition's counter and histogram series export the accumulator
-        (plus the live stats if it is assigned again), so they never go backwards; its
-        gauges are no longer exported unless it is live again. Increments made to ``stats``
-        after this call are not counted.
+        The partition's counter and histogram series keep exporting the accumulator (plus
+        the live stats if it is assigned again), so they never go backwards; its gauges are
+        exported only while it is live. Later updates to ``stats`` are not counted.
 
         Args:
             labels: the partition's labels.
-            stats: its stats; remove them from the source in the same ``with lock`` block.
+            stats: its stats, which the source must no longer return.
         """
         with self.lock:
-            acc = self._retired.get(labels)
-            if acc is None:
-                acc = self._retired[labels] = PartitionStats()
-            acc.add_counters(stats)
+            acc = self._retired.setdefault(labels, PartitionStats())
+            acc.merge_counters(stats)
 
     def describe(self) -> Iterator[Metric]:
         """Yield the metric families without samples, so the registry knows their names."""
-        yield from self._families().values()
+        counters, histograms, gauges = self._families()
+        yield from (*counters, *histograms, *gauges)
 
     def collect(self) -> Iterator[Metric]:
-        """Yield every metric family with one sample set per partition (scrape time)."""
-        with self.lock:
+        """Yield every metric family with one series per partition (runs at scrape time)."""
+        with self.lock:  # copy under the lock, format outside it
             rows = self._snapshot()
-        families = self._families()
+        counters, histograms, gauges = self._families()
         for labels, stats, live in rows:
-            values = [labels.subscription, labels.topic, str(labels.partition)]
-            for name, _, attr in _COUNTERS:
-                counter = families[name]
-                assert isinstance(counter, CounterMetricFamily)
+            values = (labels.subscription, labels.topic, str(labels.partition))
+            for counter, (_, _, attr) in zip(counters, _COUNTERS, strict=True):
                 counter.add_metric(values, float(getattr(stats, attr)))
-            for name, _, attr in _HISTOGRAMS:
+            for histogram, (_, _, attr) in zip(histograms, _HISTOGRAMS, strict=True):
                 hist: FastHistogram = getattr(stats, attr)
-                histogram = families[name]
-                assert isinstance(histogram, HistogramMetricFamily)
                 histogram.add_metric(values, hist.cumulative(), hist.sum)
-            if live:
-                for name, _, read in _GAUGES:
-                    value = read(stats)
-                    if value >= 0:
-                        gauge = families[name]
-                        assert isinstance(gauge, GaugeMetricFamily)
-                        gauge.add_metric(values, float(value))
-        yield from families.values()
+            for gauge, (_, _, read) in zip(gauges, _GAUGES, strict=True):
+                value = read(stats)
+                if live and value >= 0:
+                    gauge.add_metric(values, float(value))
+        yield from (*counters, *histograms, *gauges)
 
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
         """Copy every partition's numbers (caller holds the lock); True marks live ones."""
-        rows: dict[PartitionLabels, tuple[PartitionStats, bool]] = {}
+        rows = {labels: (stats.snapshot(), True) for labels, stats in self._source()}
         for labels, retired in self._retired.items():
-            copy = PartitionStats()
-            copy.add_counters(retired)
-            rows[labels] = (copy, False)
-        for labels, stats in self._source():
-            copy = rows[labels][0] if labels in rows else PartitionStats()
-            copy.add_counters(stats)
-            copy.copy_gauges(stats)
-            rows[labels] = (copy, True)
+            copy, live = rows.get(labels) or (PartitionStats(), False)
+            copy.merge_counters(retired)
+            rows[labels] = (copy, live)
         return [(labels, *rows[labels]) for labels in sorted(rows)]
 
     @staticmethod
-    def _families() -> dict[str, Metric]:
-        families: dict[str, Metric] = {}
-        for name, doc, _ in _COUNTERS:
-            families[name] = CounterMetricFamily(name, doc, labels=_LABEL_NAMES)
-        for name, doc, _ in _HISTOGRAMS:
-            families[name] = HistogramMetricFamily(name, doc, labels=_LABEL_NAMES)
-        for name, doc, _ in _GAUGES:
-            families[name] = GaugeMetricFamily(name, doc, labels=_LABEL_NAMES)
-        return families
+    def _families() -> tuple[
+        list[CounterMetricFamily], list[HistogramMetricFamily], list[GaugeMetricFamily]
+    ]:
+        return (
+            [CounterMetricFamily(n, doc, labels=_LABEL_NAMES) for n, doc, _ in _COUNTERS],
+            [HistogramMetricFamily(n, doc, labels=_LABEL_NAMES) for n, doc, _ in _HISTOGRAMS],
+            [GaugeMetricFamily(n, doc, labels=_LABEL_NAMES) for n, doc, _ in _GAUGES],
+        )
 
 
 class Metrics:
@@ -387,17 +348,15 @@ class Metrics:
     Each object owns its own ``CollectorRegistry`` (not prometheus_client's global one), so
     several runtimes and tests in one process do not clash.
 
+    Args:
+        process_metrics: also export prometheus_client's process, platform and garbage
+            collector metrics (CPU, memory, file descriptors, Python version).
+
     Attributes:
         registry: the registry the endpoint and :meth:`render` export.
     """
 
     def __init__(self, *, process_metrics: bool = True) -> None:
-        """Create the metrics with no partitions.
-
-        Args:
-            process_metrics: also export prometheus_client's process, platform and garbage
-                collector metrics (CPU, memory, file descriptors, Python version).
-        """
         self.registry = CollectorRegistry()
         self._live: dict[PartitionLabels, PartitionStats] = {}
         self._collector = DecatonCollector(lambda: list(self._live.items()))

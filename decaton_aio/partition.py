@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeAlias
@@ -239,17 +238,12 @@ class PartitionProcessor:
         elapsed = time.perf_counter() - ctx.started_at
         stats = self.stats
         stats.process_duration.observe(elapsed)
-        if exc is None:
-            stats.processed += 1
-        elif not isinstance(exc, asyncio.CancelledError):
+        stats.processed += 1
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):
             # Decaton's default: a failed task is logged, counted and completed; it never
             # stops the partition. Retry policies come on top of this.
             stats.errors += 1
-            ctx.logger.error(
-                "processor failed",
-                error=f"{type(exc).__name__}: {exc}",
-                traceback="".join(traceback.format_exception(exc, limit=-8)),
-            )
+            ctx.logger.error("processor failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         self._complete(ctx.record)
 
     def _complete(self, record: Record) -> None:

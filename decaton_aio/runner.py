@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.metrics import Metrics
+from decaton_aio.metrics import DEFAULT_METRICS_ADDR, Metrics
 from decaton_aio.properties import Properties
 from decaton_aio.property_sources import FilePropertySource, properties_from_env
 from decaton_aio.subscription import Subscription
@@ -50,7 +50,7 @@ class RunOptions:
     properties: Mapping[str, object] = field(default_factory=dict)
     properties_file: Path | None = None
     metrics_port: int | None = None
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = DEFAULT_METRICS_ADDR
     environ: Mapping[str, str] | None = None
 
 

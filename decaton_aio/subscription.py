@@ -98,6 +98,7 @@ class Subscription:
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
         self._unsubscribe: list[Callable[[], None]] = []
@@ -208,7 +209,7 @@ class Subscription:
             return
         self._failure = task.exception()
         log.error("a subscription routine failed; stopping", exc_info=self._failure)
-        asyncio.get_running_loop().create_task(self.stop())
+        self._stop_task = asyncio.get_running_loop().create_task(self.stop())
 
     # -------------------------------------------------------------------- routines
 

@@ -8,23 +8,33 @@ cluster named by ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.context import ProcessingContext
 from decaton_aio.embedded import EmbeddedBroker
-from decaton_aio.errors import BrokerError
+from decaton_aio.errors import BrokerError, ProcessingError
+from decaton_aio.producer import RecordLocation
+from decaton_aio.subscription import Subscription
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
     "TEST_CONSUMER_SETTINGS",
     "BrokerHandle",
+    "DrainResult",
+    "ProcessedTask",
     "TopicAdmin",
+    "committed_offsets",
+    "drain",
     "read_records",
 ]
 
@@ -178,3 +188,147 @@ async def _partitions_for(consumer: AIOKafkaConsumer, topic: str, timeout_s: flo
             raise TimeoutError(f"topic {topic!r} has no partitions after {timeout_s}s")
         await consumer.topics()  # refreshes the cluster metadata
         await asyncio.sleep(0.05)
+
+
+async def committed_offsets(
+    bootstrap_servers: str, group_id: str, topic: str, partitions: Iterable[int]
+) -> dict[int, int | None]:
+    """The group's committed offset per partition (``None`` where nothing is committed)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions]
+        found = await admin.list_consumer_group_offsets(group_id, partitions=tps)
+    finally:
+        await admin.close()
+    result: dict[int, int | None] = {tp.partition: None for tp in tps}
+    for tp, meta in found.items():
+        result[tp.partition] = meta.offset if meta.offset >= 0 else None
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedTask:
+    """One task a processor finished during :func:`drain`."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    task: Any
+
+
+@dataclass
+class DrainResult:
+    """What a processor did during :func:`drain`, with assertions over it.
+
+    Attributes:
+        processed: the tasks that completed without error, in completion order.
+        failures: ``(task, exception)`` for each task whose processor raised.
+    """
+
+    processed: list[ProcessedTask] = field(default_factory=list)
+    failures: list[tuple[ProcessedTask, BaseException]] = field(default_factory=list)
+
+    def assert_per_key_order(self) -> None:
+        """Every key's tasks completed in offset order (per partition).
+
+        Raises:
+            AssertionError: naming the first key whose order broke.
+        """
+        last: dict[tuple[str, int, bytes], int] = {}
+        for done in self.processed:
+            if done.key is None:
+                continue
+            lane = (done.topic, done.partition, done.key)
+            previous = last.get(lane, -1)
+            if done.offset <= previous:
+                raise AssertionError(
+                    f"key {done.key!r} in {done.topic}-{done.partition}: offset {done.offset} "
+                    f"completed after offset {previous}"
+                )
+            last[lane] = done.offset
+
+    def assert_at_least_once(self, produced: Iterable[RecordLocation]) -> None:
+        """Every produced task was processed at least once.
+
+        Raises:
+            AssertionError: listing (up to ten of) the tasks never processed.
+        """
+        seen = {(t.topic, t.partition, t.offset) for t in self.processed}
+        missing = [w for w in produced if (w.topic, w.partition, w.offset) not in seen]
+        if missing:
+            raise AssertionError(f"{len(missing)} tasks never processed, e.g. {missing[:10]}")
+
+    def duplicates(self) -> int:
+        """How many completions were redeliveries of a task already processed."""
+        counts: dict[tuple[str, int, int], int] = defaultdict(int)
+        for t in self.processed:
+            counts[(t.topic, t.partition, t.offset)] += 1
+        return sum(n - 1 for n in counts.values())
+
+
+async def drain(
+    app: Application,
+    bootstrap_servers: str,
+    *,
+    expected: int,
+    timeout_s: float = 60.0,
+    group_id: str | None = None,
+    raise_failures: bool = False,
+) -> DrainResult:
+    """Run ``app`` until ``expected`` tasks finished, then stop it gracefully.
+
+    The processor is wrapped to record each task; consumer settings suit tests (short
+    session timeout). Everything is committed when this returns.
+
+    Args:
+        app: the application under test.
+        bootstrap_servers: the broker.
+        expected: how many task completions (successful or failed) to wait for.
+        timeout_s: give up after this long.
+        group_id: the consumer group; a fresh one when omitted.
+        raise_failures: raise :class:`ProcessingError` if any processor call failed.
+
+    Raises:
+        TimeoutError: when fewer than ``expected`` tasks finished in time.
+    """
+    result = DrainResult()
+    enough = asyncio.Event()
+    inner = app.processor
+
+    async def recording(ctx: ProcessingContext, task: Any) -> None:
+        done = ProcessedTask(ctx.topic, ctx.partition, ctx.offset, ctx.key, task)
+        try:
+            await inner(ctx, task)
+        except Exception as exc:
+            result.failures.append((done, exc))
+            raise
+        else:
+            result.processed.append(done)
+        finally:
+            if len(result.processed) + len(result.failures) >= expected:
+                enough.set()
+
+    wrapped = dataclasses.replace(app, processor=recording)
+    consumer = ConsumerConfig(
+        bootstrap_servers,
+        group_id or f"{app.group}-{uuid.uuid4().hex[:8]}",
+        **TEST_CONSUMER_SETTINGS,
+    )
+    subscription = Subscription(wrapped, consumer)
+    await subscription.start()
+    try:
+        await asyncio.wait_for(enough.wait(), timeout_s)
+    except TimeoutError:
+        finished = len(result.processed) + len(result.failures)
+        raise TimeoutError(f"{finished} of {expected} tasks finished in {timeout_s}s") from None
+    finally:
+        await subscription.stop()
+    if raise_failures and result.failures:
+        task, exc = result.failures[0]
+        raise ProcessingError(
+            f"{len(result.failures)} tasks failed; first at {task.topic}-{task.partition}"
+            f"@{task.offset}: {exc!r}"
+        ) from exc
+    return result

@@ -7,8 +7,8 @@ restarted consumer must read). Committing it never skips an unfinished record, s
 at-least-once holds however tasks finish (Decaton's ``OutOfOrderCommitControl`` idea).
 
 Invariant: every registered offset below ``committable()`` is complete, and the offset
-``committable()`` returns is registered and pending (or one past the last registered
-offset when nothing is pending).
+``committable()`` returns is registered and pending, or, when nothing is pending, one past
+the last registered offset (the start offset if none was registered since).
 
 Offsets are not dense. Transaction markers and log compaction leave offsets a consumer
 never sees; such a gap must not hold the watermark back. Small gaps take one slot each,
@@ -76,6 +76,9 @@ class WatermarkTracker:
             offset starts the window.
         initial_capacity: ring slots allocated up front (rounded up to a power of two);
             the ring doubles when more records are in flight.
+
+    Raises:
+        ValueError: ``start_offset`` is negative or ``initial_capacity`` is below 1.
     """
 
     def __init__(self, start_offset: int | None = None, *, initial_capacity: int = 1024) -> None:
@@ -114,6 +117,9 @@ class WatermarkTracker:
         Args:
             start_offset: the new fetch position, or ``None`` to start at the first
                 registered offset.
+
+        Raises:
+            ValueError: ``start_offset`` is negative.
         """
         self._generation += 1
         self._clear(start_offset)
@@ -469,7 +475,7 @@ class WatermarkTracker:
         assert self._preset is not None
         idx = run - self._preset_base
         inside = (idx >= 0) & (idx < len(self._preset))
-        hits = run[inside][self._preset[idx[inside]].astype(bool)]
+        hits: npt.NDArray[np.int64] = run[inside][self._preset[idx[inside]].astype(bool)]
         if int(idx[-1]) + 1 >= len(self._preset):
             self._preset = None
         return hits

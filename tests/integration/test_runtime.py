@@ -1,0 +1,293 @@
+"""The runtime against a real broker: order, watermark commits, back-pressure, rebalance."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from decaton_aio import Application, ConsumerConfig, ProcessingContext, Subscription
+from decaton_aio.subscription import SubscriptionState
+from decaton_aio.testing import (
+    TEST_CONSUMER_SETTINGS,
+    BrokerHandle,
+    committed_offsets,
+    drain,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def consumer_config(broker: BrokerHandle, group: str | None = None) -> ConsumerConfig:
+    return ConsumerConfig(
+        broker.bootstrap_servers, group or f"g-{uuid.uuid4().hex[:8]}", **TEST_CONSUMER_SETTINGS
+    )
+
+
+async def produce(task_producer: Any, topic: str, count: int, keys: int) -> list[Any]:
+    producer = await task_producer(topic)
+    futures = [await producer.submit(f"key-{i % keys}", str(i).encode()) for i in range(count)]
+    return list(await asyncio.gather(*futures))
+
+
+async def wait_for(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_all_tasks_processed_once_in_key_order(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """Given 3,000 tasks over 50 keys and a processor with random latency, every task is
+    processed exactly once (no crash), per-key order holds, and the watermark is committed
+    to the end of every partition."""
+    topic = await topic_factory(partitions=3)
+    produced = await produce(task_producer, topic, 3000, keys=50)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        await asyncio.sleep(random.random() * 0.003)
+
+    app = Application(process, topics=(topic,), properties={"decaton.partition.concurrency": 64})
+    group = f"order-{uuid.uuid4().hex[:8]}"
+    result = await drain(app, kafka_broker.bootstrap_servers, expected=3000, group_id=group)
+    result.assert_at_least_once(produced)
+    result.assert_per_key_order()
+    assert result.duplicates() == 0
+    ends: dict[int, int] = defaultdict(int)
+    for where in produced:
+        ends[where.partition] = max(ends[where.partition], where.offset + 1)
+    assert await committed_offsets(kafka_broker.bootstrap_servers, group, topic, ends) == ends
+
+
+async def test_concurrency_bound_and_live_change(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """At most decaton.partition.concurrency tasks run per partition; raising it while
+    running lets more start without a restart."""
+    topic = await topic_factory(partitions=1)
+    await produce(task_producer, topic, 400, keys=400)
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await release.wait()
+        finally:
+            running -= 1
+
+    app = Application(process, topics=(topic,), properties={"decaton.partition.concurrency": 5})
+    async with Subscription(app, consumer_config(kafka_broker)) as sub:
+        await wait_for(lambda: running == 5, what="5 running tasks")
+        await asyncio.sleep(0.2)
+        assert peak == 5
+        assert sub.properties["decaton.partition.concurrency"].set(40)
+        await wait_for(lambda: running == 40, what="40 running tasks")
+        assert sub.properties["decaton.partition.concurrency"].set("not a number") is False
+        release.set()
+        await wait_for(lambda: sum(p.pending for p in sub.partitions.values()) == 0)
+    assert peak == 40
+
+
+async def test_back_pressure_bounds_pending_records(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """With a slow processor, pending records stay under max pending plus one fetch, and
+    the partition is paused, then resumed until everything is processed."""
+    topic = await topic_factory(partitions=1)
+    await produce(task_producer, topic, 3000, keys=3000)
+    done = 0
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        nonlocal done
+        await asyncio.sleep(0.002)
+        done += 1
+
+    max_pending, fetch = 200, 100
+    app = Application(
+        process,
+        topics=(topic,),
+        properties={
+            "decaton.max.pending.records": max_pending,
+            "decaton.partition.concurrency": 50,
+        },
+    )
+    config = ConsumerConfig(
+        kafka_broker.bootstrap_servers,
+        f"bp-{uuid.uuid4().hex[:8]}",
+        max_fetch_records=fetch,
+        **TEST_CONSUMER_SETTINGS,
+    )
+    peak_pending = 0
+    paused_seen = False
+    async with Subscription(app, config) as sub:
+        while done < 3000:
+            for processor in sub.partitions.values():
+                peak_pending = max(peak_pending, processor.pending)
+                paused_seen |= processor.paused
+            await asyncio.sleep(0.005)
+    assert paused_seen
+    assert max_pending <= peak_pending <= max_pending + fetch
+
+
+async def test_commit_never_passes_an_unfinished_task(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """A stuck task holds the committed offset at its own offset while later tasks finish;
+    a restart of the group redelivers it and nothing before it."""
+    topic = await topic_factory(partitions=1)
+    await produce(task_producer, topic, 50, keys=50)
+    group = f"wm-{uuid.uuid4().hex[:8]}"
+    stuck = asyncio.Event()
+    finished: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        if ctx.offset == 7:
+            await stuck.wait()
+        finished.append(ctx.offset)
+
+    app = Application(
+        process,
+        topics=(topic,),
+        properties={
+            "decaton.commit.interval.ms": 100,
+            "decaton.processing.shutdown.timeout.ms": 200,
+        },
+    )
+    async with Subscription(app, consumer_config(kafka_broker, group)):
+        await wait_for(lambda: len(finished) == 49, what="49 finished tasks")
+        await asyncio.sleep(0.3)  # a few commit intervals
+        committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
+        assert committed == {0: 7}
+    # stopped with offset 7 unfinished: the commit still stops there
+    committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
+    assert committed == {0: 7}
+    stuck.set()
+
+    redelivered: list[int] = []
+
+    async def again(ctx: ProcessingContext, task: bytes) -> None:
+        redelivered.append(ctx.offset)
+
+    result = await drain(
+        Application(again, topics=(topic,)),
+        kafka_broker.bootstrap_servers,
+        expected=43,
+        group_id=group,
+    )
+    assert min(t.offset for t in result.processed) == 7
+    assert sorted(redelivered) == list(range(7, 50))
+
+
+async def test_failing_processor_is_counted_and_does_not_stop(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """Processor exceptions are logged and counted; the tasks complete and processing
+    goes on; the metrics show the counts."""
+    topic = await topic_factory(partitions=2)
+    await produce(task_producer, topic, 200, keys=10)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        if int(task) % 4 == 0:
+            raise RuntimeError("storage unavailable")
+
+    sub = Subscription(Application(process, topics=(topic,)), consumer_config(kafka_broker))
+    async with sub:
+        await wait_for(
+            lambda: sum(p.stats.processed for p in sub.partitions.values()) == 200,
+            what="200 processed",
+        )
+        errors = sum(p.stats.errors for p in sub.partitions.values())
+        text = sub.metrics.render().decode()
+    assert errors == 50
+    assert "decaton_tasks_error_total" in text
+    assert sub.state is SubscriptionState.TERMINATED
+
+
+async def test_state_transitions_are_observable(
+    kafka_broker: BrokerHandle, topic_factory: Any
+) -> None:
+    """The subscription goes INITIALIZING -> RUNNING -> ... -> SHUTTING_DOWN -> TERMINATED
+    and tells its listeners."""
+    topic = await topic_factory(partitions=1)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        return None
+
+    sub = Subscription(Application(process, topics=(topic,)), consumer_config(kafka_broker))
+    states: list[SubscriptionState] = []
+    sub.on_state_change(states.append)
+    assert sub.state is SubscriptionState.INITIALIZING
+    await sub.start()
+    await wait_for(lambda: bool(sub.partitions), what="assignment")
+    assert sub.state is SubscriptionState.RUNNING
+    await sub.stop()
+    assert states[0] is SubscriptionState.RUNNING
+    assert states[-2:] == [SubscriptionState.SHUTTING_DOWN, SubscriptionState.TERMINATED]
+    await sub.stop()  # idempotent
+
+
+async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """When a second member joins, the first revokes its partitions: it waits up to the
+    rebalance timeout, commits its watermark, and drops the rest, which is redelivered.
+    A task still running past the timeout completes later without committing anything."""
+    topic = await topic_factory(partitions=2)
+    produced = await produce(task_producer, topic, 100, keys=100)
+    group = f"rb-{uuid.uuid4().hex[:8]}"
+    stuck = asyncio.Event()
+    first_try: set[tuple[int, int]] = set()
+    done_by: dict[str, set[tuple[int, int]]] = defaultdict(set)
+
+    def processor(name: str) -> Any:
+        async def process(ctx: ProcessingContext, task: bytes) -> None:
+            where = (ctx.partition, ctx.offset)
+            if ctx.offset == 10 and where not in first_try:
+                first_try.add(where)
+                await stuck.wait()  # outlives the rebalance timeout
+            done_by[name].add(where)
+
+        return process
+
+    props = {"decaton.group.rebalance.timeout.ms": 300, "decaton.commit.interval.ms": 100}
+    a = Subscription(
+        Application(processor("a"), topics=(topic,), properties=props),
+        consumer_config(kafka_broker, group),
+    )
+    b = Subscription(
+        Application(processor("b"), topics=(topic,), properties=props),
+        consumer_config(kafka_broker, group),
+    )
+    async with a:
+        await wait_for(lambda: len(first_try) == 2, what="both stuck tasks")
+        async with b:
+            everything = {(w.partition, w.offset) for w in produced}
+            await wait_for(
+                lambda: done_by["a"] | done_by["b"] >= everything,
+                timeout_s=40,
+                what="every task processed",
+            )
+            assert len(a.partitions) + len(b.partitions) == 2
+            stuck.set()  # the abandoned first tries finish now, into closed partitions
+            await asyncio.sleep(0.3)
+            ends = {0: 0, 1: 0}
+            for w in produced:
+                ends[w.partition] = max(ends[w.partition], w.offset + 1)
+            await wait_for(lambda: _committed_all(a, b, ends), what="final commits")
+
+
+def _committed_all(a: Subscription, b: Subscription, ends: dict[int, int]) -> bool:
+    owned = {tp.partition: p for sub in (a, b) for tp, p in sub.partitions.items()}
+    return all(owned.get(part) and owned[part].last_committed == end for part, end in ends.items())

@@ -1,0 +1,388 @@
+"""Unit tests of the Prometheus metrics: histogram, collector, retirement, HTTP endpoint."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from decaton_aio.errors import ConfigError
+from decaton_aio.metrics import (
+    DEFAULT_BUCKETS_S,
+    DecatonCollector,
+    FastHistogram,
+    Metrics,
+    PartitionLabels,
+    PartitionStats,
+)
+
+
+def samples(metrics: Metrics) -> dict[str, list[Sample]]:
+    """Parse ``metrics.render()`` back into family name -> samples."""
+    text = metrics.render().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(metrics: Metrics, sample_name: str, **labels: str) -> float | None:
+    """The value of the one sample with this name and these labels, or None if absent."""
+    found = [
+        s.value
+        for fam in samples(metrics).values()
+        for s in fam
+        if s.name == sample_name and s.labels == labels
+    ]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+P0 = {"subscription": "sub", "topic": "t", "partition": "0"}
+P1 = {"subscription": "sub", "topic": "t", "partition": "1"}
+
+
+# ---------------------------------------------------------------- FastHistogram
+
+
+def test_histogram_bucket_boundaries_are_inclusive_upper_bounds() -> None:
+    """A value equal to a bound counts in that bound's bucket (Prometheus ``le``)."""
+    hist = FastHistogram((1.0, 2.0, 5.0))
+    for v in (0.5, 1.0, 1.0000001, 2.0, 5.0):
+        hist.observe(v)
+    assert hist.counts == [2, 2, 1, 0]
+    assert hist.cumulative() == [("1.0", 2.0), ("2.0", 4.0), ("5.0", 5.0), ("+Inf", 5.0)]
+
+
+def test_histogram_overflow_sum_and_count() -> None:
+    """Values above every bound go to ``+Inf``; sum and count cover every observation."""
+    hist = FastHistogram((1.0, 2.0))
+    for v in (0.25, 3.0, 100.0, -0.5):
+        hist.observe(v)
+    assert hist.counts == [2, 0, 2]  # the negative value (clock skew) is in the first bucket
+    assert hist.count == 4
+    assert hist.sum == pytest.approx(102.75)
+    assert hist.cumulative()[-1] == ("+Inf", 4.0)
+
+
+def test_histogram_default_bounds_cover_sub_millisecond_to_a_minute() -> None:
+    """The default buckets span 0.5 ms to 60 s, increasing, with ``+Inf`` added on export."""
+    hist = FastHistogram()
+    assert hist.bounds == DEFAULT_BUCKETS_S
+    assert DEFAULT_BUCKETS_S[0] == 0.0005
+    assert DEFAULT_BUCKETS_S[-1] == 60.0
+    assert list(DEFAULT_BUCKETS_S) == sorted(set(DEFAULT_BUCKETS_S))
+    assert len(hist.cumulative()) == len(DEFAULT_BUCKETS_S) + 1
+
+
+@pytest.mark.parametrize("bounds", [(), (1.0, 1.0), (2.0, 1.0), (1.0, float("inf"))])
+def test_histogram_rejects_bad_bounds(bounds: tuple[float, ...]) -> None:
+    """Empty, unordered, repeated or infinite bounds are a configuration error."""
+    with pytest.raises(ConfigError, match="strictly increasing"):
+        FastHistogram(bounds)
+
+
+def test_histogram_merge_adds_and_checks_bounds() -> None:
+    """Merging adds bucket counts and sums; different bounds cannot be merged."""
+    a, b = FastHistogram((1.0,)), FastHistogram((1.0,))
+    a.observe(0.5)
+    b.observe(2.0)
+    b.observe(0.1)
+    a.merge(b)
+    assert a.counts == [2, 1]
+    assert a.sum == pytest.approx(2.6)
+    with pytest.raises(ValueError, match="different bucket bounds"):
+        a.merge(FastHistogram((2.0,)))
+
+
+# ---------------------------------------------------------------- collector output
+
+
+def test_counters_and_histograms_are_exported_per_partition() -> None:
+    """Each counter and histogram has one series per partition with the three labels."""
+    metrics = Metrics(process_metrics=False)
+    s0 = metrics.register_partition("sub", "t", 0)
+    s1 = metrics.register_partition("sub", "t", 1)
+    s0.processed += 5
+    s0.errors += 2
+    s0.discarded += 1
+    s0.retries += 3
+    s0.compactions += 4
+    s0.throttled_s += 1.5
+    s1.processed += 7
+    s0.process_duration.observe(0.003)
+    s0.process_duration.observe(120.0)
+    s0.completion_duration.observe(0.2)
+    s0.delivery_latency.observe(0.0001)
+
+    assert value(metrics, "decaton_tasks_processed_total", **P0) == 5
+    assert value(metrics, "decaton_tasks_processed_total", **P1) == 7
+    assert value(metrics, "decaton_tasks_error_total", **P0) == 2
+    assert value(metrics, "decaton_tasks_discarded_total", **P0) == 1
+    assert value(metrics, "decaton_tasks_retried_total", **P0) == 3
+    assert value(metrics, "decaton_tasks_compacted_total", **P0) == 4
+    assert value(metrics, "decaton_partition_throttled_seconds_total", **P0) == 1.5
+    name = "decaton_task_process_duration_seconds"
+    assert value(metrics, f"{name}_count", **P0) == 2
+    assert value(metrics, f"{name}_sum", **P0) == pytest.approx(120.003)
+    assert value(metrics, f"{name}_bucket", **P0, le="0.0025") == 0
+    assert value(metrics, f"{name}_bucket", **P0, le="0.005") == 1
+    assert value(metrics, f"{name}_bucket", **P0, le="60.0") == 1
+    assert value(metrics, f"{name}_bucket", **P0, le="+Inf") == 2
+    assert value(metrics, "decaton_task_completion_duration_seconds_count", **P0) == 1
+    assert value(metrics, "decaton_task_delivery_latency_seconds_bucket", **P0, le="0.0005") == 1
+    assert value(metrics, f"{name}_count", **P1) == 0
+
+
+def test_every_family_has_type_and_help() -> None:
+    """All fourteen decaton_ families are exported with the right type and a help text."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.committed_offset, stats.consumed_offset, stats.high_watermark = 1, 2, 3
+    text = metrics.render().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    expected = {
+        "decaton_tasks_processed": "counter",
+        "decaton_tasks_error": "counter",
+        "decaton_tasks_discarded": "counter",
+        "decaton_tasks_retried": "counter",
+        "decaton_tasks_compacted": "counter",
+        "decaton_partition_throttled_seconds": "counter",
+        "decaton_task_process_duration_seconds": "histogram",
+        "decaton_task_completion_duration_seconds": "histogram",
+        "decaton_task_delivery_latency_seconds": "histogram",
+        "decaton_partition_tasks_pending": "gauge",
+        "decaton_partition_paused": "gauge",
+        "decaton_partition_committed_offset": "gauge",
+        "decaton_partition_consumed_offset": "gauge",
+        "decaton_consumer_lag": "gauge",
+    }
+    assert {name: fam.type for name, fam in families.items()} == expected
+    assert all(len(fam.documentation) > 20 for fam in families.values())
+
+
+def test_gauges_report_pending_paused_and_offsets() -> None:
+    """Gauges carry the runtime's current pending count, pause flag and offsets."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.pending = 42
+    stats.paused = True
+    stats.committed_offset = 100
+    stats.consumed_offset = 150
+    assert value(metrics, "decaton_partition_tasks_pending", **P0) == 42
+    assert value(metrics, "decaton_partition_paused", **P0) == 1
+    assert value(metrics, "decaton_partition_committed_offset", **P0) == 100
+    assert value(metrics, "decaton_partition_consumed_offset", **P0) == 150
+    stats.paused = False
+    assert value(metrics, "decaton_partition_paused", **P0) == 0
+
+
+def test_lag_is_high_watermark_minus_committed_offset() -> None:
+    """Lag = high watermark - committed offset, clamped at 0 when the watermark trails."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.committed_offset, stats.high_watermark = 100, 130
+    assert stats.lag == 30
+    assert value(metrics, "decaton_consumer_lag", **P0) == 30
+    stats.committed_offset = 140  # committed past a stale high watermark
+    assert value(metrics, "decaton_consumer_lag", **P0) == 0
+
+
+@pytest.mark.parametrize(("committed", "high"), [(-1, -1), (-1, 10), (10, -1)])
+def test_unknown_offsets_and_lag_are_omitted(committed: int, high: int) -> None:
+    """An offset of -1 is unknown: its gauge is not exported, nor is the lag it needs."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.committed_offset, stats.high_watermark = committed, high
+    assert stats.lag == -1
+    assert value(metrics, "decaton_consumer_lag", **P0) is None
+    assert value(metrics, "decaton_partition_consumed_offset", **P0) is None
+    expected = None if committed < 0 else committed
+    assert value(metrics, "decaton_partition_committed_offset", **P0) == expected
+    assert value(metrics, "decaton_partition_tasks_pending", **P0) == 0
+
+
+# ---------------------------------------------------------------- rebalances
+
+
+def test_retiring_keeps_counters_and_removes_gauges() -> None:
+    """A revoked partition's counters keep their totals; its gauges disappear."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.processed += 10
+    stats.process_duration.observe(0.01)
+    stats.pending, stats.committed_offset, stats.high_watermark = 3, 5, 9
+    metrics.retire_partition("sub", "t", 0)
+    stats.processed += 99  # a straggler after revocation is not counted
+
+    assert value(metrics, "decaton_tasks_processed_total", **P0) == 10
+    assert value(metrics, "decaton_task_process_duration_seconds_count", **P0) == 1
+    for gauge in ("decaton_partition_tasks_pending", "decaton_consumer_lag"):
+        assert value(metrics, gauge, **P0) is None
+
+
+def test_reassigned_partition_counters_stay_monotonic() -> None:
+    """Revoke then reassign: the new stats add to the retired totals, never go backwards."""
+    metrics = Metrics(process_metrics=False)
+    first = metrics.register_partition("sub", "t", 0)
+    first.processed += 10
+    first.throttled_s += 0.5
+    first.completion_duration.observe(2.0)
+    before = value(metrics, "decaton_tasks_processed_total", **P0)
+    metrics.retire_partition("sub", "t", 0)
+    second = metrics.register_partition("sub", "t", 0)
+    assert second is not first
+    assert value(metrics, "decaton_tasks_processed_total", **P0) == before == 10
+    second.processed += 1
+    second.completion_duration.observe(0.1)
+    second.pending = 7
+    assert value(metrics, "decaton_tasks_processed_total", **P0) == 11
+    assert value(metrics, "decaton_partition_throttled_seconds_total", **P0) == 0.5
+    assert value(metrics, "decaton_task_completion_duration_seconds_count", **P0) == 2
+    assert value(metrics, "decaton_task_completion_duration_seconds_sum", **P0) == 2.1
+    assert value(metrics, "decaton_partition_tasks_pending", **P0) == 7
+
+
+def test_registering_a_live_partition_again_retires_the_old_stats() -> None:
+    """A second registration without a revoke keeps the first one's counts."""
+    metrics = Metrics(process_metrics=False)
+    metrics.register_partition("sub", "t", 0).processed += 4
+    metrics.register_partition("sub", "t", 0).processed += 1
+    assert value(metrics, "decaton_tasks_processed_total", **P0) == 5
+
+
+def test_retiring_an_unknown_partition_is_a_no_op() -> None:
+    """Retiring a partition that was never registered exports nothing for it."""
+    metrics = Metrics(process_metrics=False)
+    metrics.retire_partition("sub", "t", 3)
+    assert samples(metrics)["decaton_tasks_processed"] == []
+
+
+def test_collector_reads_any_source_and_retires_per_partition() -> None:
+    """The collector works over a plain callable; retirement is keyed by all three labels."""
+    live: dict[PartitionLabels, PartitionStats] = {}
+    collector = DecatonCollector(lambda: live.items())
+    a, b = PartitionLabels("s", "t", 0), PartitionLabels("s", "t", 1)
+    live[a], live[b] = PartitionStats(), PartitionStats()
+    live[a].errors, live[b].errors = 1, 2
+    with collector.lock:
+        collector.retire(b, live.pop(b))
+    families = {f.name: f for f in collector.collect()}
+    errors = {s.labels["partition"]: s.value for s in families["decaton_tasks_error"].samples}
+    assert errors == {"0": 1.0, "1": 2.0}
+    assert {f.name for f in collector.describe()} == set(families)
+    assert all(not f.samples for f in collector.describe())
+
+
+def test_scrapes_stay_monotonic_while_partitions_churn() -> None:
+    """Scrapes from another thread during register/retire cycles never see totals drop."""
+    metrics = Metrics(process_metrics=False)
+    cycles = 5000
+    done = threading.Event()
+
+    def churn() -> None:
+        for _ in range(cycles):
+            metrics.register_partition("sub", "t", 0).processed += 1
+            metrics.retire_partition("sub", "t", 0)
+        done.set()
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so a race would show up
+    try:
+        writer = threading.Thread(target=churn)
+        writer.start()
+        seen = 0.0
+        while not done.is_set():
+            # registry.collect() skips text formatting, so scrapes are frequent
+            current = sum(
+                s.value
+                for family in metrics.registry.collect()
+                if family.name == "decaton_tasks_processed"
+                for s in family.samples
+            )
+            assert current >= seen
+            seen = current
+        writer.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert value(metrics, "decaton_tasks_processed_total", **P0) == cycles
+
+
+# ---------------------------------------------------------------- isolation and HTTP
+
+
+def test_two_metrics_objects_do_not_interfere() -> None:
+    """Each Metrics owns its registry: same labels, separate counts, no duplicate errors."""
+    m1, m2 = Metrics(), Metrics()
+    m1.register_partition("sub", "t", 0).processed += 1
+    m2.register_partition("sub", "t", 0).processed += 2
+    assert value(m1, "decaton_tasks_processed_total", **P0) == 1
+    assert value(m2, "decaton_tasks_processed_total", **P0) == 2
+    assert "process_cpu_seconds" in samples(m1)  # the process metrics are on by default
+
+
+def test_http_endpoint_serves_text_format_and_stops_cleanly() -> None:
+    """The endpoint on a free loopback port serves the text format; stop() leaves nothing."""
+    metrics = Metrics(process_metrics=False)
+    metrics.register_partition("sub", "t", 0).processed += 3
+    baseline = set(threading.enumerate())
+    port = metrics.start_http_server(0)
+    assert port > 0
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+            body = response.read().decode()
+        processed = next(
+            s
+            for family in text_string_to_metric_families(body)
+            for s in family.samples
+            if s.name == "decaton_tasks_processed_total"
+        )
+        assert (processed.labels, processed.value) == (P0, 3.0)
+    finally:
+        metrics.stop()
+    metrics.stop()  # idempotent
+    # Request handler threads are daemons the server does not join; they end right away.
+    deadline = time.monotonic() + 5
+    while set(threading.enumerate()) - baseline and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(threading.enumerate()) - baseline == set()
+    gc.collect()  # a leaked socket would raise ResourceWarning here (warnings are errors)
+    with pytest.raises(ConnectionRefusedError):  # the listening socket is closed
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_http_server_can_restart_after_stop() -> None:
+    """After stop() the same object can serve again; a second start while running fails."""
+    metrics = Metrics(process_metrics=False)
+    metrics.start_http_server(0)
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            metrics.start_http_server(0)
+    finally:
+        metrics.stop()
+    port = metrics.start_http_server(0)
+    metrics.stop()
+    assert port > 0
+
+
+def test_http_server_reports_a_busy_port_as_config_error() -> None:
+    """Binding a port already in use raises ConfigError naming the address."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port}"):
+            Metrics(process_metrics=False).start_http_server(port)
+
+
+def test_http_server_rejects_out_of_range_port() -> None:
+    """A port outside 0..65535 is rejected before anything is bound."""
+    with pytest.raises(ConfigError, match="between 0 and 65535"):
+        Metrics(process_metrics=False).start_http_server(70000)

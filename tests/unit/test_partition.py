@@ -1,0 +1,257 @@
+"""The partition processor without a broker: lanes, the concurrency bound, draining."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+from decaton_aio.context import ProcessingContext
+from decaton_aio.errors import DecodeError
+from decaton_aio.metrics import PartitionStats
+from decaton_aio.partition import PartitionProcessor, PartitionState
+
+TP = TopicPartition("tasks", 0)
+
+
+@dataclass
+class FakeRecord:
+    offset: int
+    key: bytes | None
+    value: bytes = b"v"
+    topic: str = "tasks"
+    partition: int = 0
+    timestamp: int = 0
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def records(keys: list[bytes | None], first: int = 0) -> list[FakeRecord]:
+    return [FakeRecord(first + i, key) for i, key in enumerate(keys)]
+
+
+class Gate:
+    """A processor whose tasks block until released, recording what runs when."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, asyncio.Event] = {}
+        self.started: list[int] = []
+        self.finished: list[int] = []
+        self.max_running = 0
+        self.by_key: dict[bytes | None, list[int]] = defaultdict(list)
+
+    async def __call__(self, ctx: ProcessingContext, task: Any) -> None:
+        event = self.running[ctx.offset] = asyncio.Event()
+        self.started.append(ctx.offset)
+        self.by_key[ctx.key].append(ctx.offset)
+        self.max_running = max(self.max_running, len(self.running))
+        await event.wait()
+        del self.running[ctx.offset]
+        self.finished.append(ctx.offset)
+
+    async def release(self, *offsets: int) -> None:
+        for offset in offsets:
+            self.running[offset].set()
+        await settle()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def make(
+    process: Any, *, limit: int = 100, max_pending: int = 1000, **kw: Any
+) -> PartitionProcessor:
+    return PartitionProcessor(
+        TP,
+        subscription_id="test",
+        process=process,
+        decode=kw.pop("decode", lambda value: value),
+        limit=limit,
+        max_pending=max_pending,
+        stats=PartitionStats(),
+        on_below_max_pending=kw.pop("on_below", lambda p: None),
+    )
+
+
+async def test_same_key_serial_different_keys_concurrent() -> None:
+    """Records of one key run one after another in offset order; other keys run at once."""
+    gate = Gate()
+    proc = make(gate)
+    proc.feed(records([b"a", b"b", b"a", b"c", b"a"]))
+    await settle()
+    assert sorted(gate.running) == [0, 1, 3]  # first of a, b, c
+    await gate.release(0)
+    assert sorted(gate.running) == [1, 2, 3]
+    await gate.release(2)
+    assert sorted(gate.running) == [1, 3, 4]
+    await gate.release(1, 3, 4)
+    assert gate.by_key[b"a"] == [0, 2, 4]
+    assert proc.committable() == 5
+    assert proc.active_keys == 0
+
+
+async def test_watermark_waits_for_the_slowest_record() -> None:
+    """Completions out of order never move the commit offset past an unfinished record."""
+    gate = Gate()
+    proc = make(gate)
+    proc.feed(records([b"a", b"b", b"c", b"d"], first=10))
+    await settle()
+    await gate.release(11, 13)
+    assert proc.committable() == 10
+    await gate.release(10)
+    assert proc.committable() == 12
+    await gate.release(12)
+    assert proc.committable() == 14
+    assert proc.pending == 0
+
+
+async def test_concurrency_bound_and_live_changes() -> None:
+    """At most `limit` tasks run; a raise starts waiting ones at once; a cut lets running
+    ones finish and starts new ones only under the new bound."""
+    gate = Gate()
+    proc = make(gate, limit=3)
+    proc.feed(records([f"k{i}".encode() for i in range(20)]))
+    await settle()
+    assert len(gate.running) == 3
+    proc.set_limit(8)
+    await settle()
+    assert len(gate.running) == 8
+    proc.set_limit(2)
+    await settle()
+    assert len(gate.running) == 8  # nothing is cancelled
+    await gate.release(*list(gate.running)[:5])
+    assert len(gate.running) == 3  # no new start above the new bound
+    await gate.release(*list(gate.running)[:2])
+    assert len(gate.running) == 2  # one finished slot refilled, under the bound of 2
+    while gate.running:
+        await gate.release(*list(gate.running))
+    assert sorted(gate.finished) == list(range(20))
+    assert proc.committable() == 20
+
+
+async def test_null_keys_are_not_serialized() -> None:
+    """Records without a key have no lane: they run concurrently."""
+    gate = Gate()
+    proc = make(gate)
+    proc.feed(records([None, None, None]))
+    await settle()
+    assert sorted(gate.running) == [0, 1, 2]
+    await gate.release(2, 0, 1)
+    assert proc.committable() == 3
+
+
+async def test_synchronous_tasks_complete_without_a_task_object() -> None:
+    """A processor that never suspends completes inside feed, in order."""
+    seen: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        seen.append(ctx.offset)
+
+    proc = make(process, limit=1)
+    proc.feed(records([b"a", b"b", b"a", None] * 250))
+    assert seen == list(range(1000))
+    assert proc.committable() == 1000
+    assert proc.stats.processed == 1000
+    assert proc.active_keys == 0
+
+
+async def test_idle_lanes_cost_nothing() -> None:
+    """A hundred thousand distinct keys leave no lane behind once done."""
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        await asyncio.sleep(0)
+
+    proc = make(process, limit=1000, max_pending=200_000)
+    for start in range(0, 100_000, 10_000):
+        proc.feed(records([f"key-{i}".encode() for i in range(start, start + 10_000)], first=start))
+    assert await proc.wait_idle(10.0)
+    assert proc.active_keys == 0
+    assert proc.committable() == 100_000
+
+
+async def test_failed_task_is_counted_and_completed() -> None:
+    """A processor exception is counted, the offset completes, the partition carries on."""
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        if ctx.offset % 2:
+            raise ValueError(f"bad {ctx.offset}")
+        await asyncio.sleep(0)
+
+    proc = make(process)
+    proc.feed(records([b"a"] * 10))
+    assert await proc.wait_idle(5.0)
+    assert (proc.stats.processed, proc.stats.errors) == (10, 5)
+    assert proc.committable() == 10
+
+
+async def test_undecodable_record_is_discarded_not_fatal() -> None:
+    """A body that cannot be decoded is counted as discarded and completed."""
+
+    def decode(value: bytes) -> bytes:
+        if value == b"bad":
+            raise DecodeError("body", "not json")
+        return value
+
+    ran: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ran.append(ctx.offset)
+
+    proc = make(process, decode=decode)
+    batch = records([b"a", b"a", b"a"])
+    batch[1].value = b"bad"
+    proc.feed(batch)
+    assert ran == [0, 2]
+    assert proc.stats.discarded == 1
+    assert proc.committable() == 3
+
+
+async def test_revoke_drops_queued_and_close_ignores_late_completions() -> None:
+    """Revoking stops new starts and drops queued records; after close, a task that
+    outlived the assignment cannot move the watermark."""
+    gate = Gate()
+    proc = make(gate, limit=2)
+    proc.feed(records([b"a", b"b", b"c", b"a"]))
+    await settle()
+    assert sorted(gate.running) == [0, 1]
+    proc.revoke()
+    await gate.release(0)
+    assert sorted(gate.running) == [1]  # 2 and 3 were dropped, not started
+    assert not await proc.wait_idle(0.05)
+    assert proc.committable() == 1
+    proc.close()
+    await gate.release(1)
+    assert proc.state is PartitionState.CLOSED
+    assert proc.committable() == 1
+
+
+async def test_pause_threshold_reports_resume() -> None:
+    """needs_pause flips at max pending; a completion below it asks for a resume."""
+    gate = Gate()
+    resumed: list[PartitionProcessor] = []
+    proc = make(gate, max_pending=3, on_below=resumed.append)
+    proc.feed(records([b"a", b"b", b"c"]))
+    await settle()
+    assert proc.needs_pause
+    proc.paused = True
+    await gate.release(0)
+    assert resumed == [proc]
+    assert not proc.needs_pause
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+async def test_wait_idle_after_all_complete(limit: int) -> None:
+    """wait_idle returns True once every started and queued task is done."""
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    proc = make(process, limit=limit)
+    proc.feed(records([b"a", b"b", b"a", b"c", None, None]))
+    assert await proc.wait_idle(2.0)
+    assert proc.pending == 0
