@@ -23,6 +23,7 @@ Caller: the event loop that owns the consumer. Nothing here is thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import time
 from collections import deque
@@ -286,13 +287,17 @@ class PartitionProcessor:
         Returns:
             True when the partition went idle within the timeout.
         """
-        if self._in_flight == 0:
-            return True
-        self._idle = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
+        # The idle event can fire in the middle of a synchronous chain of completions
+        # that goes on to start more tasks: check the count again after each wake-up.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._in_flight:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), remaining)
         return True
 
     def close(self) -> None:
