@@ -57,7 +57,8 @@ async def lines_in(path: Path, count: int, timeout_s: float = 30) -> list[int]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        lines = [int(x) for x in path.read_text().split()]
+        text = await asyncio.to_thread(path.read_text)
+        lines = [int(x) for x in text.split()]
         if len(lines) >= count:
             return lines
         if loop.time() > deadline:

@@ -50,7 +50,7 @@ def test_public_objects_have_docstrings() -> None:
     for name in decaton_aio.__all__:
         obj = getattr(decaton_aio, name)
         if callable(obj):
-            assert obj.__doc__ and obj.__doc__.strip(), f"{name} has no docstring"
+            assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
 
 
 def test_package_is_typed() -> None:
