@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decaton_aio.errors import ConfigError
-from decaton_aio.partition import TaskFunction
+from decaton_aio.execution import DeferredTimeoutPolicy, TaskFunction
+from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.serializers import BytesSerializer
 from decaton_aio.typing import Serializer
 
@@ -87,6 +88,15 @@ class Application:
         serializer: decodes record values into tasks (raw bytes by default).
         properties: initial runtime properties, by name (see ``decaton_aio.properties``).
         subscription_id: names this subscription in logs and metrics.
+        retry: how failed tasks are retried; ``None`` logs and completes them (Decaton's
+            default), still dead-lettering tasks that ask for a retry.
+        side_topics: suffixes of the retry, dead letter and shaping topics.
+        shaping: consume the ``<topic>-shaping`` topics, where tasks of keys over
+            ``decaton.per.key.quota.processing.rate`` go; required to turn the quota on.
+        deferred_timeout_policy: what happens when a deferred completion is still open
+            after ``decaton.deferred.complete.timeout.ms``: ``give_up`` completes it and
+            counts it as discarded, ``extend`` waits another timeout (and logs), ``retry``
+            sends it to the retry topic.
     """
 
     processor: TaskFunction
@@ -95,6 +105,10 @@ class Application:
     serializer: Serializer[Any] = field(default_factory=BytesSerializer)
     properties: Mapping[str, object] = field(default_factory=dict)
     subscription_id: str = "decaton-aio"
+    retry: RetryConfig | None = None
+    side_topics: SideTopics = field(default_factory=SideTopics)
+    shaping: bool = False
+    deferred_timeout_policy: DeferredTimeoutPolicy = "give_up"
 
     def __post_init__(self) -> None:
         if not inspect.iscoroutinefunction(self.processor):
@@ -107,7 +121,23 @@ class Application:
         else:
             object.__setattr__(self, "topics", tuple(self.topics))
 
+        if self.deferred_timeout_policy not in ("give_up", "extend", "retry"):
+            raise ConfigError(
+                "deferred_timeout_policy must be 'give_up', 'extend' or 'retry', "
+                f"got {self.deferred_timeout_policy!r}"
+            )
+
     @property
     def group(self) -> str:
         """The consumer group: ``group_id`` or the subscription id."""
         return self.group_id or self.subscription_id
+
+    @property
+    def subscribed_topics(self) -> tuple[str, ...]:
+        """The task topics plus the retry topics (queue retries) and shaping topics."""
+        topics = list(self.topics)
+        if self.retry is not None and self.retry.mode == "queue":
+            topics += [self.side_topics.retry_topic(t) for t in self.topics]
+        if self.shaping:
+            topics += [self.side_topics.shaping_topic(t) for t in self.topics]
+        return tuple(dict.fromkeys(topics))

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from decaton_aio import __version__
+from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
@@ -34,7 +35,6 @@ from decaton_aio.producer import ProducerConfig, TaskProducer
 from decaton_aio.property_sources import parse_assignments
 from decaton_aio.runner import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.serializers import JsonSerializer
-from decaton_aio.testing import TopicAdmin
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -199,6 +199,20 @@ def _build_parser() -> _Parser:
         default=os.environ.get("DECATON_AIO_METRICS_ADDR", DEFAULT_METRICS_ADDR),
         help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
     )
+    run.add_argument(
+        "--idempotence",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="idempotent producer for retry/dead letter records (default on; off with the "
+        "embedded broker)",
+    )
+    run.add_argument(
+        "--spool-dir",
+        type=Path,
+        default=os.environ.get("DECATON_AIO_SPOOL_DIR"),
+        help="keep records the broker cannot take here and deliver them later "
+        "(env DECATON_AIO_SPOOL_DIR)",
+    )
     run.add_argument("--session-timeout-ms", type=int, default=10_000)
     run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)
     run.add_argument("--auto-offset-reset", choices=("earliest", "latest"), default="earliest")
@@ -334,7 +348,9 @@ def _run_target(args: argparse.Namespace) -> int:
     install_event_loop_policy()
     with contextlib.ExitStack() as stack:
         servers = args.bootstrap_servers
+        idempotence = args.idempotence
         if not servers:
+            idempotence = False
             broker = stack.enter_context(EmbeddedBroker())
             servers = broker.bootstrap_servers
             print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
@@ -346,6 +362,12 @@ def _run_target(args: argparse.Namespace) -> int:
                 session_timeout_ms=args.session_timeout_ms,
                 heartbeat_interval_ms=args.heartbeat_interval_ms,
                 auto_offset_reset=args.auto_offset_reset,
+            ),
+            producer=ProducerConfig(
+                servers,
+                idempotence=True if idempotence is None else idempotence,
+                application_id=app.subscription_id,
+                spool_dir=args.spool_dir,
             ),
             properties=overrides,
             properties_file=args.properties_file,

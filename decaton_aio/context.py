@@ -7,17 +7,24 @@ topic, partition, offset, key and subscription id (Decaton's MDC), built only wh
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from decaton_aio.completion import Completion
 from decaton_aio.metadata import TaskMetadata, metadata_from_headers
+from decaton_aio.metrics import PartitionStats
 
 if TYPE_CHECKING:
     from aiokafka import ConsumerRecord
 
 __all__ = ["ProcessingContext"]
+
+
+def _noop() -> None:
+    return None
 
 
 class ProcessingContext:
@@ -28,14 +35,60 @@ class ProcessingContext:
         record: the Kafka record the task came from.
     """
 
-    __slots__ = ("_logger", "_metadata", "record", "started_at", "subscription_id")
+    __slots__ = (
+        "_completion",
+        "_logger",
+        "_metadata",
+        "attempt",
+        "record",
+        "retry_delay_s",
+        "started_at",
+        "stats",
+        "subscription_id",
+    )
 
-    def __init__(self, subscription_id: str, record: ConsumerRecord[Any, Any]) -> None:
+    def __init__(
+        self, subscription_id: str, record: ConsumerRecord[Any, Any], attempt: int = 1
+    ) -> None:
         self.subscription_id = subscription_id
         self.record = record
+        self.attempt = attempt
         self.started_at = 0.0
+        #: The counters of the task's partition (processor wrappers add to them).
+        self.stats: PartitionStats | None = None
+        #: Set by :meth:`retry`: the requested delay (``-1.0``: the policy's backoff).
+        self.retry_delay_s: float | None = None
         self._metadata: TaskMetadata | None = None
         self._logger: structlog.typing.FilteringBoundLogger | None = None
+        self._completion: Completion | None = None
+
+    def retry(self, delay_s: float | None = None) -> None:
+        """Ask for this task to be retried once the processor returns.
+
+        With queue retries the task goes to ``<topic>-retry`` and this offset completes
+        once the broker has the retry; with in-place retries it runs again in its key
+        lane. After the policy's last attempt it goes to the dead letter topic. Raising
+        :class:`~decaton_aio.backoff.RetryTask` does the same.
+
+        Args:
+            delay_s: wait this long before the retry; the policy's backoff when omitted.
+        """
+        self.retry_delay_s = -1.0 if delay_s is None else max(0.0, delay_s)
+
+    def deferred(self) -> Completion:
+        """Complete this task later: returns the same :class:`Completion` on every call.
+
+        The processor may return at once; the offset completes when
+        ``completion.complete()`` is called (from any coroutine, callback or thread).
+        """
+        if self._completion is None:
+            self._completion = Completion(_noop, asyncio.get_running_loop())
+        return self._completion
+
+    @property
+    def completion(self) -> Completion | None:
+        """The deferred completion, if the processor asked for one."""
+        return self._completion
 
     @property
     def key(self) -> bytes | None:

@@ -1,4 +1,4 @@
-"""One assigned partition: per-key lanes, the concurrency bound and the watermark.
+"""One assigned partition: per-key lanes, the concurrency bound, pacing and the watermark.
 
 A :class:`PartitionProcessor` lives for one assignment of one partition. Fetched records
 enter in offset order through :meth:`PartitionProcessor.feed`; each is registered with the
@@ -6,16 +6,21 @@ enter in offset order through :meth:`PartitionProcessor.feed`; each is registere
 
 - if an earlier record of its key is still outstanding, it waits in that key's lane
   (a deque created only while the key is busy, so an idle key costs nothing);
-- otherwise it is *ready*: it starts at once when fewer than ``limit`` tasks run, or waits
-  in the ready queue (FIFO) for a slot.
+- otherwise it is *ready*: it waits in the ready queue (FIFO) for a slot (fewer than
+  ``limit`` tasks running) and, when a rate is set, for a token of the partition's bucket.
 
-When a task completes, its offset is marked in the tracker, the next record of its key (if
-any) becomes ready, and ready records start while slots are free. Records without a key
-have no lane: they are ordered by nothing but the slots.
+The executor (:mod:`decaton_aio.execution`) runs a started record and reports back with
+one of: :meth:`~PartitionProcessor.finish` (done), :meth:`~PartitionProcessor.release`
+then :meth:`~PartitionProcessor.complete_released` (the slot and lane are free now, the
+offset completes later: deferred completion, a retry or dead letter being sent), or
+:meth:`~PartitionProcessor.postpone` (the slot is free, the lane stays taken, the record
+runs again after a delay: scheduled tasks and in-place retries). Waiting never holds a
+slot, so a waiting key never blocks other keys.
 
-States: ACTIVE (starting tasks) -> DRAINING (no new starts; queued records are dropped,
-they are redelivered from the committed watermark) -> CLOSED (completions are ignored, so
-a task outliving a rebalance never moves a watermark the consumer no longer owns).
+States: ACTIVE (starting tasks) -> DRAINING (no new starts; queued and postponed records
+are dropped, they are redelivered from the committed watermark) -> CLOSED (completions
+are ignored, so a task outliving a rebalance never moves a watermark the consumer no
+longer owns).
 
 Caller: the event loop that owns the consumer. Nothing here is thread-safe.
 """
@@ -25,24 +30,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import time
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeAlias
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
 
-from decaton_aio.context import ProcessingContext
-from decaton_aio.eager import start_eagerly
-from decaton_aio.errors import DecodeError
 from decaton_aio.metrics import PartitionStats
+from decaton_aio.ratelimit import TokenBucket
 from decaton_aio.watermark import WatermarkTracker
 
-__all__ = ["PartitionProcessor", "PartitionState", "TaskFunction"]
+if TYPE_CHECKING:
+    from decaton_aio.execution import TaskExecutor
+    from decaton_aio.hotkeys import HotKeyDetector
 
-TaskFunction = Callable[[ProcessingContext, Any], Coroutine[Any, Any, Any]]
-Decoder = Callable[[bytes], Any]
+__all__ = ["PartitionProcessor", "PartitionState", "Record"]
+
 #: An ``aiokafka.ConsumerRecord``; aiokafka ships no type information.
 Record: TypeAlias = Any
 
@@ -58,30 +62,34 @@ class PartitionState(enum.Enum):
 
 
 class PartitionProcessor:
-    """Runs the tasks of one partition assignment.
+    """Schedules the tasks of one partition assignment.
 
     Args:
         tp: the partition.
-        subscription_id: bound into each task's logger.
-        process: the user's processor, ``async def process(ctx, task)``.
-        decode: turns a record value into a task; raises ``DecodeError``.
+        executor: runs started records and reports their outcome back.
         limit: how many tasks may run at once (``decaton.partition.concurrency``).
+        max_pending: pause threshold (``decaton.max.pending.records``).
+        rate: tasks started per second (-1 unlimited, 0 paused).
         stats: counters the metrics endpoint reads.
         on_below_max_pending: called when pending records fall below the pause threshold
             while the partition is paused, so the consumer can resume it.
+        ignore_keys: keys whose records are skipped and completed at once.
+        hot_keys: detects keys over their quota; their records are handed to the
+            executor for shaping instead of being run here.
     """
 
     def __init__(
         self,
         tp: TopicPartition,
         *,
-        subscription_id: str,
-        process: TaskFunction,
-        decode: Decoder,
+        executor: TaskExecutor,
         limit: int,
         max_pending: int,
         stats: PartitionStats,
         on_below_max_pending: Callable[[PartitionProcessor], None],
+        rate: int = -1,
+        ignore_keys: Collection[bytes] = (),
+        hot_keys: HotKeyDetector | None = None,
     ) -> None:
         self.tp = tp
         self.state = PartitionState.ACTIVE
@@ -89,30 +97,35 @@ class PartitionProcessor:
         self.stats = stats
         self.paused = False
         self.last_committed: int | None = None
-        self._subscription_id = subscription_id
-        self._process = process
-        self._decode = decode
+        self._executor = executor
         self._limit = limit
         self._max_pending = max_pending
         self._on_below_max_pending = on_below_max_pending
+        self._bucket = TokenBucket(rate) if rate != -1 else None
+        self._ignore = frozenset(ignore_keys)
+        self.hot_keys = hot_keys
         # key -> None (busy, nothing queued) or a deque of records waiting behind it.
         self._lanes: dict[bytes, deque[Record] | None] = {}
         self._ready: deque[Record] = deque()
         self._in_flight = 0
+        self._awaiting = 0  # released records whose offset completes later
         self._pumping = False
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._pump_timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Event | None = None
+        #: In-place retries: offset -> the attempt it runs next.
+        self.attempts: dict[int, int] = {}
 
     # ----------------------------------------------------------------- inspection
 
     @property
     def in_flight(self) -> int:
-        """Tasks started and not yet complete."""
+        """Tasks started and not yet released."""
         return self._in_flight
 
     @property
     def pending(self) -> int:
-        """Records fetched and not yet complete (running, ready or waiting in a lane)."""
+        """Records fetched and not yet complete (running, waiting, or being handed off)."""
         return self.tracker.pending
 
     @property
@@ -127,8 +140,13 @@ class PartitionProcessor:
 
     @property
     def needs_pause(self) -> bool:
-        """Whether pending records reached ``max_pending``."""
-        return self.tracker.pending >= self._max_pending
+        """Whether pending records reached ``max_pending`` (or the rate is 0)."""
+        return self.tracker.pending >= self._max_pending or self.rate_paused
+
+    @property
+    def rate_paused(self) -> bool:
+        """Whether the rate is 0: nothing may start, the consumer should not fetch."""
+        return self._bucket is not None and self._bucket.paused
 
     def committable(self) -> int | None:
         """The offset to commit for this partition, or ``None`` if there is none yet."""
@@ -138,18 +156,29 @@ class PartitionProcessor:
 
     def set_limit(self, limit: int) -> None:
         """Change the concurrency bound now: a raise starts waiting tasks at once, a cut
-        lets running tasks finish and starts new ones only under the new bound.
-
-        Caller: the property listener of ``decaton.partition.concurrency``.
-        """
+        lets running tasks finish and starts new ones only under the new bound."""
         self._limit = limit
         self._pump()
 
     def set_max_pending(self, max_pending: int) -> None:
         """Change the pause threshold (``decaton.max.pending.records``)."""
         self._max_pending = max_pending
-        if self.paused and self.tracker.pending < max_pending:
-            self._on_below_max_pending(self)
+        self._maybe_resume()
+
+    def set_rate(self, rate: int) -> None:
+        """Change the rate (tasks/s; -1 unlimited, 0 paused) without losing queued work."""
+        if rate == -1:
+            self._bucket = None
+        elif self._bucket is None:
+            self._bucket = TokenBucket(rate)
+        else:
+            self._bucket.set_rate(rate)
+        self._maybe_resume()
+        self._pump()
+
+    def set_ignore_keys(self, keys: Collection[bytes]) -> None:
+        """Change the keys whose records are skipped (``decaton.ignore.keys``)."""
+        self._ignore = frozenset(keys)
 
     # ------------------------------------------------------------------- feeding
 
@@ -162,136 +191,172 @@ class PartitionProcessor:
             return
         done = self.tracker.register_batch([r.offset for r in records])
         skip = set(done.tolist()) if done.size else None
-        stats = self.stats
-        stats.consumed_offset = records[-1].offset + 1
+        self.stats.consumed_offset = records[-1].offset + 1
         lanes = self._lanes
         ready = self._ready
-        # Completions that happen synchronously inside _start must not start other tasks
-        # while this loop still hands out records in offset order.
-        self._pumping = True
-        try:
-            for record in records:
-                if skip is not None and record.offset in skip:
-                    continue  # completed before a restart (checkpoint); never run twice
-                key = record.key
-                if key is not None:
-                    if key in lanes:
-                        queue = lanes[key]
-                        if queue is None:
-                            lanes[key] = deque((record,))
-                        else:
-                            queue.append(record)
-                        continue
-                    lanes[key] = None
-                if self._in_flight < self._limit:
-                    self._start(record)
-                else:
-                    ready.append(record)
-        finally:
-            self._pumping = False
+        ignore = self._ignore
+        hot_keys = self.hot_keys
+        for record in records:
+            if skip is not None and record.offset in skip:
+                continue  # completed before a restart (checkpoint); never run twice
+            key = record.key
+            if key is not None:
+                if ignore and key in ignore:
+                    self.stats.discarded += 1
+                    self.tracker.complete(record.offset)
+                    continue
+                if hot_keys is not None and hot_keys.observe(key):
+                    self._awaiting += 1
+                    self._executor.shape(self, record)
+                    continue
+                if key in lanes:
+                    queue = lanes[key]
+                    if queue is None:
+                        lanes[key] = deque((record,))
+                    else:
+                        queue.append(record)
+                    continue
+                lanes[key] = None
+            ready.append(record)
         self._pump()
 
     def _pump(self) -> None:
-        # Start ready records while slots are free. Re-entrant calls (a task that completes
-        # synchronously inside _start) return at once; the outer loop carries on.
+        # Start ready records while slots (and tokens) are free. Re-entrant calls (a task
+        # that completes synchronously inside start) return at once; the outer loop goes on.
         if self._pumping:
             return
         self._pumping = True
         try:
             ready = self._ready
+            start = self._executor.start
+            bucket = self._bucket
             while ready and self._in_flight < self._limit and self.state is PartitionState.ACTIVE:
-                self._start(ready.popleft())
+                if bucket is not None:
+                    if bucket.paused:
+                        return  # rate 0: a rate change pumps again
+                    wait_s = bucket.try_acquire()
+                    if wait_s > 0:
+                        self._pump_later(wait_s)
+                        return
+                self._in_flight += 1
+                start(self, ready.popleft())
         finally:
             self._pumping = False
 
-    # ------------------------------------------------------------------- running
+    def _pump_later(self, wait_s: float) -> None:
+        if self._pump_timer is not None:
+            return  # a pump is already due
+        self.stats.throttled_s += wait_s
 
-    def _start(self, record: Record) -> None:
-        self._in_flight += 1
-        ctx = ProcessingContext(self._subscription_id, record)
-        try:
-            task = self._decode(record.value)
-        except DecodeError as exc:
-            self._discard(ctx, exc)
-            return
-        ctx.started_at = time.perf_counter()
-        self.stats.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
-        try:
-            coro = self._process(ctx, task)
-        except Exception as exc:  # a processor that is not a coroutine function
-            self._finish(ctx, exc)
-            return
-        start_eagerly(coro, lambda exc: self._finish(ctx, exc), self._tasks)
+        def fire() -> None:
+            self._pump_timer = None
+            self._pump()
 
-    def _discard(self, ctx: ProcessingContext, exc: DecodeError) -> None:
-        self.stats.discarded += 1
-        log.warning(
-            "discarding a task that cannot be decoded",
-            topic=ctx.topic,
-            partition=ctx.partition,
-            offset=ctx.offset,
-            reason=exc.reason,
-            part=exc.part,
-        )
-        self._complete(ctx.record)
+        self._pump_timer = asyncio.get_running_loop().call_later(wait_s, fire)
 
-    def _finish(self, ctx: ProcessingContext, exc: BaseException | None) -> None:
-        elapsed = time.perf_counter() - ctx.started_at
-        stats = self.stats
-        stats.process_duration.observe(elapsed)
-        stats.processed += 1
-        if exc is not None and not isinstance(exc, asyncio.CancelledError):
-            # Decaton's default: a failed task is logged, counted and completed; it never
-            # stops the partition. Retry policies come on top of this.
-            stats.errors += 1
-            ctx.logger.error("processor failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        self._complete(ctx.record)
+    # ---------------------------------------------------------- executor callbacks
 
-    def _complete(self, record: Record) -> None:
+    def finish(self, record: Record) -> None:
+        """The record's task is done: free its slot and lane, complete its offset."""
         if self.state is PartitionState.CLOSED:
             return  # outlived its assignment: must not move a watermark we no longer own
         self._in_flight -= 1
         self.tracker.complete(record.offset)
-        key = record.key
-        if key is not None:
-            queue = self._lanes.get(key)
-            if queue:
-                nxt = queue.popleft()
-                if not queue:
-                    self._lanes[key] = None
-                self._ready.append(nxt)
-            else:
-                self._lanes.pop(key, None)
-        if self.paused and self.tracker.pending < self._max_pending:
-            self._on_below_max_pending(self)
+        self._advance_lane(record.key)
+        self._after_change()
+
+    def release(self, record: Record) -> None:
+        """Free the record's slot and lane now; its offset completes later through
+        :meth:`complete_released` (deferred completion, a retry or dead letter in flight).
+        """
+        if self.state is PartitionState.CLOSED:
+            return
+        self._in_flight -= 1
+        self._awaiting += 1
+        self._advance_lane(record.key)
+        self._after_change()
+
+    def hand_off(self, record: Record) -> None:
+        """Like :meth:`release` for a record that took no slot and no lane."""
+        if self.state is not PartitionState.CLOSED:
+            self._awaiting += 1
+
+    def complete_released(self, record: Record) -> None:
+        """Complete the offset of a record released earlier."""
+        if self.state is PartitionState.CLOSED:
+            return
+        self._awaiting -= 1
+        self.tracker.complete(record.offset)
+        self._after_change()
+
+    def postpone(self, record: Record, delay_s: float) -> None:
+        """Free the record's slot but keep its key lane; run it again after ``delay_s``.
+
+        Only this key waits: other keys use the freed slot at once.
+        """
+        if self.state is PartitionState.CLOSED:
+            return
+        self._in_flight -= 1
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def due() -> None:
+            self._timers.discard(handle)
+            if self.state is PartitionState.ACTIVE:
+                self._ready.appendleft(record)  # its lane waited: it goes first
+                self._pump()
+
+        handle = loop.call_later(delay_s, due)
+        self._timers.add(handle)
+        self._after_change()
+
+    def _advance_lane(self, key: bytes | None) -> None:
+        if key is None:
+            return
+        queue = self._lanes.get(key)
+        if queue:
+            nxt = queue.popleft()
+            if not queue:
+                self._lanes[key] = None
+            self._ready.append(nxt)
+        else:
+            self._lanes.pop(key, None)
+
+    def _after_change(self) -> None:
+        if self.paused:
+            self._maybe_resume()
         if self._ready:
             self._pump()
-        if self._in_flight == 0 and self._idle is not None:
+        if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
             self._idle.set()
+
+    def _maybe_resume(self) -> None:
+        if self.paused and not self.needs_pause:
+            self._on_below_max_pending(self)
 
     # ------------------------------------------------------------------ stopping
 
     def revoke(self) -> None:
-        """Stop starting tasks and drop the queued records (they are redelivered).
+        """Stop starting tasks and drop queued and postponed records (redelivered later).
 
         Caller: the rebalance listener, before it waits for running tasks and commits.
         """
         self.state = PartitionState.DRAINING
-        self._ready.clear()
-        self._lanes.clear()
+        self._drop_queued()
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no task runs. While ACTIVE that also means none waits: a completion
-        starts the next waiting record before the count can reach zero.
+        """Wait until no task runs and no released offset awaits its completion. While
+        ACTIVE that also means none waits: a completion starts the next waiting record
+        before the count can reach zero.
 
         Returns:
             True when the partition went idle within the timeout.
         """
         # The idle event can fire in the middle of a synchronous chain of completions
-        # that goes on to start more tasks: check the count again after each wake-up.
+        # that goes on to start more tasks: check the counts again after each wake-up.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._in_flight:
+        while self._in_flight or self._awaiting:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -307,12 +372,23 @@ class PartitionProcessor:
         can no longer affect this partition's watermark.
         """
         self.state = PartitionState.CLOSED
-        self._ready.clear()
-        self._lanes.clear()
-        if self._tasks:
+        self._drop_queued()
+        if self._in_flight or self._awaiting:
             log.warning(
                 "tasks still running after their partition was closed",
                 topic=self.tp.topic,
                 partition=self.tp.partition,
-                running=len(self._tasks),
+                running=self._in_flight,
+                awaiting_completion=self._awaiting,
             )
+
+    def _drop_queued(self) -> None:
+        self._ready.clear()
+        self._lanes.clear()
+        self.attempts.clear()
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        if self._pump_timer is not None:
+            self._pump_timer.cancel()
+            self._pump_timer = None

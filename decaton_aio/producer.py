@@ -5,6 +5,12 @@ application and instance, retry count, scheduled time) travels in the ``dt_meta`
 so Decaton consumers on the JVM read the same records. Puts from many coroutines are in
 flight together and are batched by the client: a put waits for its own acknowledgement
 (``acks=all``), not for the ones before it.
+
+Records go through a :class:`~decaton_aio.durable.DurableSender`. With
+``ProducerConfig.spool_dir`` set, a task the cluster does not take (after the client's own
+retries, or with no broker reachable at all) is appended to a local spool and replayed
+later: its put returns a :class:`RecordLocation` with ``spooled=True`` instead of raising.
+Without a spool, such a put raises :class:`~decaton_aio.errors.ProducerError`.
 """
 
 from __future__ import annotations
@@ -17,9 +23,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, UnknownError
-
+from decaton_aio.durable import DurableSender, SendResult
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.typing import Serializer
@@ -31,12 +35,8 @@ T = TypeVar("T")
 DEFAULT_LINGER_MS = 5
 DEFAULT_MAX_BATCH_BYTES = 256 * 1024
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
-
-_IDEMPOTENCE_HINT = (
-    "the broker refused an idempotent producer (InitProducerId failed). The embedded "
-    "broker (Tansu) does not support aiokafka's idempotent producer: "
-    "set ProducerConfig(idempotence=False), or pass --no-idempotence on the command line"
-)
+DEFAULT_REPLAY_BACKOFF_MS = 500
+DEFAULT_REPLAY_BACKOFF_MAX_MS = 30_000
 
 
 def _default_instance_id() -> str:
@@ -55,7 +55,19 @@ class ProducerConfig:
         instance_id: written to ``dt_meta`` as the source instance id (host-pid default).
         linger_ms: how long the client waits to fill a batch.
         max_batch_bytes: the largest batch the client sends per partition.
-        request_timeout_ms: how long a produce request may take before it is retried.
+        request_timeout_ms: how long a produce request may take before it is retried; a
+            non-idempotent client also gives up on a batch this long after creating it.
+        delivery_timeout_ms: how long a record may wait for its acknowledgement before the
+            producer gives up on it (spools it, or fails the put without a spool); the
+            client may still deliver it later (a duplicate). ``None``: twice
+            ``request_timeout_ms`` plus ``linger_ms``, so a non-idempotent client reports
+            its own error first; an idempotent client never gives up by itself.
+        spool_dir: the local spool directory of the durable producer; ``None``: no spool,
+            an undeliverable put raises :class:`ProducerError`. One producer (one
+            :class:`~decaton_aio.durable.DurableSender`) per directory.
+        replay_backoff_ms: the wait after the first failed replay of the spool; it doubles
+            (with jitter) after each further failure.
+        replay_backoff_max_ms: the longest wait between replay attempts.
     """
 
     bootstrap_servers: str
@@ -65,6 +77,10 @@ class ProducerConfig:
     linger_ms: int = DEFAULT_LINGER_MS
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    delivery_timeout_ms: int | None = None
+    spool_dir: str | os.PathLike[str] | None = None
+    replay_backoff_ms: int = DEFAULT_REPLAY_BACKOFF_MS
+    replay_backoff_max_ms: int = DEFAULT_REPLAY_BACKOFF_MAX_MS
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -75,15 +91,53 @@ class ProducerConfig:
             raise ConfigError(f"max_batch_bytes must be >= 1024, got {self.max_batch_bytes}")
         if self.request_timeout_ms < 1:
             raise ConfigError(f"request_timeout_ms must be >= 1, got {self.request_timeout_ms}")
+        if self.delivery_timeout_ms is not None and self.delivery_timeout_ms < 1:
+            raise ConfigError(
+                f"delivery_timeout_ms must be >= 1 (or None for the default), "
+                f"got {self.delivery_timeout_ms}"
+            )
+        if self.spool_dir is not None and not os.fspath(self.spool_dir):
+            raise ConfigError("spool_dir is empty: name a directory, or None for no spool")
+        if self.replay_backoff_ms < 1:
+            raise ConfigError(f"replay_backoff_ms must be >= 1, got {self.replay_backoff_ms}")
+        if self.replay_backoff_max_ms < self.replay_backoff_ms:
+            raise ConfigError(
+                f"replay_backoff_max_ms ({self.replay_backoff_max_ms}) must be >= "
+                f"replay_backoff_ms ({self.replay_backoff_ms})"
+            )
+
+    @property
+    def effective_delivery_timeout_ms(self) -> int:
+        """``delivery_timeout_ms``, or its default when it is ``None``."""
+        if self.delivery_timeout_ms is not None:
+            return self.delivery_timeout_ms
+        return 2 * self.request_timeout_ms + self.linger_ms
 
 
 @dataclass(frozen=True, slots=True)
 class RecordLocation:
-    """Where a task landed."""
+    """Where a task landed, or that it waits in the spool.
+
+    Attributes:
+        topic: the task topic.
+        partition: the partition; for a spooled task the requested one, or -1 when the
+            key picks it at replay.
+        offset: the offset; -1 for a spooled task.
+        spooled: True when the broker did not take the task and it was appended to the
+            local spool (fsynced); the replayer delivers it later.
+        spool_id: the spool entry id of a spooled task (the ``id`` of its spool line).
+    """
 
     topic: str
     partition: int
     offset: int
+    spooled: bool = False
+    spool_id: str | None = None
+
+    @classmethod
+    def from_result(cls, result: SendResult) -> RecordLocation:
+        """The location of a record the durable sender reported on."""
+        return cls(result.topic, result.partition, result.offset, result.spooled, result.spool_id)
 
 
 def _key_bytes(key: str | bytes | None) -> bytes | None:
@@ -103,57 +157,55 @@ class TaskProducer(Generic[T]):
             where = await p.put("user-1", Order(...))
 
     Args:
-        config: connection and batching settings.
+        config: connection and batching settings; ``spool_dir`` makes it durable.
         topic: the task topic.
         serializer: turns a task into the record value.
+        sender: a started sender to share (e.g. with the runtime's retry path); the
+            producer then neither starts nor stops it, and ``config`` only supplies the
+            metadata (application and instance id). By default the producer owns one
+            built from ``config``.
     """
 
-    def __init__(self, config: ProducerConfig, topic: str, serializer: Serializer[T]) -> None:
+    def __init__(
+        self,
+        config: ProducerConfig,
+        topic: str,
+        serializer: Serializer[T],
+        *,
+        sender: DurableSender | None = None,
+    ) -> None:
         if not topic:
             raise ConfigError("topic is empty: name the task topic")
         self.config = config
         self.topic = topic
         self._serializer = serializer
-        self._client: AIOKafkaProducer | None = None
+        self._shared = sender
+        self._sender: DurableSender | None = sender
+
+    @property
+    def sender(self) -> DurableSender | None:
+        """The sender records go through (``None`` before :meth:`start`)."""
+        return self._sender
 
     async def start(self) -> None:
-        """Connect to the cluster.
+        """Connect to the cluster (and open the spool, when configured).
 
         Raises:
-            ProducerError: when the cluster cannot be reached or refuses the producer; a
-                refused idempotent producer says how to turn idempotence off.
+            ProducerError: when the cluster refuses the producer (a refused idempotent
+                producer says how to turn idempotence off), or, without a spool, when it
+                cannot be reached; with a spool an unreachable cluster is not an error.
         """
-        if self._client is not None:
+        if self._sender is not None:
             return
-        cfg = self.config
-        client = AIOKafkaProducer(
-            bootstrap_servers=cfg.bootstrap_servers,
-            acks="all",
-            enable_idempotence=cfg.idempotence,
-            linger_ms=cfg.linger_ms,
-            max_batch_size=cfg.max_batch_bytes,
-            request_timeout_ms=cfg.request_timeout_ms,
-            client_id=f"decaton-aio-producer-{cfg.application_id}",
-        )
-        try:
-            await client.start()
-        except UnknownError as exc:
-            await client.stop()
-            if cfg.idempotence:
-                raise ProducerError(_IDEMPOTENCE_HINT) from exc
-            raise ProducerError(f"the producer could not start: {exc!r}") from exc
-        except KafkaError as exc:
-            await client.stop()
-            raise ProducerError(
-                f"cannot reach the cluster at {cfg.bootstrap_servers}: {exc}"
-            ) from exc
-        self._client = client
+        sender = DurableSender(self.config)
+        await sender.start()
+        self._sender = sender
 
     async def stop(self) -> None:
-        """Deliver what is buffered, then disconnect."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.stop()
+        """Deliver (or spool) what is in flight, then disconnect."""
+        sender, self._sender = self._sender, self._shared
+        if sender is not None and sender is not self._shared:
+            await sender.stop()
 
     async def __aenter__(self) -> TaskProducer[T]:
         await self.start()
@@ -179,8 +231,8 @@ class TaskProducer(Generic[T]):
         """Hand a task to the client and return a future of where it lands.
 
         Awaiting this call only waits for buffer space; awaiting the returned future
-        waits for the broker's acknowledgement. Use it to keep many tasks in flight from
-        one coroutine.
+        waits for the broker's acknowledgement (or the spool's fsync). Use it to keep
+        many tasks in flight from one coroutine.
 
         Args:
             key: the task key (str is UTF-8 encoded); tasks of one key keep their order.
@@ -190,13 +242,16 @@ class TaskProducer(Generic[T]):
             partition: an explicit partition; the key's partition when omitted.
 
         Returns:
-            A future resolving to the task's :class:`RecordLocation`.
+            A future resolving to the task's :class:`RecordLocation` (``spooled=True``
+            when it was spooled).
 
         Raises:
             ProducerError: when the producer is not started or the client refuses it.
         """
         sent = await self._send(key, task, timestamp_ms, scheduled_time_ms, partition)
-        return asyncio.ensure_future(self._locate(sent))
+        located: asyncio.Future[RecordLocation] = asyncio.get_running_loop().create_future()
+        sent.add_done_callback(lambda done: _chain(done, located))
+        return located
 
     async def put(
         self,
@@ -207,18 +262,21 @@ class TaskProducer(Generic[T]):
         scheduled_time_ms: int | None = None,
         partition: int | None = None,
     ) -> RecordLocation:
-        """Put a task and wait until the broker acknowledged it (``acks=all``).
+        """Put a task and wait until it is durable.
 
-        Concurrent puts are batched together by the client. Arguments as :meth:`submit`.
+        Durable means acknowledged by the broker (``acks=all``); with a spool, also
+        appended to the spool and fsynced when the broker cannot take it. Concurrent
+        puts are batched together by the client. Arguments as :meth:`submit`.
 
         Returns:
-            Where the task landed.
+            Where the task landed; for a spooled task ``spooled=True``, ``offset=-1``.
 
         Raises:
-            ProducerError: when the broker did not take the task after the client's retries.
+            ProducerError: when the broker did not take the task after the client's
+                retries and there is no spool (or the spool could not be written).
         """
         sent = await self._send(key, task, timestamp_ms, scheduled_time_ms, partition)
-        return await self._locate(sent)
+        return RecordLocation.from_result(await sent)
 
     async def _send(
         self,
@@ -227,9 +285,9 @@ class TaskProducer(Generic[T]):
         timestamp_ms: int | None,
         scheduled_time_ms: int | None,
         partition: int | None,
-    ) -> asyncio.Future[object]:
-        client = self._client
-        if client is None:
+    ) -> asyncio.Future[SendResult]:
+        sender = self._sender
+        if sender is None:
             raise ProducerError("the producer is not started: use 'async with' or start()")
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
@@ -239,31 +297,27 @@ class TaskProducer(Generic[T]):
             source_instance_id=self.config.instance_id,
             scheduled_time_ms=scheduled_time_ms or 0,
         )
-        try:
-            sent: asyncio.Future[object] = await client.send(
-                self.topic,
-                self._serializer.encode(task),
-                key=_key_bytes(key),
-                partition=partition,
-                timestamp_ms=timestamp_ms,
-                headers=[(METADATA_HEADER, encode_metadata(meta))],
-            )
-        except KafkaError as exc:
-            raise ProducerError(f"cannot send to {self.topic}: {exc!r}") from exc
-        return sent
+        return await sender.submit(
+            self.topic,
+            self._serializer.encode(task),
+            key=_key_bytes(key),
+            partition=partition,
+            timestamp_ms=timestamp_ms,
+            headers=[(METADATA_HEADER, encode_metadata(meta))],
+        )
 
     async def flush(self) -> None:
-        """Wait until every task handed to the client so far was sent."""
-        if self._client is not None:
-            await self._client.flush()
+        """Wait until every task handed over so far was delivered, spooled or failed."""
+        if self._sender is not None:
+            await self._sender.flush()
 
-    async def _locate(self, sent: asyncio.Future[object]) -> RecordLocation:
-        try:
-            meta = await sent
-        except UnknownError as exc:
-            if self.config.idempotence:
-                raise ProducerError(_IDEMPOTENCE_HINT) from exc
-            raise ProducerError(f"the broker did not take the task: {exc!r}") from exc
-        except KafkaError as exc:
-            raise ProducerError(f"the broker did not take the task: {exc!r}") from exc
-        return RecordLocation(meta.topic, meta.partition, meta.offset)  # type: ignore[attr-defined]
+
+def _chain(done: asyncio.Future[SendResult], located: asyncio.Future[RecordLocation]) -> None:
+    if located.done():
+        return
+    if done.cancelled():
+        located.cancel()
+    elif (error := done.exception()) is not None:
+        located.set_exception(error)
+    else:
+        located.set_result(RecordLocation.from_result(done.result()))

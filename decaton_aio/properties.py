@@ -42,7 +42,7 @@ __all__ = [
     "PROCESSING_RATE_PER_PARTITION",
     "PROCESSING_SHUTDOWN_TIMEOUT_MS",
     "RESET",
-    "RETRY_MAX_ATTEMPTS",
+    "SHAPING_RATE_PER_PARTITION",
     "Layer",
     "Listener",
     "Properties",
@@ -369,13 +369,14 @@ PER_KEY_QUOTA_PROCESSING_RATE: Final = int_property(
     doc="Tasks per second one key may use before its tasks are shaped to `<topic>-shaping`; "
     "-1 turns per-key quota off.",
 )
-RETRY_MAX_ATTEMPTS: Final = int_property(
-    "decaton.retry.max.attempts",
-    3,
-    minimum=0,
+SHAPING_RATE_PER_PARTITION: Final = int_property(
+    "decaton.shaping.rate.per.partition",
+    -1,
+    minimum=-1,
     reloadable=True,
-    doc="How many times `ctx.retry()` re-queues one task; the retry request after that sends "
-    "it to `<topic>-dlq`.",
+    allowed="an integer >= -1 (-1 unlimited, 0 pause)",
+    doc="Tasks started per second per partition of a `<topic>-shaping` topic, where the tasks "
+    "of keys over their quota go; -1 unlimited, 0 pauses.",
 )
 
 BUILTIN_DEFINITIONS: Final[tuple[PropertyDefinition[Any], ...]] = (
@@ -388,7 +389,7 @@ BUILTIN_DEFINITIONS: Final[tuple[PropertyDefinition[Any], ...]] = (
     PROCESSING_RATE_PER_PARTITION,
     DEFERRED_COMPLETE_TIMEOUT_MS,
     PER_KEY_QUOTA_PROCESSING_RATE,
-    RETRY_MAX_ATTEMPTS,
+    SHAPING_RATE_PER_PARTITION,
 )
 """Every built-in definition, in documentation order."""
 

@@ -21,6 +21,7 @@ import structlog
 
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR, Metrics
+from decaton_aio.producer import ProducerConfig
 from decaton_aio.properties import Properties
 from decaton_aio.property_sources import FilePropertySource, properties_from_env
 from decaton_aio.subscription import Subscription
@@ -39,6 +40,7 @@ class RunOptions:
 
     Attributes:
         consumer: the Kafka consumer settings.
+        producer: the retry/dead letter producer settings (see :class:`Subscription`).
         properties: property overrides from the command line (highest precedence).
         properties_file: a watched ``.json`` or ``.properties`` file of properties.
         metrics_port: serve Prometheus metrics on this port (0: a free one; None: off).
@@ -47,6 +49,7 @@ class RunOptions:
     """
 
     consumer: ConsumerConfig
+    producer: ProducerConfig | None = None
     properties: Mapping[str, object] = field(default_factory=dict)
     properties_file: Path | None = None
     metrics_port: int | None = None
@@ -94,7 +97,9 @@ async def run_application(
     layers += [properties_from_env(environ), options.properties]
     properties = Properties(*layers)
     metrics = Metrics()
-    subscription = Subscription(app, options.consumer, properties=properties, metrics=metrics)
+    subscription = Subscription(
+        app, options.consumer, producer=options.producer, properties=properties, metrics=metrics
+    )
     if options.metrics_port is not None:
         port = metrics.start_http_server(options.metrics_port, options.metrics_addr)
         log.info("metrics endpoint", url=f"http://{options.metrics_addr}:{port}/metrics")

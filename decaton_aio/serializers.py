@@ -81,7 +81,8 @@ class _MsgspecSerializer(Generic[T]):
         self._decode: Callable[[bytes], T] = decoder.decode
         # Only a plain class can be checked with isinstance; a type expression such as
         # list[int] or a Union is left to msgspec.
-        plain = isinstance(type_, type) and get_origin(type_) is None
+        # (typing.Any is a class on Python 3.11, but it has no instances.)
+        plain = isinstance(type_, type) and type_ is not Any and get_origin(type_) is None
         self._instance_of: type[Any] | None = type_ if plain else None
 
     def __repr__(self) -> str:

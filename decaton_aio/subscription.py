@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -33,16 +33,25 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.durable import DurableSender
 from decaton_aio.errors import ConfigError
+from decaton_aio.execution import TaskExecutor
+from decaton_aio.hotkeys import HotKeyDetector
 from decaton_aio.metrics import Metrics
 from decaton_aio.partition import PartitionProcessor
+from decaton_aio.producer import ProducerConfig
 from decaton_aio.properties import (
     COMMIT_INTERVAL_MS,
     GROUP_REBALANCE_TIMEOUT_MS,
+    IGNORE_KEYS,
     MAX_PENDING_RECORDS,
     PARTITION_CONCURRENCY,
+    PER_KEY_QUOTA_PROCESSING_RATE,
+    PROCESSING_RATE_PER_PARTITION,
     PROCESSING_SHUTDOWN_TIMEOUT_MS,
+    SHAPING_RATE_PER_PARTITION,
     Properties,
 )
 
@@ -51,6 +60,7 @@ __all__ = ["Subscription", "SubscriptionState"]
 log = structlog.get_logger("decaton_aio.subscription")
 
 _FETCH_TIMEOUT_MS = 100
+_QUOTA_WINDOW_S = 1.0
 
 
 class SubscriptionState(enum.Enum):
@@ -75,6 +85,9 @@ class Subscription:
     Args:
         app: the processor, topics and decoder.
         consumer: Kafka consumer settings.
+        producer: settings of the producer for retry, dead letter and shaping records
+            (same cluster, idempotent, no spool when omitted; the embedded broker needs
+            ``idempotence=False``).
         properties: live runtime properties; built from ``app.properties`` when omitted.
         metrics: where partition statistics are registered; a private one when omitted.
     """
@@ -84,6 +97,7 @@ class Subscription:
         app: Application,
         consumer: ConsumerConfig,
         *,
+        producer: ProducerConfig | None = None,
         properties: Properties | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -91,8 +105,27 @@ class Subscription:
             raise ConfigError("the application has no topics: pass topics=('my-topic',)")
         self.app = app
         self.consumer_config = consumer
+        self.producer_config = producer or ProducerConfig(
+            consumer.bootstrap_servers, application_id=app.subscription_id
+        )
         self.properties = properties if properties is not None else Properties(app.properties)
         self.metrics = metrics if metrics is not None else Metrics()
+        if self.properties[PER_KEY_QUOTA_PROCESSING_RATE].value >= 0 and not app.shaping:
+            raise ConfigError(
+                "decaton.per.key.quota.processing.rate is set but the application does not "
+                "consume its shaping topics: pass Application(shaping=True)"
+            )
+        self._sender = DurableSender(self.producer_config)
+        self._executor = TaskExecutor(
+            subscription_id=app.subscription_id,
+            process=app.processor,
+            decode=app.serializer.decode,
+            sender=self._sender,
+            properties=self.properties,
+            retry=app.retry,
+            side_topics=app.side_topics,
+            deferred_timeout_policy=app.deferred_timeout_policy,
+        )
         self.state = SubscriptionState.INITIALIZING
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
@@ -148,9 +181,16 @@ class Subscription:
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
         )
-        await consumer.start()
+        await self._sender.start()
+        try:
+            await consumer.start()
+        except BaseException:
+            await self._sender.stop()
+            raise
         self._consumer = consumer
-        consumer.subscribe(list(self.app.topics), listener=_Listener(self))
+        topics = list(self.app.subscribed_topics)
+        await ensure_side_topics(cfg.bootstrap_servers, self.app)
+        consumer.subscribe(topics, listener=_Listener(self))
         self._watch_properties()
         self._set_state(SubscriptionState.RUNNING)
         self._fetch_task = asyncio.create_task(self._fetch_routine(), name="decaton-fetch")
@@ -177,8 +217,10 @@ class Subscription:
             await self._commit(final=True)
             for tp, processor in list(self._partitions.items()):
                 self._close_partition(tp, processor)
+            await self._executor.close(timeout_s=1.0)
             if self._consumer is not None:
                 await self._consumer.stop()
+            await self._sender.stop()
         finally:
             for unsubscribe in self._unsubscribe:
                 unsubscribe()
@@ -304,31 +346,40 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        props = self.properties
-        limit = props[PARTITION_CONCURRENCY].value
-        max_pending = props[MAX_PENDING_RECORDS].value
         for tp in assigned:
-            if tp in self._partitions:
-                continue
-            stats = self.metrics.register_partition(
-                self.app.subscription_id, tp.topic, tp.partition
-            )
-            self._partitions[tp] = PartitionProcessor(
-                tp,
-                subscription_id=self.app.subscription_id,
-                process=self.app.processor,
-                decode=self.app.serializer.decode,
-                limit=limit,
-                max_pending=max_pending,
-                stats=stats,
-                on_below_max_pending=self._resume,
-            )
+            if tp not in self._partitions:
+                self._partitions[tp] = self._new_partition(tp)
         log.info(
             "partitions assigned",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
         )
         if self.state is SubscriptionState.REBALANCING:
             self._set_state(SubscriptionState.RUNNING)
+
+    def _new_partition(self, tp: TopicPartition) -> PartitionProcessor:
+        props = self.properties
+        app = self.app
+        shaping = app.side_topics.is_shaping(tp.topic)
+        hot_keys = None
+        if app.shaping and not shaping:
+            quota = props[PER_KEY_QUOTA_PROCESSING_RATE].value
+            hot_keys = HotKeyDetector(quota, _QUOTA_WINDOW_S)
+        rate = props[SHAPING_RATE_PER_PARTITION if shaping else PROCESSING_RATE_PER_PARTITION]
+        processor = PartitionProcessor(
+            tp,
+            executor=self._executor,
+            limit=props[PARTITION_CONCURRENCY].value,
+            max_pending=props[MAX_PENDING_RECORDS].value,
+            stats=self.metrics.register_partition(app.subscription_id, tp.topic, tp.partition),
+            on_below_max_pending=self._resume,
+            rate=rate.value,
+            ignore_keys=_key_set(props[IGNORE_KEYS].value),
+            hot_keys=hot_keys,
+        )
+        if processor.rate_paused and self._consumer is not None:
+            processor.paused = processor.stats.paused = True
+            self._consumer.pause(tp)
+        return processor
 
     def _close_partition(self, tp: TopicPartition, processor: PartitionProcessor) -> None:
         processor.close()
@@ -346,19 +397,48 @@ class Subscription:
     # ------------------------------------------------------------ live properties
 
     def _watch_properties(self) -> None:
-        def on_concurrency(old: int, new: int) -> None:
-            for processor in self._partitions.values():
-                processor.set_limit(new)
+        # Reloadable settings reach every live partition the moment they change.
+        def each(apply: Callable[[PartitionProcessor], None]) -> None:
+            for processor in list(self._partitions.values()):
+                apply(processor)
 
-        def on_max_pending(old: int, new: int) -> None:
-            for processor in self._partitions.values():
-                processor.set_max_pending(new)
+        def on_rate(shaping: bool) -> Callable[[int, int], None]:
+            def changed(old: int, new: int) -> None:
+                for processor in list(self._partitions.values()):
+                    if self.app.side_topics.is_shaping(processor.tp.topic) == shaping:
+                        processor.set_rate(new)
+                        self._maybe_pause(processor)
+
+            return changed
+
+        def on_quota(old: int, new: int) -> None:
+            if not self.app.shaping:
+                log.warning("per-key quota needs Application(shaping=True); ignored")
+                return
+            for processor in list(self._partitions.values()):
+                if processor.hot_keys is not None:
+                    processor.hot_keys.set_rate(new)  # keeps the counts of the window
 
         props = self.properties
         self._unsubscribe += [
-            props[PARTITION_CONCURRENCY].subscribe(on_concurrency),
-            props[MAX_PENDING_RECORDS].subscribe(on_max_pending),
+            props[PARTITION_CONCURRENCY].subscribe(lambda o, n: each(lambda p: p.set_limit(n))),
+            props[MAX_PENDING_RECORDS].subscribe(lambda o, n: each(lambda p: p.set_max_pending(n))),
+            props[IGNORE_KEYS].subscribe(
+                lambda o, n: each(lambda p: p.set_ignore_keys(_key_set(n)))
+            ),
+            props[PROCESSING_RATE_PER_PARTITION].subscribe(on_rate(False)),
+            props[SHAPING_RATE_PER_PARTITION].subscribe(on_rate(True)),
+            props[PER_KEY_QUOTA_PROCESSING_RATE].subscribe(on_quota),
         ]
+
+    def _maybe_pause(self, processor: PartitionProcessor) -> None:
+        if self._consumer is not None and not processor.paused and processor.needs_pause:
+            processor.paused = processor.stats.paused = True
+            self._consumer.pause(processor.tp)
+
+
+def _key_set(keys: Sequence[str]) -> frozenset[bytes]:
+    return frozenset(k.encode() for k in keys)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

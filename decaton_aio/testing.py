@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 
+from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.context import ProcessingContext
 from decaton_aio.embedded import EmbeddedBroker
-from decaton_aio.errors import BrokerError, ProcessingError
-from decaton_aio.producer import RecordLocation
+from decaton_aio.errors import ProcessingError
+from decaton_aio.producer import ProducerConfig, RecordLocation
 from decaton_aio.subscription import Subscription
 
 __all__ = [
@@ -71,6 +72,11 @@ class BrokerHandle:
         """Whether aiokafka's idempotent producer works here (not on the embedded broker)."""
         return self.embedded is None
 
+    def producer_config(self, **settings: Any) -> ProducerConfig:
+        """Producer settings for this broker (idempotence off on the embedded one)."""
+        settings.setdefault("idempotence", self.supports_idempotence)
+        return ProducerConfig(self.bootstrap_servers, **settings)
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> BrokerHandle:
         """The external cluster named by the environment, or a started embedded broker."""
@@ -85,53 +91,6 @@ class BrokerHandle:
         """Stop the embedded broker, if this handle started one."""
         if self.embedded is not None:
             self.embedded.stop()
-
-
-class TopicAdmin:
-    """Creates uniquely named topics and deletes them again."""
-
-    def __init__(self, bootstrap_servers: str) -> None:
-        self._bootstrap_servers = bootstrap_servers
-        self._client: AIOKafkaAdminClient | None = None
-        self.created: list[str] = []
-
-    async def create(
-        self, partitions: int = 1, *, name: str | None = None, prefix: str = "test"
-    ) -> str:
-        """Create a topic and wait until its metadata is visible.
-
-        Args:
-            partitions: how many partitions.
-            name: the exact name; ``<prefix>-<random>`` when omitted.
-            prefix: the start of a generated name.
-
-        Returns:
-            The topic name.
-        """
-        if self._client is None:
-            self._client = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap_servers)
-            await self._client.start()
-        topic = name or f"{prefix}-{uuid.uuid4().hex[:12]}"
-        response = await self._client.create_topics([NewTopic(topic, partitions, 1)])
-        for item in getattr(response, "topic_errors", []):
-            code = item[1]
-            if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-                raise BrokerError(f"creating topic {topic!r} failed with error code {code}")
-        self.created.append(topic)
-        return topic
-
-    async def close(self, *, delete: bool = True) -> None:
-        """Delete the topics created here (best effort) and disconnect."""
-        client, self._client = self._client, None
-        if client is None:
-            return
-        try:
-            if delete and self.created:
-                await client.delete_topics(self.created)
-        except Exception:
-            pass
-        finally:
-            await client.close()
 
 
 async def read_records(
@@ -276,6 +235,7 @@ async def drain(
     timeout_s: float = 60.0,
     group_id: str | None = None,
     raise_failures: bool = False,
+    producer: ProducerConfig | None = None,
 ) -> DrainResult:
     """Run ``app`` until ``expected`` tasks finished, then stop it gracefully.
 
@@ -288,6 +248,8 @@ async def drain(
         expected: how many task completions (successful or failed) to wait for.
         timeout_s: give up after this long.
         group_id: the consumer group; a fresh one when omitted.
+        producer: settings of the retry/dead letter producer (idempotence off when
+            omitted, which every broker accepts).
         raise_failures: raise :class:`ProcessingError` if any processor call failed.
 
     Raises:
@@ -316,7 +278,11 @@ async def drain(
         group_id or f"{app.group}-{uuid.uuid4().hex[:8]}",
         **TEST_CONSUMER_SETTINGS,
     )
-    subscription = Subscription(wrapped, consumer)
+    subscription = Subscription(
+        wrapped,
+        consumer,
+        producer=producer or ProducerConfig(bootstrap_servers, idempotence=False),
+    )
     await subscription.start()
     try:
         await asyncio.wait_for(enough.wait(), timeout_s)

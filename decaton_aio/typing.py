@@ -7,9 +7,10 @@ implementations (those live next to the machinery that uses them, e.g.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Serializer"]
+__all__ = ["RecordSender", "Serializer"]
 
 T = TypeVar("T")
 
@@ -47,5 +48,32 @@ class Serializer(Protocol[T]):
 
         Raises:
             DecodeError: with ``part == "body"`` when the body is not a valid task.
+        """
+        ...
+
+
+class RecordSender(Protocol):
+    """Sends raw records durably: the runtime's way to the retry, dead letter and
+    shaping topics.
+
+    ``send`` returns once the record is durable (acknowledged by the broker, or kept
+    locally to be delivered later); it raises when it is neither, and the caller must then
+    not treat the record as handed off.
+    """
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> object:
+        """Send one record and wait until it is durable.
+
+        Raises:
+            ProducerError: when the record could be neither delivered nor kept.
         """
         ...

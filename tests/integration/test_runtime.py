@@ -28,6 +28,10 @@ def consumer_config(broker: BrokerHandle, group: str | None = None) -> ConsumerC
     )
 
 
+def subscription(broker: BrokerHandle, app: Application, group: str | None = None) -> Subscription:
+    return Subscription(app, consumer_config(broker, group), producer=broker.producer_config())
+
+
 async def produce(task_producer: Any, topic: str, count: int, keys: int) -> list[Any]:
     producer = await task_producer(topic)
     futures = [await producer.submit(f"key-{i % keys}", str(i).encode()) for i in range(count)]
@@ -88,7 +92,7 @@ async def test_concurrency_bound_and_live_change(
             running -= 1
 
     app = Application(process, topics=(topic,), properties={"decaton.partition.concurrency": 5})
-    async with Subscription(app, consumer_config(kafka_broker)) as sub:
+    async with subscription(kafka_broker, app) as sub:
         await wait_for(lambda: running == 5, what="5 running tasks")
         await asyncio.sleep(0.2)
         assert peak == 5
@@ -131,7 +135,7 @@ async def test_back_pressure_bounds_pending_records(
     )
     peak_pending = 0
     paused_seen = False
-    async with Subscription(app, config) as sub:
+    async with Subscription(app, config, producer=kafka_broker.producer_config()) as sub:
         while done < 3000:
             for processor in sub.partitions.values():
                 peak_pending = max(peak_pending, processor.pending)
@@ -165,7 +169,7 @@ async def test_commit_never_passes_an_unfinished_task(
             "decaton.processing.shutdown.timeout.ms": 200,
         },
     )
-    async with Subscription(app, consumer_config(kafka_broker, group)):
+    async with subscription(kafka_broker, app, group):
         await wait_for(lambda: len(finished) == 49, what="49 finished tasks")
         await asyncio.sleep(0.3)  # a few commit intervals
         committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
@@ -202,7 +206,7 @@ async def test_failing_processor_is_counted_and_does_not_stop(
         if int(task) % 4 == 0:
             raise RuntimeError("storage unavailable")
 
-    sub = Subscription(Application(process, topics=(topic,)), consumer_config(kafka_broker))
+    sub = subscription(kafka_broker, Application(process, topics=(topic,)))
     async with sub:
         await wait_for(
             lambda: sum(p.stats.processed for p in sub.partitions.values()) == 200,
@@ -225,7 +229,7 @@ async def test_state_transitions_are_observable(
     async def process(ctx: ProcessingContext, task: bytes) -> None:
         return None
 
-    sub = Subscription(Application(process, topics=(topic,)), consumer_config(kafka_broker))
+    sub = subscription(kafka_broker, Application(process, topics=(topic,)))
     states: list[SubscriptionState] = []
     sub.on_state_change(states.append)
     assert sub.state is SubscriptionState.INITIALIZING
@@ -262,13 +266,11 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
         return process
 
     props = {"decaton.group.rebalance.timeout.ms": 300, "decaton.commit.interval.ms": 100}
-    a = Subscription(
-        Application(processor("a"), topics=(topic,), properties=props),
-        consumer_config(kafka_broker, group),
+    a = subscription(
+        kafka_broker, Application(processor("a"), topics=(topic,), properties=props), group
     )
-    b = Subscription(
-        Application(processor("b"), topics=(topic,), properties=props),
-        consumer_config(kafka_broker, group),
+    b = subscription(
+        kafka_broker, Application(processor("b"), topics=(topic,), properties=props), group
     )
     async with a:
         await wait_for(lambda: len(first_try) == 2, what="both stuck tasks")

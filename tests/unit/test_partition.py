@@ -13,7 +13,10 @@ from aiokafka import TopicPartition
 from decaton_aio.context import ProcessingContext
 from decaton_aio.errors import DecodeError
 from decaton_aio.metrics import PartitionStats
+from decaton_aio.execution import TaskExecutor
 from decaton_aio.partition import PartitionProcessor, PartitionState
+from decaton_aio.properties import Properties
+from decaton_aio.retry import RetryConfig
 
 TP = TopicPartition("tasks", 0)
 
@@ -63,18 +66,57 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+class FakeSender:
+    """Records what the runtime sends; fails the first ``failures`` sends."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+        self.failures = failures
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None,
+        headers: Any,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        await asyncio.sleep(0)
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("broker down")
+        self.sent.append((topic, key, value, list(headers)))
+
+
 def make(
-    process: Any, *, limit: int = 100, max_pending: int = 1000, **kw: Any
+    process: Any,
+    *,
+    limit: int = 100,
+    max_pending: int = 1000,
+    sender: FakeSender | None = None,
+    retry: RetryConfig | None = None,
+    properties: dict[str, Any] | None = None,
+    **kw: Any,
 ) -> PartitionProcessor:
-    return PartitionProcessor(
-        TP,
+    executor = TaskExecutor(
         subscription_id="test",
         process=process,
         decode=kw.pop("decode", lambda value: value),
+        sender=sender or FakeSender(),
+        properties=Properties(properties or {}),
+        retry=retry,
+        deferred_timeout_policy=kw.pop("deferred_policy", "give_up"),
+    )
+    return PartitionProcessor(
+        TP,
+        executor=executor,
         limit=limit,
         max_pending=max_pending,
         stats=PartitionStats(),
         on_below_max_pending=kw.pop("on_below", lambda p: None),
+        **kw,
     )
 
 
@@ -154,7 +196,8 @@ async def test_synchronous_tasks_complete_without_a_task_object() -> None:
 
     proc = make(process, limit=1)
     proc.feed(records([b"a", b"b", b"a", None] * 250))
-    assert seen == list(range(1000))
+    assert sorted(seen) == list(range(1000))
+    assert [o for o in seen if o % 4 in (0, 2)] == [o for o in range(1000) if o % 4 in (0, 2)]
     assert proc.committable() == 1000
     assert proc.stats.processed == 1000
     assert proc.active_keys == 0
@@ -189,8 +232,9 @@ async def test_failed_task_is_counted_and_completed() -> None:
     assert proc.committable() == 10
 
 
-async def test_undecodable_record_is_discarded_not_fatal() -> None:
-    """A body that cannot be decoded is counted as discarded and completed."""
+async def test_undecodable_record_is_dead_lettered_not_fatal() -> None:
+    """A body that cannot be decoded goes to the dead letter topic with the reason, is
+    counted as discarded, and completes once the dead letter is durable."""
 
     def decode(value: bytes) -> bytes:
         if value == b"bad":
@@ -202,13 +246,21 @@ async def test_undecodable_record_is_discarded_not_fatal() -> None:
     async def process(ctx: ProcessingContext, task: Any) -> None:
         ran.append(ctx.offset)
 
-    proc = make(process, decode=decode)
+    sender = FakeSender()
+    proc = make(process, decode=decode, sender=sender)
     batch = records([b"a", b"a", b"a"])
     batch[1].value = b"bad"
     proc.feed(batch)
     assert ran == [0, 2]
     assert proc.stats.discarded == 1
+    assert proc.committable() == 1  # the dead letter is not durable yet
+    await settle()
     assert proc.committable() == 3
+    ((topic, key, value, headers),) = sender.sent
+    assert (topic, key, value) == ("tasks-dlq", b"a", b"bad")
+    assert dict(headers)["dt_dlq_error_type"] == b"DecodeError:body"
+    assert dict(headers)["dt_dlq_error_message"] == b"not json"
+    assert dict(headers)["dt_dlq_origin_offset"] == b"1"
 
 
 async def test_revoke_drops_queued_and_close_ignores_late_completions() -> None:

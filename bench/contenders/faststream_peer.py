@@ -1,0 +1,61 @@
+"""Peer (e): a FastStream Kafka subscriber with ``max_workers=100``.
+
+With more than one worker FastStream acknowledges a record when it is taken (its
+``ACK_FIRST`` default, so at-most-once) and runs the handlers concurrently, unordered.
+
+FastStream's default parser decodes every header as UTF-8 text, so it fails on the binary
+``dt_meta`` header of Decaton tasks (``UnicodeDecodeError``, and the record is skipped).
+To measure it at all it gets a parser that drops ``dt_meta`` before FastStream's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import msgspec
+
+from bench.recorder import Recorder
+from bench.workload import Spec, Task
+from decaton_aio.metadata import METADATA_HEADER
+
+__all__ = ["WORKERS", "main"]
+
+WORKERS = 100
+
+
+async def main(spec: Spec, recorder: Recorder) -> None:
+    from faststream.kafka import KafkaBroker
+
+    broker = KafkaBroker(spec.bootstrap, logger=None)
+    process = recorder.processor()
+    decode = msgspec.json.Decoder(Task).decode
+
+    async def raw_body(message: Any) -> bytes:
+        body: bytes = message.body
+        return body
+
+    async def without_dt_meta(record: Any, original: Any) -> Any:
+        headers = [(k, v) for k, v in record.headers if k != METADATA_HEADER]
+        return await original(dataclasses.replace(record, headers=headers))
+
+    @broker.subscriber(  # type: ignore[misc]
+        spec.topic,
+        group_id=f"bench-{spec.topic}",
+        auto_offset_reset="earliest",
+        session_timeout_ms=spec.session_timeout_ms,
+        heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
+        max_workers=int(spec.options.get("workers", WORKERS)),
+        parser=without_dt_meta,
+        decoder=raw_body,
+    )
+    async def handle(body):  # type: ignore[no-untyped-def]  # untyped: no validation cost
+        await process(None, decode(body))
+
+    await broker.start()
+    ticker = asyncio.create_task(recorder.ticker())
+    try:
+        await recorder.wait()
+    finally:
+        ticker.cancel()

@@ -1,0 +1,76 @@
+"""Our runtime: one :class:`~decaton_aio.subscription.Subscription` consuming the topic.
+
+Options (``spec.options``): ``concurrency`` (``decaton.partition.concurrency``),
+``max_pending`` (``decaton.max.pending.records``), ``max_fetch_records`` and, for S6,
+``per_key_quota`` (``decaton.per.key.quota.processing.rate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from bench.recorder import Recorder, emit
+from bench.workload import Spec, Task
+from decaton_aio.app import DEFAULT_MAX_FETCH_RECORDS, Application, ConsumerConfig
+from decaton_aio.serializers import JsonSerializer
+from decaton_aio.subscription import Subscription
+
+__all__ = ["build_subscription", "main"]
+
+
+def build_subscription(spec: Spec, process: Any) -> Subscription:
+    """The subscription a contender run uses, from the spec's options."""
+    opts = spec.options
+    properties: dict[str, object] = {
+        "decaton.partition.concurrency": int(opts.get("concurrency", 256)),
+        "decaton.max.pending.records": int(opts.get("max_pending", 10_000)),
+    }
+    if opts.get("per_key_quota") is not None:
+        properties["decaton.per.key.quota.processing.rate"] = int(opts["per_key_quota"])
+    app = Application(
+        process,
+        topics=(spec.topic,),
+        serializer=JsonSerializer(Task),
+        properties=properties,
+        subscription_id=f"bench-{spec.scenario.lower()}",
+    )
+    consumer = ConsumerConfig(
+        spec.bootstrap,
+        f"bench-{spec.topic}",
+        session_timeout_ms=spec.session_timeout_ms,
+        heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
+        max_fetch_records=int(opts.get("max_fetch_records", DEFAULT_MAX_FETCH_RECORDS)),
+    )
+    return Subscription(app, consumer)
+
+
+async def main(spec: Spec, recorder: Recorder) -> None:
+    subscription = build_subscription(spec, recorder.processor())
+    await subscription.start()
+    ticker = asyncio.create_task(recorder.ticker())
+    if spec.paced:
+        await _paced(spec, recorder, subscription)
+    await recorder.wait()
+    ticker.cancel()
+    recorder.extra["runtime"] = {
+        "paused_partitions_at_end": sum(p.paused for p in subscription.partitions.values()),
+        "pending_at_end": sum(p.pending for p in subscription.partitions.values()),
+    }
+
+
+async def _paced(spec: Spec, recorder: Recorder, subscription: Subscription) -> None:
+    # Tell the orchestrator when every partition is assigned, then wait for its "done"
+    # line (the number of ordinary-key tasks it produced) and drain up to spec.drain_s.
+    loop = asyncio.get_running_loop()
+    while len(subscription.partitions) < spec.partitions:
+        await asyncio.sleep(0.05)
+    emit({"event": "ready"})
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    expected = int(line.split()[1])
+    recorder.others_done(expected)
+    try:
+        await asyncio.wait_for(recorder.wait(), spec.drain_s)
+    except TimeoutError:
+        recorder.force_close(f"drain timeout {spec.drain_s}s")

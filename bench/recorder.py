@@ -1,0 +1,235 @@
+"""What a contender process measures: the processor body every contender runs, and the window.
+
+Every contender calls the same ``process(ctx, task)`` built by :meth:`Recorder.processor`,
+so the measuring costs the same everywhere. It records:
+
+- per-key order: a task starting while an earlier task of its key still runs is an
+  *overlap*; a task starting with a sequence number not above the last one started for its
+  key is an *order violation*;
+- processing latency (completion minus start) of the tasks completed in the window;
+- delivery latency (processing start minus produce time) in paced runs, the hot key apart.
+
+The measured window opens after ``warmup`` completions (or ``warmup_max_s`` after the first
+one) and closes after ``measured`` more (or ``measure_max_s``), so the group join (which the
+embedded broker delays by half the session timeout) and the first fetches are not measured.
+CPU time is the process's own (``time.process_time``), read when the window opens and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+from array import array
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+
+from bench.workload import Spec, Task
+
+__all__ = ["Recorder", "emit"]
+
+_TICK_S = 0.02
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """Write one JSON line to stdout (the orchestrator reads them)."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _percentiles_ms(values: array[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    arr = np.frombuffer(values, dtype=np.float64)
+    p50, p99 = np.percentile(arr, [50, 99])
+    return round(float(p50) * 1000, 3), round(float(p99) * 1000, 3)
+
+
+class Recorder:
+    """Counts completions, keeps the measured window and checks per-key order.
+
+    Args:
+        spec: the contender's spec.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        slots = spec.keys + 1  # the last slot is the hot key of S6
+        self._last_seq = [-1] * slots
+        self._running = [0] * slots
+        self.order_violations = 0
+        self.overlaps = 0
+        self.completed = 0
+        self.t_first: float | None = None
+        self.measuring = False
+        self.closed = False
+        self._opened_at = 0.0
+        self._opened_cpu = 0.0
+        self._opened_count = 0
+        self._closed_at = 0.0
+        self._closed_cpu = 0.0
+        self._closed_count = 0
+        self._end_count = spec.warmup + spec.measured
+        self.latencies: array[float] = array("d")
+        self.delivery_others: array[float] = array("d")
+        self.delivery_hot: array[float] = array("d")
+        self.others_started = 0
+        self.others_expected: int | None = None
+        self.extra: dict[str, Any] = {}
+        self._finished = asyncio.Event()  # an Event: several waiters may be cancelled
+
+    # ------------------------------------------------------------------ processor
+
+    def processor(self) -> Callable[[Any, Task], Coroutine[Any, Any, None]]:
+        """The processor body every contender runs: ``await process(ctx, task)``."""
+        last_seq, running = self._last_seq, self._running
+        hot_slot = self.spec.keys
+        paced = self.spec.paced
+        perf_counter, wall = time.perf_counter, time.time
+        sleep = asyncio.sleep
+        done = self._done
+
+        async def process(_ctx: Any, task: Task) -> None:
+            start = perf_counter()
+            k = task.k
+            i = k if k < hot_slot else hot_slot
+            if running[i]:
+                self.overlaps += 1
+            running[i] += 1
+            if task.s <= last_seq[i]:
+                self.order_violations += 1
+            else:
+                last_seq[i] = task.s
+            if paced:
+                self._delivered(i == hot_slot, wall() - task.t)
+            if task.d:
+                await sleep(task.d / 1000)
+            running[i] -= 1
+            done(start)
+
+        return process
+
+    def _delivered(self, hot: bool, latency: float) -> None:
+        if hot:
+            self.delivery_hot.append(latency)
+            return
+        self.delivery_others.append(latency)
+        self.others_started += 1
+        if self.others_expected is not None and self.others_started >= self.others_expected:
+            self._close()
+
+    def _done(self, start: float) -> None:
+        end = time.perf_counter()
+        self.completed += 1
+        if self.measuring:
+            self.latencies.append(end - start)
+        if self.t_first is None:
+            self.t_first = end
+            if self.spec.paced:
+                self._open()
+                return
+        if self.spec.paced:
+            return
+        if self.completed == self.spec.warmup and not self.measuring and not self.closed:
+            self._open()
+        elif self.completed >= self._end_count and self.measuring:
+            self._close()
+
+    # -------------------------------------------------------------------- window
+
+    def _open(self) -> None:
+        self.measuring = True
+        self._opened_at = time.perf_counter()
+        self._opened_cpu = time.process_time()
+        self._opened_count = self.completed
+        self._end_count = self.completed + self.spec.measured
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        if not self.measuring:
+            self._open()
+        self.measuring = False
+        self.closed = True
+        self._closed_at = time.perf_counter()
+        self._closed_cpu = time.process_time()
+        self._closed_count = self.completed
+        self._finished.set()
+
+    def others_done(self, expected: int) -> None:
+        """Paced runs: production ended with ``expected`` tasks of the ordinary keys."""
+        self.others_expected = expected
+        if self.others_started >= expected:
+            self._close()
+
+    async def ticker(self) -> None:
+        """Close the window on time limits; run it as a background task."""
+        spec = self.spec
+        while not self.closed:
+            await asyncio.sleep(_TICK_S)
+            now = time.perf_counter()
+            if spec.paced or self.t_first is None:
+                continue
+            if not self.measuring and now - self.t_first >= spec.warmup_max_s:
+                self._open()
+            elif self.measuring and now - self._opened_at >= spec.measure_max_s:
+                self._close()
+
+    async def wait(self) -> None:
+        """Wait until the measured window closed."""
+        await self._finished.wait()
+
+    def force_close(self, reason: str) -> None:
+        """End the window now (a drain timeout); ``reason`` goes into the result."""
+        self.extra["closed_by"] = reason
+        self._close()
+
+    # -------------------------------------------------------------------- result
+
+    def result(self) -> dict[str, Any]:
+        """The measurements as a JSON-able dict."""
+        window = max(self._closed_at - self._opened_at, 1e-9)
+        measured = self._closed_count - self._opened_count
+        p50, p99 = _percentiles_ms(self.latencies)
+        out: dict[str, Any] = {
+            "event": "result",
+            "scenario": self.spec.scenario,
+            "contender": self.spec.contender,
+            "tasks_per_s": round(measured / window, 1),
+            "measured_tasks": measured,
+            "window_s": round(window, 3),
+            "cpu_s_per_1000": round((self._closed_cpu - self._opened_cpu) / max(measured, 1) * 1000, 5),
+            "cpu_util": round((self._closed_cpu - self._opened_cpu) / window, 3),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "latency_p50_ms": p50,
+            "latency_p99_ms": p99,
+            "completed_total": self.completed,
+            "order_violations": self.order_violations,
+            "key_overlaps": self.overlaps,
+            "options": self.spec.options,
+        }
+        if self.spec.paced:
+            d50, d99 = _percentiles_ms(self.delivery_others)
+            h50, h99 = _percentiles_ms(self.delivery_hot)
+            out.update(
+                delivery_p50_ms=d50,
+                delivery_p99_ms=d99,
+                hot_delivery_p50_ms=h50,
+                hot_delivery_p99_ms=h99,
+                others_expected=self.others_expected,
+                others_started=self.others_started,
+                hot_started=len(self.delivery_hot),
+            )
+        out.update(self.extra)
+        return out
+
+    def finish(self) -> None:
+        """Emit the result and end the process at once (no graceful drain to wait for)."""
+        emit(self.result())
+        sys.stderr.flush()
+        os._exit(0)

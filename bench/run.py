@@ -1,0 +1,400 @@
+"""The orchestrator: ``python -m bench [--quick] [--only S1,S2] [--contenders ours,gather]``.
+
+Per scenario it starts one embedded broker; per contender it creates a fresh topic,
+produces the tasks, then runs the contender in a fresh process (``bench.child``) that
+measures consumption only. Every result is printed as a JSON line (with the machine facts)
+and, at the end, written to ``bench/results/<mode>.json``, ``<mode>.md`` and
+``<mode>.png``. Peers that need packages the interpreter lacks are recorded as not
+available, with the reason.
+
+``--profile`` runs our contender of S1 and S2 under py-spy and writes collapsed stacks and
+a hotspot summary to ``bench/results/profiles/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.contenders import CONTENDERS
+from bench.facts import machine_facts
+from bench.scenarios import PUBLISHED, S6_QUOTA, Scenario, plan
+from bench.workload import Spec, make_tasks, produce_paced, produce_tasks
+
+__all__ = ["main"]
+
+REPO = Path(__file__).absolute().parent.parent
+RESULTS = REPO / "bench" / "results"
+SESSION_TIMEOUT_MS = 3000
+_PEER_IMPORTS = {"faust": "faust", "faststream": "faststream.kafka"}
+
+
+def _say(text: str) -> None:
+    print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def _emit(result: dict[str, Any]) -> None:
+    print(json.dumps(result), flush=True)
+
+
+class Run:
+    """State of one ``python -m bench`` invocation."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick: bool = args.quick
+        self.mode = "quick" if self.quick else "full"
+        self.out: Path = args.out
+        self.logs = self.out / "logs"
+        self.profiles = self.out / "profiles"
+        self.python: str = args.python
+        self.peers_python: str = args.peers_python or args.python
+        self.facts = machine_facts(REPO, self.peers_python)
+        self.compact_facts = {
+            "cores": self.facts["cores"],
+            "python": self.facts["python"],
+            "versions": {k: v for k, v in self.facts["versions"].items() if v},
+            "git": self.facts["git"].get("commit"),
+        }
+        self.results: list[dict[str, Any]] = []
+        self._unavailable: dict[str, str | None] = {}
+
+    # ----------------------------------------------------------------- helpers
+
+    def record(self, result: dict[str, Any]) -> None:
+        result.setdefault("mode", self.mode)
+        result["machine"] = self.compact_facts
+        label = CONTENDERS.get(result.get("contender", ""))
+        if label is not None:
+            result.setdefault("label", label.label)
+            result.setdefault("ordered_by_design", label.ordered)
+        self.results.append(result)
+        _emit(result)
+
+    def python_for(self, contender: str) -> str:
+        return self.peers_python if contender in _PEER_IMPORTS else self.python
+
+    def unavailable(self, contender: str) -> str | None:
+        """Why a peer cannot run here, or ``None`` when it can."""
+        if contender not in _PEER_IMPORTS:
+            return None
+        if contender not in self._unavailable:
+            done = subprocess.run(
+                [self.python_for(contender), "-c", f"import {_PEER_IMPORTS[contender]}"],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
+            reason = None
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["import failed"])[-1]
+                reason = f"not installed in {self.python_for(contender)}: {last}"
+            self._unavailable[contender] = reason
+        return self._unavailable[contender]
+
+    async def child(
+        self,
+        spec: Spec,
+        *,
+        timeout_s: float,
+        profile: Path | None = None,
+        paced: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run one contender process; return its result lines (or an error line)."""
+        argv = [self.python_for(spec.contender), "-m", "bench.child", spec.to_json()]
+        if profile is not None:
+            pyspy = shutil.which("py-spy") or str(Path(self.python).parent / "py-spy")
+            argv = [pyspy, "record", "-r", "200", "-f", "raw", "-o", str(profile), "--", *argv]
+        name = f"{spec.scenario}-{spec.contender}"
+        log_path = self.logs / f"{name}.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with open(log_path, "wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=REPO,
+                env=env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+            )
+            try:
+                return await asyncio.wait_for(self._talk(proc, spec, paced), timeout_s)
+            except TimeoutError:
+                return [self._error(spec, f"no result within {timeout_s:.0f}s; log {log_path}")]
+            finally:
+                if proc.returncode is None:
+                    try:
+                        await asyncio.wait_for(proc.wait(), 10 if profile else 2)
+                    except TimeoutError:
+                        proc.kill()
+                        await proc.wait()
+
+    async def _talk(
+        self, proc: asyncio.subprocess.Process, spec: Spec, paced: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
+        assert proc.stdout is not None and proc.stdin is not None
+        lines: list[dict[str, Any]] = []
+        producing: asyncio.Task[dict[str, int]] | None = None
+        while True:
+            raw = await proc.stdout.readline()
+            if not raw:
+                break
+            text = raw.decode(errors="replace").strip()
+            if "{" not in text:
+                continue
+            text = text[text.index("{") :]  # faust's spinner writes escape codes first
+            msg = json.loads(text)
+            event = msg.get("event")
+            if event == "ready" and paced is not None:
+                producing = asyncio.create_task(self._pace(proc, spec, paced))
+            elif event in ("result", "error"):
+                if producing is not None:
+                    msg["produced"] = await producing
+                lines.append(msg)
+                if spec.scenario != "S4":
+                    break
+        if not lines:
+            code = await proc.wait()
+            lines.append(self._error(spec, f"exited with code {code} and no result"))
+        return lines
+
+    async def _pace(
+        self, proc: asyncio.subprocess.Process, spec: Spec, paced: dict[str, Any]
+    ) -> dict[str, int]:
+        counts = await produce_paced(
+            spec.bootstrap,
+            spec.topic,
+            rate=paced["rate"],
+            duration_s=paced["duration_s"],
+            keys=spec.keys,
+            partitions=spec.partitions,
+            sleep_ms=10,
+            hot_share=paced["hot_share"],
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(f"done {counts['others']}\n".encode())
+        await proc.stdin.drain()
+        return counts
+
+    @staticmethod
+    def _error(spec: Spec, error: str) -> dict[str, Any]:
+        return {
+            "event": "error",
+            "scenario": spec.scenario,
+            "contender": spec.contender,
+            "error": error,
+        }
+
+    # --------------------------------------------------------------- scenarios
+
+    async def scenario(self, scn: Scenario) -> None:
+        from decaton_aio.embedded import EmbeddedBroker
+        from decaton_aio.testing import TopicAdmin
+
+        _say(f"{scn.name}: {scn.title}")
+        if scn.name == "S4":
+            await self._tracker(scn)
+            return
+        broker = EmbeddedBroker(log_path=self.logs / f"broker-{scn.name}.log").start()
+        admin = TopicAdmin(broker.bootstrap_servers)
+        try:
+            for contender in scn.contenders:
+                if self.args.contenders and contender not in self.args.contenders:
+                    if contender in CONTENDERS or scn.name != "S6":
+                        continue
+                await self._contender(scn, contender, broker.bootstrap_servers, admin)
+        finally:
+            await admin.close(delete=False)
+            broker.stop()
+        if scn.name == "S1":
+            for published in PUBLISHED:
+                self.record(
+                    {
+                        "event": "result",
+                        "scenario": "S1",
+                        **published,
+                        "published": True,
+                        "note": "published by Decaton's maintainers, not measured here",
+                    }
+                )
+
+    async def _contender(
+        self, scn: Scenario, contender: str, bootstrap: str, admin: Any
+    ) -> None:
+        reason = self.unavailable(contender)
+        if scn.name == "S6" and contender == "hot-key+quota" and not S6_QUOTA["available"]:
+            reason = S6_QUOTA["reason"]
+        if reason is not None:
+            self.record(
+                {
+                    "event": "unavailable",
+                    "scenario": scn.name,
+                    "contender": contender,
+                    "reason": reason,
+                }
+            )
+            return
+        options = scn.options.get(contender) or scn.options.get("*") or {}
+        topic = await admin.create(
+            scn.partitions, name=f"bench-{scn.name.lower()}-{contender}-{uuid.uuid4().hex[:6]}"
+        )
+        spec = Spec(
+            scenario=scn.name,
+            contender="ours" if scn.name in ("S5", "S6") else contender,
+            bootstrap=bootstrap,
+            topic=topic,
+            partitions=scn.partitions,
+            keys=scn.keys,
+            warmup=scn.warmup,
+            measured=scn.measured,
+            warmup_max_s=scn.warmup_max_s,
+            measure_max_s=scn.measure_max_s,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            paced=scn.paced is not None,
+            drain_s=scn.paced["drain_s"] if scn.paced else 0.0,
+            options=dict(options),
+        )
+        if scn.paced is None:
+            # Beyond the window's last task: keeps the window from ending in a drain (the
+            # last slow tasks of S3 would otherwise stretch it by up to 500 ms).
+            tail = max(5_000, scn.measured // 10)
+            total = scn.measured if scn.name == "S5" else scn.warmup + scn.measured + tail
+            started = time.perf_counter()
+            produced = await produce_tasks(
+                bootstrap,
+                topic,
+                make_tasks(
+                    total,
+                    keys=scn.keys,
+                    partitions=scn.partitions,
+                    sleep_ms=scn.sleep_ms,
+                    slow_ratio=scn.slow_ratio,
+                    slow_ms=scn.slow_ms,
+                ),
+            )
+            _say(
+                f"  {contender}: produced {produced} tasks in "
+                f"{time.perf_counter() - started:.1f}s; consuming"
+            )
+        else:
+            _say(f"  {contender}: paced {scn.paced['rate']}/s for {scn.paced['duration_s']}s")
+        timeout = 30 + scn.warmup_max_s + scn.measure_max_s
+        if scn.paced:
+            timeout += scn.paced["duration_s"] + scn.paced["drain_s"]
+        profile = None
+        if self.args.profile and contender == "ours" and scn.name in self.args.profile:
+            self.profiles.mkdir(parents=True, exist_ok=True)
+            profile = self.profiles / f"{scn.name}-ours.txt"
+        paced = None
+        if scn.paced is not None:
+            paced = {**scn.paced, "hot_share": 0.0 if contender == "uniform" else scn.paced["hot_share"]}
+        results = await self.child(spec, timeout_s=timeout, profile=profile, paced=paced)
+        for result in results:
+            if scn.name == "S6":
+                result["variant"] = contender
+            self.record(result)
+        if profile is not None and profile.exists():
+            from bench.profile import summarize
+
+            summary = summarize(profile)
+            (self.profiles / f"{scn.name}-ours.summary.txt").write_text(summary)
+            _say(f"  profile of {scn.name}/ours:\n{summary}")
+
+    async def _tracker(self, scn: Scenario) -> None:
+        for contender in scn.contenders:
+            spec = Spec(
+                scenario="S4",
+                contender=contender,
+                bootstrap="",
+                topic="",
+                measure_max_s=scn.measure_max_s,
+                options=dict(scn.options["*"]),
+            )
+            for result in await self.child(spec, timeout_s=120):
+                from bench.tracker import TRACKERS
+
+                result["label"] = TRACKERS[contender][1]
+                self.record(result)
+
+    # ------------------------------------------------------------------ output
+
+    def write(self) -> None:
+        from bench.report import evaluate_targets, render_chart, render_markdown
+
+        targets = evaluate_targets(self.results)
+        for target in targets:
+            _emit({"event": "target", **target})
+        document = {
+            "mode": self.mode,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": self.facts,
+            "results": self.results,
+            "targets": targets,
+        }
+        base = self.out / self.mode
+        base.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
+        chart = render_chart(self.results, base.with_suffix(".png"))
+        base.with_suffix(".md").write_text(
+            render_markdown(document, chart_name=chart.name if chart else None)
+        )
+        _say(f"results: {base}.json, {base}.md" + (f", {chart}" if chart else ""))
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="the reduced set (bench-quick)")
+    parser.add_argument("--only", default="", help="scenarios to run, e.g. S1,S4")
+    parser.add_argument("--contenders", default="", help="contenders to run, e.g. ours,gather")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
+    parser.add_argument(
+        "--peers-python",
+        default=os.environ.get("BENCH_PEERS_PYTHON"),
+        help="interpreter with faust-streaming and faststream (default: --python; "
+        "env BENCH_PEERS_PYTHON)",
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="run our contender of these scenarios under py-spy, e.g. S1,S2",
+    )
+    parser.add_argument(
+        "--tasks", type=int, default=0, help="override the measured task count (S1-S3)"
+    )
+    args = parser.parse_args(argv)
+    args.only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    args.profile = [s.strip().upper() for s in args.profile.split(",") if s.strip()]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    run = Run(args)
+    run.out.mkdir(parents=True, exist_ok=True)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    _emit({"event": "machine", "mode": run.mode, **run.facts})
+    scenarios = plan(args.quick)
+    if args.tasks:
+        scenarios = [
+            replace(s, measured=args.tasks) if s.name in ("S1", "S2", "S3") else s
+            for s in scenarios
+        ]
+    for scn in scenarios:
+        if args.only and scn.name not in args.only:
+            continue
+        asyncio.run(run.scenario(scn))
+    run.write()
+    _say(f"done in {time.monotonic() - started:.0f}s")
+    return 0

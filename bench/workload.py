@@ -1,0 +1,240 @@
+"""The benchmark workload: tasks, how they are produced, and the spec a contender gets.
+
+Every contender of a scenario consumes the same records (same seed): tiny JSON tasks
+``{"k": key id, "s": sequence number within the key, "d": simulated I/O in ms, "t": produce
+time}``, with the key id as the record key and partition ``k % partitions``. The sequence
+number lets the consumer side count per-key order violations; ``t`` (epoch seconds, set
+just before the send) gives the delivery latency of paced runs.
+
+Tasks are produced before a contender starts (``produce_tasks``, batched, about a million
+records per second), so the measured window is consumption only. The paced producer of S6
+(``produce_paced``) runs at a fixed rate while the contender consumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+
+from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
+
+__all__ = [
+    "HOT_KEY_ID",
+    "Spec",
+    "Task",
+    "make_tasks",
+    "produce_paced",
+    "produce_tasks",
+]
+
+#: Key id of the hot key of S6; ordinary keys are ``0 .. keys - 1``.
+HOT_KEY_ID = 10_000_000
+
+
+class Task(msgspec.Struct, gc=False):
+    """One benchmark task (about 40 bytes of JSON)."""
+
+    k: int  # key id
+    s: int  # sequence number within the key, from 0
+    d: int  # simulated I/O in ms; 0 means a no-op that never suspends
+    t: float = 0.0  # produce time, epoch seconds (paced runs only)
+
+
+@dataclass
+class Spec:
+    """What one contender process runs: passed to ``python -m bench.child`` as JSON.
+
+    Attributes:
+        scenario: ``S1`` .. ``S6``.
+        contender: a key of ``bench.contenders.CONTENDERS``.
+        bootstrap: the broker.
+        topic: the topic holding this contender's tasks.
+        partitions: partitions of the topic.
+        keys: distinct ordinary keys.
+        warmup: tasks completed before the measured window opens (or ``warmup_max_s``).
+        measured: tasks in the measured window (or until ``measure_max_s``).
+        warmup_max_s: the warm-up ends after this many seconds from the first task.
+        measure_max_s: the measured window closes after this many seconds.
+        session_timeout_ms: consumer group session timeout (the embedded broker completes
+            a join after half of it).
+        paced: S6: tasks arrive while consuming; the end comes from the orchestrator.
+        drain_s: S6: how long to wait for the last tasks after production ended.
+        options: contender settings (concurrency, max pending, ...).
+    """
+
+    scenario: str
+    contender: str
+    bootstrap: str
+    topic: str
+    partitions: int = 3
+    keys: int = 10_000
+    warmup: int = 10_000
+    measured: int = 100_000
+    warmup_max_s: float = 3.0
+    measure_max_s: float = 20.0
+    session_timeout_ms: int = 3000
+    paced: bool = False
+    drain_s: float = 10.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Encode for the child's command line."""
+        return msgspec.json.encode(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> Spec:
+        """Decode what :meth:`to_json` made."""
+        return cls(**msgspec.json.decode(text))
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def make_tasks(
+    count: int,
+    *,
+    keys: int,
+    partitions: int,
+    sleep_ms: int,
+    slow_ratio: float = 0.0,
+    slow_ms: int = 500,
+    seed: int = 7,
+) -> Iterator[tuple[int, bytes, bytes]]:
+    """Yield ``(partition, key, value)`` of ``count`` tasks with uniformly random keys.
+
+    Args:
+        count: how many tasks.
+        keys: distinct keys, ids ``0 .. keys - 1``.
+        partitions: partition of a key is ``key id % partitions``.
+        sleep_ms: simulated I/O of an ordinary task (0: no-op).
+        slow_ratio: share of tasks (random ones, so random keys) taking ``slow_ms``.
+        slow_ms: simulated I/O of a slow task.
+        seed: the same seed gives every contender the same records.
+    """
+    rng = random.Random(seed)
+    seq = [0] * keys
+    for _ in range(count):
+        k = rng.randrange(keys)
+        d = slow_ms if slow_ratio and rng.random() < slow_ratio else sleep_ms
+        s = seq[k]
+        seq[k] = s + 1
+        yield k % partitions, b"%d" % k, _encode(Task(k, s, d))
+
+
+async def produce_tasks(
+    bootstrap: str, topic: str, tasks: Iterator[tuple[int, bytes, bytes]]
+) -> int:
+    """Produce tasks in per-partition batches and wait until the broker has them all.
+
+    Each record carries a ``dt_meta`` header like a task put by a Decaton producer.
+
+    Returns:
+        How many records were produced.
+    """
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5)
+    await producer.start()
+    count = 0
+    try:
+        now_ms = int(time.time() * 1000)
+        headers = [(METADATA_HEADER, encode_metadata(TaskMetadata(timestamp_ms=now_ms)))]
+        batches: dict[int, Any] = {}
+        sent: list[asyncio.Future[Any]] = []
+        for partition, key, value in tasks:
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                batch.close()
+                sent.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[partition] = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None, headers=headers)
+            count += 1
+        for partition, batch in batches.items():
+            if batch.record_count():
+                batch.close()
+                sent.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return count
+
+
+async def produce_paced(
+    bootstrap: str,
+    topic: str,
+    *,
+    rate: float,
+    duration_s: float,
+    keys: int,
+    partitions: int,
+    sleep_ms: int,
+    hot_share: float,
+    seed: int = 11,
+) -> dict[str, int]:
+    """Produce tasks at a fixed rate; each task carries its produce time.
+
+    Args:
+        rate: tasks per second, all keys together.
+        duration_s: how long to produce.
+        keys: distinct ordinary keys.
+        partitions: partition of a key is ``key id % partitions``.
+        sleep_ms: simulated I/O of every task.
+        hot_share: share of tasks with the hot key (0 for none).
+
+    Returns:
+        Counts: ``total``, ``hot``, ``others``.
+    """
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=0)
+    await producer.start()
+    rng = random.Random(seed)
+    seq: dict[int, int] = {}
+    hot = others = 0
+    headers_cache: tuple[int, list[tuple[str, bytes]]] = (0, [])
+    try:
+        started = time.monotonic()
+        sent = 0
+        pending: list[asyncio.Future[Any]] = []
+        while True:
+            elapsed = time.monotonic() - started
+            if elapsed >= duration_s:
+                break
+            due = int(elapsed * rate) - sent
+            for _ in range(due):
+                if hot_share and rng.random() < hot_share:
+                    k = HOT_KEY_ID
+                    hot += 1
+                else:
+                    k = rng.randrange(keys)
+                    others += 1
+                s = seq.get(k, 0)
+                seq[k] = s + 1
+                now = time.time()
+                now_ms = int(now * 1000)
+                if headers_cache[0] != now_ms:
+                    meta = encode_metadata(TaskMetadata(timestamp_ms=now_ms))
+                    headers_cache = (now_ms, [(METADATA_HEADER, meta)])
+                pending.append(
+                    await producer.send(
+                        topic,
+                        _encode(Task(k, s, sleep_ms, now)),
+                        key=b"%d" % k,
+                        partition=k % partitions,
+                        headers=headers_cache[1],
+                    )
+                )
+            sent += due
+            if len(pending) > 1000:
+                await asyncio.gather(*pending)
+                pending.clear()
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return {"total": hot + others, "hot": hot, "others": others}

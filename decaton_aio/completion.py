@@ -1,0 +1,90 @@
+"""Deferred completion: a task that finishes after its processor returned.
+
+``ctx.deferred()`` hands the processor a :class:`Completion`. The processor returns at
+once (its concurrency slot and key lane are freed, as in Decaton), and the task's offset
+completes only when ``completion.complete()`` is called: from any coroutine, from a
+callback of another library, or from another thread. Until then the watermark stays below
+the offset, so a crash redelivers the task.
+
+A completion that is never completed must not stall its partition forever: the runtime
+applies ``decaton.deferred.complete.timeout.ms`` with the application's timeout policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+__all__ = ["Completion"]
+
+
+class Completion:
+    """Completes one deferred task. Calling :meth:`complete` more than once is harmless.
+
+    Args:
+        on_complete: called once, on the event loop, when the task completes.
+        loop: the loop that owns the task's partition.
+    """
+
+    __slots__ = ("_done", "_loop", "_on_complete", "_on_retry", "_thread", "retry_delay_s")
+
+    def __init__(self, on_complete: Callable[[], None], loop: asyncio.AbstractEventLoop) -> None:
+        self._on_complete: Callable[[], None] | None = on_complete
+        self._on_retry: Callable[[float | None], None] | None = None
+        self._loop = loop
+        self._thread = threading.get_ident()
+        self._done = False
+        #: Set when :meth:`retry` is called before the processor returned.
+        self.retry_delay_s: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the task was completed (by the processor or by the timeout policy)."""
+        return self._done
+
+    def complete(self) -> None:
+        """Mark the task complete; its offset may now be committed.
+
+        Thread-safe: from another thread the completion is handed to the event loop.
+        """
+        if threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self.complete)
+            return
+        if self._done:
+            return
+        self._done = True
+        callback, self._on_complete = self._on_complete, None
+        if callback is not None:
+            callback()
+
+    def retry(self, delay_s: float | None = None) -> None:
+        """Complete the task by sending it to its retry topic (queue retries), or to the
+        dead letter topic once its attempts are used up. Thread-safe.
+
+        Args:
+            delay_s: wait this long before the retry; the policy's backoff when omitted.
+        """
+        if threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self.retry, delay_s)
+            return
+        if self._done:
+            return
+        self._done = True
+        on_retry, self._on_retry, self._on_complete = self._on_retry, None, None
+        if on_retry is not None:
+            on_retry(delay_s)
+        else:  # the processor has not returned yet: the runtime reads this then
+            self.retry_delay_s = -1.0 if delay_s is None else max(0.0, delay_s)
+
+    def _attach(
+        self,
+        on_complete: Callable[[], None],
+        on_retry: Callable[[float | None], None] | None = None,
+    ) -> None:
+        # The runtime swaps in the real callbacks once the processor returned.
+        self._on_complete = on_complete
+        self._on_retry = on_retry
+
+    def __repr__(self) -> str:
+        return f"Completion(done={self._done})"

@@ -1,0 +1,755 @@
+"""The durable sender: a record is answered only once it is durable.
+
+:class:`DurableSender` owns the one aiokafka producer (``acks=all``) behind the task
+producer and the runtime's retry, dead letter and shaping sends (seed 001's "failure
+logging producer", MISSION row F18). A send is answered when the record is durable:
+
+- *delivered*: the broker acknowledged it; or
+- *spooled*: the client gave up on it (its own retries ran out: a request or delivery
+  timeout, a lost connection, no leader), and it was appended to the local spool
+  (:mod:`decaton_aio.spool`) and fsynced.
+
+A record that cannot be spooled either (no ``spool_dir``, a disk error) or that the broker
+refuses for good (too large, an idempotence failure) raises :class:`ProducerError`.
+
+Modes (:class:`SenderMode`). ``DIRECT``: records go to the client. The first record the
+client gives up on switches the sender to ``SPOOLING``: from then on every new record goes
+straight to the spool, behind the ones already there. ``start()`` with no broker
+reachable (and a spool) does not fail: it starts in ``SPOOLING`` and the replayer keeps
+trying to connect. The replayer (``_replay_routine``) delivers spooled records oldest
+first, in rounds of up to ``_REPLAY_BATCH``, with exponential backoff and jitter between
+failed rounds; when the spool is empty it switches back to ``DIRECT``.
+
+Order guarantees, per (topic, key):
+
+- records sent one after another (each awaited, or submitted in order) while the sender is
+  ``SPOOLING`` are spooled and replayed in that order;
+- a record sent after the spool has a backlog never overtakes the backlog: it is spooled
+  too, and the sender goes back to ``DIRECT`` only once the spool is empty and every
+  replayed record was acknowledged;
+- in a replay round, if a record of a key fails, later records of that key are kept in
+  the spool even when they were acknowledged, and sent again after it: the last copy of
+  each record arrives in spool order;
+- not guaranteed: records already handed to the client when the first failure switched
+  the sender to spooling. One of them may be acknowledged after an earlier one of the same
+  key was spooled, so the spooled one arrives later. Records without a key have no order.
+
+Delivery is at-least-once: a record the client delivers after the sender gave up on it
+(``delivery_timeout_ms``) is in the spool too, and a crash between delivery and removal
+from the spool replays the rest of a spool segment.
+
+Caller: one event loop; nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    InvalidTopicError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    UnknownError,
+)
+
+from decaton_aio.backoff import compute_backoff
+from decaton_aio.errors import ProducerError
+from decaton_aio.spool import Spool, SpoolEntry
+
+if TYPE_CHECKING:
+    from decaton_aio.producer import ProducerConfig
+
+__all__ = ["DurableSender", "SendResult", "SenderMode"]
+
+log = structlog.get_logger("decaton_aio.durable")
+
+IDEMPOTENCE_HINT: Final = (
+    "the broker refused an idempotent producer (InitProducerId failed). The embedded "
+    "broker (Tansu) does not support aiokafka's idempotent producer: "
+    "set ProducerConfig(idempotence=False), or pass --no-idempotence on the command line"
+)
+
+#: How many spooled records one replay round sends before it waits for their acks.
+_REPLAY_BATCH: Final = 1000
+
+#: Errors about the record itself: sending it again can never work, so a spooled record
+#: failing with one is moved to the ``.rejected`` file instead of blocking the replay.
+_RECORD_ERRORS: Final = (
+    CorruptRecordException,
+    InvalidTimestampError,
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
+
+
+class SenderMode(enum.Enum):
+    """Where new records go."""
+
+    DIRECT = "direct"
+    """To the Kafka client; the spool is empty."""
+    SPOOLING = "spooling"
+    """To the spool, behind a backlog the replayer is delivering."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """How a record became durable.
+
+    Attributes:
+        topic: the record's topic.
+        partition: where it landed; when spooled, the requested partition or -1.
+        offset: its offset; -1 when spooled.
+        spool_id: the spool entry id when spooled, else ``None``.
+        spool_path: the spool segment file holding it when spooled, else ``None``.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    spool_id: str | None = None
+    spool_path: str | None = None
+
+    @property
+    def spooled(self) -> bool:
+        """True when the record waits in the spool; False when the broker acknowledged it."""
+        return self.spool_id is not None
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight:
+    """A record handed to the client, kept until it is acknowledged or spooled."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    partition: int | None
+    timestamp_ms: int
+    result: asyncio.Future[SendResult]
+    deadline: float
+
+
+class _UnreachableError(ProducerError):
+    """No broker answered: the sender can start in spooling mode."""
+
+
+def _spoolable(exc: BaseException) -> bool:
+    # The client's own retries are over and the cause is the cluster, not the record.
+    if isinstance(exc, KafkaTimeoutError):
+        return True
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # Reads the outcome of a future nobody awaits, so asyncio does not log it as lost.
+    if not future.cancelled():
+        future.exception()
+
+
+def _outcome(future: asyncio.Future[Any]) -> BaseException | None:
+    """The error of a client send, ``None`` when acknowledged; not done counts as failed."""
+    error: BaseException | None
+    if not future.done():
+        future.add_done_callback(_retrieve)
+        error = KafkaTimeoutError("not acknowledged within the delivery timeout")
+    elif future.cancelled():
+        error = KafkaTimeoutError("the send was cancelled by the client")
+    else:
+        error = future.exception()
+    return error
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class DurableSender:
+    """Sends raw records and answers once each one is delivered or spooled.
+
+    ::
+
+        sender = DurableSender(ProducerConfig("kafka:9092", spool_dir="/var/spool/app"))
+        async with sender:
+            result = await sender.send("orders", b"...", key=b"user-1", headers=[])
+            if result.spooled:
+                ...  # durable on local disk; the replayer delivers it later
+
+    Without ``config.spool_dir`` it is a plain ``acks=all`` sender: a record the client
+    gives up on raises :class:`ProducerError`, and :meth:`start` fails when no broker
+    answers.
+
+    Args:
+        config: connection, batching, timeout and spool settings.
+        client_id: the Kafka client id; ``decaton-aio-producer-<application_id>`` if omitted.
+    """
+
+    def __init__(self, config: ProducerConfig, *, client_id: str | None = None) -> None:
+        self.config = config
+        self._client_id = client_id or f"decaton-aio-producer-{config.application_id}"
+        self._delivery_timeout_s = config.effective_delivery_timeout_ms / 1000
+        self._spool = Spool(config.spool_dir) if config.spool_dir is not None else None
+        self._client: Any = None  # AIOKafkaProducer; aiokafka ships no types
+        self._started = False
+        self._mode = SenderMode.DIRECT
+        self._direct = asyncio.Event()  # set while DIRECT, for wait_drained()
+        self._direct.set()
+        self._backlog = asyncio.Event()  # set while the replayer has work
+        # Records handed to the client, oldest first; deadlines grow with insertion, so
+        # the expiry routine only ever looks at the first one.
+        self._inflight: dict[int, _InFlight] = {}
+        self._inflight_added = asyncio.Event()
+        self._next_id = 0
+        self._unsettled = 0  # submitted and not yet delivered, spooled or failed
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._replay_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    # -------------------------------------------------------------------- properties
+
+    @property
+    def mode(self) -> SenderMode:
+        """Where new records go right now."""
+        return self._mode
+
+    @property
+    def spool_dir(self) -> Path | None:
+        """The spool directory, or ``None`` when the sender has no spool."""
+        return self._spool.directory if self._spool is not None else None
+
+    @property
+    def spool_size(self) -> int:
+        """How many records wait in the spool (0 without one); for metrics."""
+        return self._spool.size if self._spool is not None else 0
+
+    # --------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Open the spool and connect; start the replayer.
+
+        With a spool, an unreachable cluster is not an error: the sender starts in
+        spooling mode and connects in the background. A spool left by an earlier run is
+        replayed before new records are sent directly.
+
+        Raises:
+            ProducerError: without a spool, when the cluster cannot be reached; always,
+                when the cluster refuses the producer (e.g. idempotence unsupported) or
+                the spool directory cannot be opened.
+            ConfigError: another producer uses the spool directory.
+        """
+        if self._started:
+            return
+        spool = self._spool
+        if spool is not None:
+            await spool.open()
+        try:
+            self._client = await self._connect()
+        except _UnreachableError as exc:
+            if spool is None:
+                raise
+            log.warning(
+                "no broker reachable at start; spooling records until one answers",
+                bootstrap_servers=self.config.bootstrap_servers,
+                spool_dir=str(spool.directory),
+                error=str(exc),
+            )
+            self._enter_spooling()
+        except BaseException:
+            if spool is not None:
+                await spool.close()
+            raise
+        if spool is not None and not spool.is_empty():
+            self._enter_spooling()
+        self._started = True
+        self._start_expiry()
+        if spool is not None:
+            self._start_replay()
+
+    async def stop(self) -> None:
+        """Settle every record handed over, then disconnect and close the spool.
+
+        Each record submitted before ``stop`` is delivered, spooled (when the cluster does
+        not take it within ``delivery_timeout_ms``) or failed before this returns. The
+        spool keeps its backlog for the next start.
+        """
+        if not self._started:
+            return
+        self._started = False
+        await self._stop_replay()
+        await self._settled.wait()
+        await self._stop_expiry()
+        client, self._client = self._client, None
+        if client is not None:
+            await self._close_client(client)
+        if self._spool is not None:
+            await self._spool.close()
+
+    async def __aenter__(self) -> DurableSender:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _connect(self) -> Any:
+        cfg = self.config
+        client = AIOKafkaProducer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            acks="all",
+            enable_idempotence=cfg.idempotence,
+            linger_ms=cfg.linger_ms,
+            max_batch_size=cfg.max_batch_bytes,
+            request_timeout_ms=cfg.request_timeout_ms,
+            client_id=self._client_id,
+        )
+        try:
+            await client.start()
+        except UnknownError as exc:
+            await client.stop()
+            if cfg.idempotence:
+                raise ProducerError(IDEMPOTENCE_HINT) from exc
+            raise ProducerError(f"the producer could not start: {exc!r}") from exc
+        except KafkaError as exc:
+            await client.stop()
+            raise _UnreachableError(
+                f"cannot reach the cluster at {cfg.bootstrap_servers}: {exc}"
+            ) from exc
+        return client
+
+    async def _close_client(self, client: Any) -> None:
+        # Every record we were asked to send is settled by now, so what the client still
+        # holds is either a copy already spooled or a replay send that stays in the spool.
+        # An idempotent client never expires a batch and would wait forever for a broker
+        # that is gone: after a grace period its leftovers are failed on purpose.
+        try:
+            await asyncio.wait_for(client.flush(), self.config.request_timeout_ms / 1000)
+        except TimeoutError:
+            accumulator = getattr(client, "_message_accumulator", None)
+            if accumulator is not None:
+                accumulator.fail_all(KafkaTimeoutError("the producer is stopping"))
+        await client.stop()
+
+    # ------------------------------------------------------------------------- sends
+
+    async def submit(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[SendResult]:
+        """Hand a record over and return a future of how it became durable.
+
+        Awaiting this call waits only for room in the client's buffer (or nothing, while
+        spooling); awaiting the future waits for durability. Records submitted one after
+        another keep their order per key (see the module docstring). The record is made
+        durable even if the future is cancelled or dropped.
+
+        Args:
+            topic: the destination topic.
+            value: the record value; ``None`` for a tombstone (then ``key`` is required).
+            key: the record key; it picks the partition when ``partition`` is ``None``.
+            headers: ``(name, value)`` pairs.
+            partition: an explicit partition.
+            timestamp_ms: the record timestamp; now when omitted (kept on replay).
+
+        Returns:
+            A future resolving to a :class:`SendResult`; it fails with
+            :class:`ProducerError` when the record is neither delivered nor spooled.
+
+        Raises:
+            ProducerError: the sender is not started, the record has neither key nor
+                value, or (without a spool) the client refused it at once.
+        """
+        if not self._started:
+            raise ProducerError("the producer is not started: use 'async with' or start()")
+        if value is None and key is None:
+            raise ProducerError("a record needs a key or a value")
+        if timestamp_ms is None:
+            timestamp_ms = _now_ms()
+        headers = list(headers)
+        result: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        item = _InFlight(topic, value, key, headers, partition, timestamp_ms, result, 0.0)
+        self._unsettled += 1
+        self._settled.clear()
+        client = self._client
+        if self._mode is SenderMode.SPOOLING or client is None:
+            self._spool_item(item)
+            return result
+        try:
+            sent = await client.send(
+                topic,
+                value,
+                key=key,
+                partition=partition,
+                timestamp_ms=timestamp_ms,
+                headers=headers,
+            )
+        except KafkaError as exc:
+            # No metadata or no buffer space within request_timeout_ms: the client gave
+            # up before it even took the record.
+            if self._spool is not None and _spoolable(exc):
+                self._enter_spooling(exc)
+                self._spool_item(item)
+                return result
+            self._settle_one()
+            raise self._error(exc, topic) from exc
+        except BaseException:
+            # Cancelled while waiting for buffer space: the record was never taken.
+            self._settle_one()
+            raise
+        item.deadline = asyncio.get_running_loop().time() + self._delivery_timeout_s
+        number, self._next_id = self._next_id, self._next_id + 1
+        if not self._inflight:
+            self._inflight_added.set()
+        self._inflight[number] = item
+        sent.add_done_callback(functools.partial(self._on_client_done, number))
+        return result
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> SendResult:
+        """Send a record and wait until it is durable (acknowledged or spooled).
+
+        Arguments as :meth:`submit`.
+
+        Returns:
+            Where it landed, or where it was spooled (:attr:`SendResult.spooled`).
+
+        Raises:
+            ProducerError: when the record could be neither delivered nor spooled.
+        """
+        sent = await self.submit(
+            topic,
+            value,
+            key=key,
+            headers=headers,
+            partition=partition,
+            timestamp_ms=timestamp_ms,
+        )
+        return await sent
+
+    async def flush(self) -> None:
+        """Wait until every record submitted so far is delivered, spooled or failed.
+
+        It does not wait for the spool's backlog; see :meth:`wait_drained`.
+        """
+        await self._settled.wait()
+
+    async def wait_drained(self, timeout_s: float | None = None) -> None:
+        """Wait until everything submitted so far is delivered, the spool included.
+
+        Args:
+            timeout_s: give up after this long; ``None`` waits as long as it takes.
+
+        Raises:
+            TimeoutError: the backlog was not delivered in time.
+        """
+        async with asyncio.timeout(timeout_s):
+            while True:
+                await self._settled.wait()
+                await self._direct.wait()
+                if self._settled.is_set():
+                    return
+
+    # ------------------------------------------------------------ settling (callbacks)
+
+    def _on_client_done(self, number: int, sent: asyncio.Future[Any]) -> None:
+        item = self._inflight.pop(number, None)
+        error: BaseException | None
+        if sent.cancelled():
+            error = KafkaTimeoutError("the send was cancelled by the client")
+        else:
+            error = sent.exception()
+        if item is None:
+            # Given up on after delivery_timeout_ms: it is in the spool (or its caller
+            # got an error). A late success is a duplicate of the spooled copy.
+            if error is None:
+                log.debug("a record was delivered after its delivery timeout (duplicate)")
+            return
+        if error is None:
+            meta = sent.result()
+            self._resolve(item.result, SendResult(meta.topic, meta.partition, meta.offset))
+        else:
+            self._give_up(item, error)
+
+    def _give_up(self, item: _InFlight, error: BaseException) -> None:
+        """The client will not deliver ``item``: spool it, or fail its caller."""
+        # The spool stays open until stop() has seen every record settled, so this is
+        # safe while stopping too.
+        if self._spool is not None and _spoolable(error):
+            self._enter_spooling(error)
+            self._spool_item(item)
+        else:
+            self._fail(item.result, self._error(error, item.topic), error)
+
+    def _spool_item(self, item: _InFlight) -> None:
+        spool = self._spool
+        if spool is None:
+            self._fail(
+                item.result,
+                ProducerError(f"cannot deliver to {item.topic}: no broker and no spool"),
+                None,
+            )
+            return
+        entry = SpoolEntry.new(
+            item.topic,
+            item.value,
+            key=item.key,
+            headers=item.headers,
+            partition=item.partition,
+            timestamp_ms=item.timestamp_ms,
+        )
+        try:
+            written = spool.append_nowait(entry)
+        except ProducerError as exc:
+            self._fail(item.result, exc, None)
+            return
+        written.add_done_callback(functools.partial(self._on_spooled, item, entry))
+        self._backlog.set()
+
+    def _on_spooled(
+        self, item: _InFlight, entry: SpoolEntry, written: asyncio.Future[Path]
+    ) -> None:
+        error = None if written.cancelled() else written.exception()
+        if written.cancelled() or error is not None:
+            message = f"a record for {item.topic} could be neither delivered nor spooled"
+            self._fail(item.result, ProducerError(f"{message}: {error!r}"), error)
+            return
+        partition = item.partition if item.partition is not None else -1
+        where = str(written.result())
+        self._resolve(
+            item.result,
+            SendResult(item.topic, partition, -1, spool_id=entry.id, spool_path=where),
+        )
+
+    def _resolve(self, result: asyncio.Future[SendResult], value: SendResult) -> None:
+        if not result.done():
+            result.set_result(value)
+        self._settle_one()
+
+    def _fail(
+        self,
+        result: asyncio.Future[SendResult],
+        error: ProducerError,
+        cause: BaseException | None,
+    ) -> None:
+        if cause is not None:
+            error.__cause__ = cause
+        if not result.done():
+            result.set_exception(error)
+            result.add_done_callback(_retrieve)
+        self._settle_one()
+
+    def _settle_one(self) -> None:
+        self._unsettled -= 1
+        if self._unsettled == 0:
+            self._settled.set()
+
+    def _error(self, exc: BaseException, topic: str) -> ProducerError:
+        if isinstance(exc, UnknownError) and self.config.idempotence:
+            return ProducerError(IDEMPOTENCE_HINT)
+        if isinstance(exc, ProducerError):
+            return exc
+        return ProducerError(f"the broker did not take a record for {topic}: {exc!r}")
+
+    def _enter_spooling(self, reason: BaseException | None = None) -> None:
+        if self._spool is None:
+            return
+        if self._mode is SenderMode.DIRECT:
+            self._mode = SenderMode.SPOOLING
+            self._direct.clear()
+            if reason is not None:
+                log.warning(
+                    "the cluster does not take records; spooling them until it is back",
+                    spool_dir=str(self._spool.directory),
+                    error=repr(reason),
+                )
+        self._backlog.set()
+
+    # ------------------------------------------------------------------------ expiry
+
+    def _start_expiry(self) -> None:
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_routine())
+
+    async def _stop_expiry(self) -> None:
+        task, self._expiry_task = self._expiry_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _expiry_routine(self) -> None:
+        """Give up on records the client holds longer than ``delivery_timeout_ms``.
+
+        A non-idempotent client expires its batches itself; an idempotent one retries
+        forever, and without this a put would hang for as long as the broker is away.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._inflight:
+                self._inflight_added.clear()
+                await self._inflight_added.wait()
+                continue
+            number, item = next(iter(self._inflight.items()))
+            delay = item.deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            del self._inflight[number]
+            self._give_up(
+                item,
+                KafkaTimeoutError(
+                    f"not acknowledged within delivery_timeout_ms="
+                    f"{self.config.effective_delivery_timeout_ms}"
+                ),
+            )
+
+    # ------------------------------------------------------------------------ replay
+
+    def _start_replay(self) -> None:
+        self._replay_task = asyncio.get_running_loop().create_task(self._replay_routine())
+
+    async def _stop_replay(self) -> None:
+        task, self._replay_task = self._replay_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _replay_routine(self) -> None:
+        """Deliver the spool's backlog, oldest first, then switch back to DIRECT."""
+        spool = self._spool
+        assert spool is not None, "the replayer runs only with a spool"
+        cfg = self.config
+        failures = 0
+        while True:
+            await self._backlog.wait()
+            try:
+                if self._client is None:
+                    self._client = await self._connect()
+                    log.info("connected; replaying the spool", spool_size=spool.size)
+                delivered_all = await self._replay_round(spool)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # A replayer that died would let the spool grow forever with nobody told:
+                # it logs, backs off and tries again; stop() ends it by cancelling.
+                log.warning("spool replay failed", error=str(exc), spool_size=spool.size)
+                delivered_all = False
+            if not delivered_all:
+                failures += 1
+                await asyncio.sleep(
+                    compute_backoff(
+                        failures,
+                        base_s=cfg.replay_backoff_ms / 1000,
+                        factor=2.0,
+                        max_s=cfg.replay_backoff_max_ms / 1000,
+                        jitter=0.5,
+                    )
+                )
+                continue
+            failures = 0
+            if spool.is_empty():
+                # No await between the check and the switch: no send can slip in between.
+                self._mode = SenderMode.DIRECT
+                self._backlog.clear()
+                self._direct.set()
+                log.info("the spool is delivered; sending directly again")
+
+    async def _replay_round(self, spool: Spool) -> bool:
+        """Send one batch of spooled records; True when every one was acknowledged."""
+        entries = await spool.pending(_REPLAY_BATCH)
+        if not entries:
+            await spool.wait_flushed()
+            return True
+        client = self._client
+        sent: list[tuple[SpoolEntry, asyncio.Future[Any]]] = []
+        rejected: list[tuple[SpoolEntry, BaseException]] = []
+        stopped: BaseException | None = None
+        for entry in entries:
+            try:
+                future = await client.send(
+                    entry.topic,
+                    entry.value,
+                    key=entry.key,
+                    partition=entry.partition,
+                    timestamp_ms=entry.timestamp_ms,
+                    headers=list(entry.headers),
+                )
+            except KafkaError as exc:
+                if isinstance(exc, _RECORD_ERRORS):
+                    rejected.append((entry, exc))
+                    continue
+                # No metadata within request_timeout_ms: the cluster is still away, and
+                # every further send would wait as long.
+                stopped = exc
+                break
+            sent.append((entry, future))
+        if sent:
+            await asyncio.wait([f for _, f in sent], timeout=self._delivery_timeout_s)
+        delivered: list[SpoolEntry] = []
+        blocked: set[tuple[str, bytes]] = set()
+        failure = stopped
+        for entry, future in sent:
+            error = _outcome(future)
+            lane = (entry.topic, entry.key) if entry.key is not None else None
+            if error is None:
+                if lane is None or lane not in blocked:
+                    delivered.append(entry)
+            elif isinstance(error, _RECORD_ERRORS):
+                rejected.append((entry, error))
+            else:
+                failure = failure or error
+                # The key's later records stay in the spool even when acknowledged, and
+                # are sent again after this one: the last copies arrive in order.
+                if lane is not None:
+                    blocked.add(lane)
+        await spool.remove(delivered)
+        for entry, error in rejected:
+            log.error(
+                "the broker refused a spooled record for good; moved to the .rejected file",
+                topic=entry.topic,
+                spool_id=entry.id,
+                error=repr(error),
+            )
+            await spool.reject([entry], repr(error))
+        if failure is not None:
+            log.warning(
+                "spool replay round incomplete; backing off",
+                delivered=len(delivered),
+                spool_size=spool.size,
+                error=repr(failure),
+            )
+            return False
+        return True

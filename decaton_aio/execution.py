@@ -1,0 +1,407 @@
+"""Running one task and deciding what its outcome means.
+
+The :class:`TaskExecutor` is shared by the partitions of a subscription. For a record
+whose slot the partition granted, it decodes the metadata and body, waits for the task's
+scheduled time (without holding the slot), runs ``process(ctx, task)`` eagerly, and then
+routes the outcome:
+
+- returned: finish, or with ``ctx.deferred()`` free the slot and complete later;
+- ``ctx.retry()`` / :class:`~decaton_aio.backoff.RetryTask` / a retriable exception
+  with retries on: queue mode sends the task to the retry topic and completes the offset
+  only once the retry is durable; in-place mode runs it again in its lane after the
+  backoff; after the policy's last attempt, the dead letter topic;
+- any other exception: with retries off, logged, counted and completed (Decaton's
+  default); with retries on, non-retriable errors go to the dead letter topic;
+- a body or header that cannot be decoded (a poison pill): the dead letter topic with the
+  reason, counted as discarded.
+
+A record is never completed before what replaces it (retry, dead letter, shaping record)
+is durable: a failed send is tried again with backoff until it works or the partition is
+closed (then the record is redelivered to the new owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Literal
+
+import structlog
+
+from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
+from decaton_aio.context import ProcessingContext
+from decaton_aio.eager import start_eagerly
+from decaton_aio.errors import DecodeError
+from decaton_aio.metadata import TaskMetadata
+from decaton_aio.partition import PartitionProcessor, PartitionState, Record
+from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
+from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
+from decaton_aio.typing import RecordSender
+
+__all__ = ["DeferredTimeoutPolicy", "TaskExecutor", "TaskFunction"]
+
+TaskFunction = Callable[[ProcessingContext, Any], Coroutine[Any, Any, Any]]
+DeferredTimeoutPolicy = Literal["give_up", "extend", "retry"]
+
+log = structlog.get_logger("decaton_aio.execution")
+
+_SEND_BACKOFF_BASE_S = 0.2
+_SEND_BACKOFF_MAX_S = 10.0
+
+
+class TaskExecutor:
+    """Runs tasks for the partitions of one subscription.
+
+    Args:
+        subscription_id: bound into each task's logger.
+        process: the user's processor.
+        decode: turns a record value into a task; raises ``DecodeError``.
+        sender: delivers retry, dead letter and shaping records; ``None`` only when the
+            application needs none (then a record that would need one is logged and
+            completed).
+        properties: live properties (deferred completion timeout).
+        retry: the retry configuration, ``None`` for Decaton's default (log and go on).
+        side_topics: names of the retry, dead letter and shaping topics.
+        deferred_timeout_policy: what a timed-out deferred completion does.
+    """
+
+    def __init__(
+        self,
+        *,
+        subscription_id: str,
+        process: TaskFunction,
+        decode: Callable[[bytes], Any],
+        sender: RecordSender | None,
+        properties: Properties,
+        retry: RetryConfig | None = None,
+        side_topics: SideTopics | None = None,
+        deferred_timeout_policy: DeferredTimeoutPolicy = "give_up",
+    ) -> None:
+        self._subscription_id = subscription_id
+        self._process = process
+        self._decode = decode
+        self._sender = sender
+        self._deferred_timeout = properties[DEFERRED_COMPLETE_TIMEOUT_MS]
+        self._retry = retry
+        self._topics = side_topics or SideTopics()
+        self._deferred_policy = deferred_timeout_policy
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---------------------------------------------------------------------- start
+
+    def start(self, partition: PartitionProcessor, record: Record) -> None:
+        """Run a record whose slot ``partition`` granted. Never raises."""
+        attempt = partition.attempts.pop(record.offset, 1) if partition.attempts else 1
+        ctx = ProcessingContext(self._subscription_id, record, attempt)
+        try:
+            meta = ctx.metadata
+        except DecodeError as exc:
+            self._poison_pill(partition, ctx, exc)
+            return
+        scheduled = meta.scheduled_time_ms
+        if scheduled:
+            wait_s = scheduled / 1000 - time.time()
+            if wait_s > 0:
+                if attempt > 1:
+                    partition.attempts[record.offset] = attempt
+                partition.postpone(record, wait_s)
+                return
+        try:
+            task = self._decode(record.value)
+        except DecodeError as exc:
+            self._poison_pill(partition, ctx, exc)
+            return
+        stats = ctx.stats = partition.stats
+        stats.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
+        ctx.started_at = time.perf_counter()
+        try:
+            coro = self._process(ctx, task)
+        except Exception as exc:  # a processor that is not a coroutine function
+            self._finished(partition, ctx, meta, exc)
+            return
+        start_eagerly(coro, lambda exc: self._finished(partition, ctx, meta, exc), self._tasks)
+
+    def shape(self, partition: PartitionProcessor, record: Record) -> None:
+        """Send a hot key's record to the shaping topic; it completes once durable."""
+        partition.hand_off(record)
+        self._send_then_complete(
+            partition,
+            record,
+            self._topics.shaping_topic(record.topic),
+            list(record.headers),
+            "shaping",
+        )
+
+    # ------------------------------------------------------------------- outcomes
+
+    def _finished(
+        self,
+        partition: PartitionProcessor,
+        ctx: ProcessingContext,
+        meta: TaskMetadata,
+        exc: BaseException | None,
+    ) -> None:
+        stats = partition.stats
+        stats.process_duration.observe(time.perf_counter() - ctx.started_at)
+        stats.processed += 1
+        record = ctx.record
+        completion = ctx.completion
+        if completion is not None and completion.retry_delay_s is not None:
+            ctx.retry_delay_s = completion.retry_delay_s
+        if exc is None and ctx.retry_delay_s is None:
+            if completion is None or completion.done:
+                partition.finish(record)
+                stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+            else:
+                self._defer(partition, ctx)
+            return
+        if isinstance(exc, asyncio.CancelledError | SkipTask):
+            if isinstance(exc, SkipTask):
+                stats.discarded += 1
+                ctx.logger.info("task skipped", reason=exc.reason)
+            partition.finish(record)
+            return
+        requested = exc is None or isinstance(exc, RetryTask)
+        if requested:
+            delay = exc.delay_s if isinstance(exc, RetryTask) else ctx.retry_delay_s
+        else:
+            stats.errors += 1
+            ctx.logger.error("processor failed", error=_describe(exc), exc_info=exc)
+            delay = None
+        retry = self._retry
+        if retry is None:
+            if requested:
+                ctx.logger.warning("retry requested but the application has no retry config")
+                self._dead_letter(partition, ctx, "RetryNotConfigured", "no retry config", exc)
+            else:
+                partition.finish(record)
+            return
+        if exc is not None and not requested and not retry.policy.is_retriable(exc):
+            self._dead_letter(partition, ctx, _type(exc), str(exc), exc)
+            return
+        attempt = meta.retry_count + 1 if retry.mode == "queue" else ctx.attempt
+        if retry.policy.exhausted(attempt):
+            self._dead_letter(
+                partition, ctx, _type(exc) if exc else "RetryRequested", str(exc or ""), exc
+            )
+            return
+        if delay is None or delay < 0:
+            delay = retry.policy.delay_s(attempt)
+        stats.retries += 1
+        if retry.mode == "in_place":
+            partition.attempts[record.offset] = attempt + 1
+            partition.postpone(record, delay)
+            return
+        partition.release(record)
+        headers = retry_headers(
+            record.headers,
+            meta,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            delay_s=delay,
+        )
+        self._send_then_complete(
+            partition, record, self._topics.retry_topic(record.topic), headers, "retry"
+        )
+
+    def _defer(self, partition: PartitionProcessor, ctx: ProcessingContext) -> None:
+        completion = ctx.completion
+        assert completion is not None
+        record = ctx.record
+        partition.release(record)
+        timer: asyncio.TimerHandle | None = None
+
+        def completed() -> None:
+            if timer is not None:
+                timer.cancel()
+            partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+            partition.complete_released(record)
+
+        def retry_later(delay_s: float | None) -> None:
+            if timer is not None:
+                timer.cancel()
+            self._retry_released(partition, ctx, delay_s)
+
+        completion._attach(completed, retry_later)
+        timeout_ms = self._deferred_timeout.value
+        if timeout_ms < 0:
+            return
+
+        def timed_out() -> None:
+            nonlocal timer
+            if completion.done or partition.state is PartitionState.CLOSED:
+                return
+            ctx.logger.warning(
+                "deferred completion timed out", timeout_ms=timeout_ms, policy=self._deferred_policy
+            )
+            if self._deferred_policy == "extend":
+                timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, timed_out)
+                return
+            if self._deferred_policy == "retry":
+                completion.retry()
+                return
+            completion._attach(lambda: None)
+            completion.complete()  # later calls by the processor are no-ops
+            partition.stats.discarded += 1
+            partition.complete_released(record)
+
+        timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, timed_out)
+
+    def _retry_released(
+        self, partition: PartitionProcessor, ctx: ProcessingContext, delay_s: float | None
+    ) -> None:
+        # A deferred task asked for a retry after its processor returned: its lane is
+        # gone, so only queue retries apply; otherwise (or when exhausted) dead letter.
+        record = ctx.record
+        retry = self._retry
+        attempt = ctx.metadata.retry_count + 1
+        if retry is None or retry.mode != "queue" or retry.policy.exhausted(attempt):
+            queue = retry is not None and retry.mode == "queue"
+            reason = "retries exhausted" if queue else "a deferred task's retry needs queue mode"
+            self._send_dead_letter(partition, ctx, "RetryRequested", reason, None)
+            return
+        partition.stats.retries += 1
+        headers = retry_headers(
+            record.headers,
+            ctx.metadata,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            delay_s=retry.policy.delay_s(attempt) if delay_s is None else delay_s,
+        )
+        self._send_then_complete(
+            partition, record, self._topics.retry_topic(record.topic), headers, "retry"
+        )
+
+    def _poison_pill(
+        self, partition: PartitionProcessor, ctx: ProcessingContext, exc: DecodeError
+    ) -> None:
+        partition.stats.discarded += 1
+        ctx.logger.warning(
+            "task cannot be decoded: dead-lettering it", part=exc.part, reason=exc.reason
+        )
+        self._dead_letter(partition, ctx, f"DecodeError:{exc.part}", exc.reason, None)
+
+    def _dead_letter(
+        self,
+        partition: PartitionProcessor,
+        ctx: ProcessingContext,
+        error_type: str,
+        message: str,
+        exc: BaseException | None,
+    ) -> None:
+        partition.release(ctx.record)
+        self._send_dead_letter(partition, ctx, error_type, message, exc)
+
+    def _send_dead_letter(
+        self,
+        partition: PartitionProcessor,
+        ctx: ProcessingContext,
+        error_type: str,
+        message: str,
+        exc: BaseException | None,
+    ) -> None:
+        # The record is already released: its offset completes once the dead letter is
+        # durable.
+        record = ctx.record
+        try:
+            attempts = ctx.metadata.retry_count + ctx.attempt
+        except DecodeError:
+            attempts = ctx.attempt
+        headers = dead_letter_headers(
+            record.headers,
+            error_type=error_type,
+            message=message,
+            exc=exc,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            attempts=attempts,
+        )
+        self._send_then_complete(
+            partition,
+            record,
+            self._topics.dead_letter_topic(record.topic),
+            headers,
+            "dead letter",
+        )
+
+    # ---------------------------------------------------------------------- sends
+
+    def _send_then_complete(
+        self,
+        partition: PartitionProcessor,
+        record: Record,
+        topic: str,
+        headers: Sequence[tuple[str, bytes]],
+        what: str,
+    ) -> None:
+        # The record was released (or handed off) by the caller; its offset completes
+        # when the replacement record is durable.
+        task = asyncio.get_running_loop().create_task(
+            self._send_routine(partition, record, topic, headers, what)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_routine(
+        self,
+        partition: PartitionProcessor,
+        record: Record,
+        topic: str,
+        headers: Sequence[tuple[str, bytes]],
+        what: str,
+    ) -> None:
+        sender = self._sender
+        if sender is None:
+            log.error(f"no producer for the {what} topic: completing the task", topic=topic)
+            partition.complete_released(record)
+            return
+        attempt = 0
+        while partition.state is not PartitionState.CLOSED:
+            try:
+                await sender.send(
+                    topic,
+                    record.value,
+                    key=record.key,
+                    headers=headers,
+                    timestamp_ms=record.timestamp,
+                )
+            except Exception as exc:
+                attempt += 1
+                delay = compute_backoff(
+                    attempt,
+                    base_s=_SEND_BACKOFF_BASE_S,
+                    factor=2.0,
+                    max_s=_SEND_BACKOFF_MAX_S,
+                    jitter=0.5,
+                )
+                log.error(
+                    f"cannot send the {what} record; the task stays pending",
+                    topic=topic,
+                    origin=f"{record.topic}-{record.partition}@{record.offset}",
+                    error=repr(exc),
+                    retry_in_s=round(delay, 3),
+                )
+                await asyncio.sleep(delay)
+                continue
+            partition.complete_released(record)
+            return
+
+    async def close(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+
+
+def _type(exc: BaseException | None) -> str:
+    return type(exc).__name__ if exc is not None else "None"
+
+
+def _describe(exc: BaseException | None) -> str:
+    return f"{type(exc).__name__}: {exc}" if exc is not None else ""

@@ -1,0 +1,670 @@
+"""A Kafka source for Spark through the Python Data Source API (format ``decaton_kafka``).
+
+This module owns the data source class, the read side (options, planning, reading one Kafka
+partition in a Spark task) and the registration of the format with a session. The write
+side lives in :mod:`spark_jobs.kafka_sink`; :class:`KafkaDataSource` hands out both.
+
+Spark's own Kafka connector is a JVM jar that cannot be fetched offline, so this source
+talks to the broker with aiokafka from Spark's Python workers::
+
+    df = (
+        spark.read.format("decaton_kafka")
+        .option("bootstrap.servers", "127.0.0.1:9092")
+        .option("topic", "orders-dlq")
+        .option("startingOffsets", '{"0": 5}')  # optional; "earliest" by default
+        .load()
+    )
+
+Read options (names are case-insensitive, values are strings):
+
+- ``bootstrap.servers`` (required): ``host:port[,host:port]``.
+- ``topic`` (required): the topic to read.
+- ``startingOffsets``: ``"earliest"`` (default), ``"latest"``, or a JSON object mapping
+  partition numbers to offsets, e.g. ``{"0": 5, "2": "earliest"}``; ``-2`` means earliest
+  and ``-1`` latest, as in Spark's Kafka connector. Partitions not named start at the
+  earliest offset. An offset below the log start (records removed by retention) starts at
+  the log start.
+- ``endingOffsets``: ``"latest"`` (default), or a JSON object of exclusive end offsets,
+  e.g. ``{"0": 100}``; ``-1`` or ``"latest"`` means the end. Partitions not named are read
+  to their end. An end past the current end reads to the current end.
+- ``maxPollRecords``: records taken per poll in a Spark task (default 5000). The embedded
+  broker ignores fetch byte limits, so batches are bounded by count.
+- ``pollTimeoutMs``: how long a partition read may make no progress before the task fails
+  (default 30000).
+
+Schema (fixed; see :data:`SCHEMA_DDL`): ``topic`` string, ``partition`` int, ``offset``
+long, ``timestamp`` long (epoch milliseconds as the record carries it: exact, free of time
+zones, and written back unchanged by the sink; use ``timestamp_millis(timestamp)`` for a
+Spark timestamp), ``key`` binary, ``value`` binary, ``headers``
+array<struct<key string, value binary>> in record order (duplicates kept).
+
+How a read is bounded: one Spark input partition per Kafka partition. The end offsets are
+fixed once, when Spark plans the query, so a query reads a consistent snapshot even while
+producers keep writing. They are the high watermarks that fetch responses report, not the
+answer of a ListOffsets request, which the embedded broker (Tansu) gets wrong when a batch
+holds several records. Spark plans each action again: to read the same snapshot in several
+actions, pin it with :func:`high_watermarks` and pass it as ``endingOffsets``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from decaton_aio.errors import BrokerError, ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.datasource import DataSourceWriter
+
+__all__ = [
+    "EARLIEST",
+    "FORMAT",
+    "LATEST",
+    "SCHEMA_DDL",
+    "KafkaDataSource",
+    "KafkaInputPartition",
+    "KafkaReadOptions",
+    "high_watermarks",
+    "parse_offsets",
+    "read_topic",
+    "register",
+]
+
+FORMAT: Final = "decaton_kafka"
+"""The name to pass to ``spark.read.format()`` and ``df.write.format()``."""
+
+SCHEMA_DDL: Final = (
+    "topic string, partition int, offset long, timestamp long, key binary, value binary, "
+    "headers array<struct<key: string, value: binary>>"
+)
+"""The schema of a read, as Spark DDL."""
+
+EARLIEST: Final = -2
+"""In an offsets option: the first offset still in the log."""
+
+LATEST: Final = -1
+"""In an offsets option: the end of the log (the high watermark when the query is planned)."""
+
+DEFAULT_MAX_POLL_RECORDS: Final = 5000
+DEFAULT_POLL_TIMEOUT_MS: Final = 30_000
+
+# A fetch waits at most this long for data; short, so an empty partition answers quickly.
+_FETCH_MAX_WAIT_MS: Final = 100
+# How long one getmany() call may wait before the loop looks at the position again.
+_POLL_SLICE_MS: Final = 200
+# How long planning may take to learn the high watermark of every partition.
+_PLAN_TIMEOUT_S: Final = 30.0
+# How long planning waits for an unknown topic to appear in the cluster metadata.
+_UNKNOWN_TOPIC_WAIT_S: Final = 5.0
+
+_ARROW_SCHEMA: Final = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field(
+            "headers",
+            pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+        ),
+    ]
+)
+# The schema as Spark's simpleString() spells each field's type.
+_SPARK_TYPES: Final = [
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "bigint"),
+    ("timestamp", "bigint"),
+    ("key", "binary"),
+    ("value", "binary"),
+    ("headers", "array<struct<key:string,value:binary>>"),
+]
+_HEADER_TYPE: Final = _ARROW_SCHEMA.field("headers").type.value_type
+
+_OFFSET_WORDS: Final = {"earliest": EARLIEST, "latest": LATEST}
+
+
+# --------------------------------------------------------------------------- options
+
+
+def option_value(options: Mapping[str, str], name: str) -> str | None:
+    """The stripped value of an option, or ``None`` when absent or blank.
+
+    Spark hands options over in a case-insensitive mapping; a plain dict (in unit tests or
+    helpers) is looked up case-insensitively too.
+    """
+    value = options.get(name)
+    if value is None:
+        lowered = name.lower()
+        value = next((v for k, v in options.items() if k.lower() == lowered), None)
+    if value is None:
+        return None
+    value = str(value).strip()
+    return value or None
+
+
+def require_option(options: Mapping[str, str], name: str, what: str) -> str:
+    """The value of a required option.
+
+    Raises:
+        ConfigError: when it is missing; the message shows how to set it.
+    """
+    value = option_value(options, name)
+    if value is None:
+        raise ConfigError(f"option {name!r} is required: {what}, e.g. .option({name!r}, ...)")
+    return value
+
+
+def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+    """An integer option with a default.
+
+    Raises:
+        ConfigError: when the value is not an integer or below ``minimum``.
+    """
+    raw = option_value(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"option {name!r} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"option {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_offsets(text: str | None, option: str, *, default: int) -> tuple[int, dict[int, int]]:
+    """Parse a ``startingOffsets`` or ``endingOffsets`` value.
+
+    Args:
+        text: ``"earliest"``, ``"latest"``, a JSON object ``{"<partition>": offset}`` whose
+            offsets are ``>= 0``, ``-2``/``"earliest"`` or ``-1``/``"latest"``; ``None`` for
+            the default.
+        option: the option's name, for error messages.
+        default: :data:`EARLIEST` or :data:`LATEST`, used when ``text`` is ``None``.
+
+    Returns:
+        The bound for partitions not named, and the bound of each named partition; bounds
+        are offsets or :data:`EARLIEST`/:data:`LATEST`.
+
+    Raises:
+        ConfigError: when the text is neither word nor a JSON object of that shape.
+    """
+    if text is None:
+        return default, {}
+    word = _OFFSET_WORDS.get(text.lower())
+    if word is not None:
+        return word, {}
+    try:
+        decoded = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"option {option!r} must be 'earliest', 'latest' or a JSON object like "
+            f'{{"0": 5}}, got {text!r} ({exc.msg})'
+        ) from None
+    if not isinstance(decoded, dict):
+        raise ConfigError(f'option {option!r} must be a JSON object like {{"0": 5}}, got {text!r}')
+    bounds: dict[int, int] = {}
+    for key, value in decoded.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            partition = -1
+        if partition < 0:
+            raise ConfigError(f"option {option!r}: {key!r} is not a partition number")
+        bounds[partition] = _offset_bound(value, option, partition)
+    return default, bounds
+
+
+def _offset_bound(value: Any, option: str, partition: int) -> int:
+    if isinstance(value, str) and value.lower() in _OFFSET_WORDS:
+        return _OFFSET_WORDS[value.lower()]
+    if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
+        raise ConfigError(
+            f"option {option!r}: partition {partition} has {value!r}; use an offset >= 0, "
+            "-2 or 'earliest', -1 or 'latest'"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class KafkaReadOptions:
+    """The parsed options of a read (see the module docstring for each option).
+
+    Attributes:
+        bootstrap_servers: where the cluster is.
+        topic: the topic to read.
+        starting: the start bound of partitions not named in ``starting_by_partition``.
+        starting_by_partition: start bounds of named partitions.
+        ending: the end bound of partitions not named in ``ending_by_partition``.
+        ending_by_partition: exclusive end bounds of named partitions.
+        max_poll_records: records per poll in a Spark task.
+        poll_timeout_ms: how long a partition read may stall before failing.
+    """
+
+    bootstrap_servers: str
+    topic: str
+    starting: int = EARLIEST
+    starting_by_partition: Mapping[int, int] | None = None
+    ending: int = LATEST
+    ending_by_partition: Mapping[int, int] | None = None
+    max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> KafkaReadOptions:
+        """Validate and parse the options Spark passes to the source.
+
+        Raises:
+            ConfigError: when an option is missing or malformed.
+        """
+        bootstrap = require_option(options, "bootstrap.servers", "host:port of the cluster")
+        topic = require_option(options, "topic", "the topic to read")
+        starting, starting_by = parse_offsets(
+            option_value(options, "startingOffsets"), "startingOffsets", default=EARLIEST
+        )
+        ending, ending_by = parse_offsets(
+            option_value(options, "endingOffsets"), "endingOffsets", default=LATEST
+        )
+        if ending == EARLIEST or EARLIEST in ending_by.values():
+            raise ConfigError("option 'endingOffsets' cannot be 'earliest' (-2): nothing to read")
+        for partition, start in starting_by.items():
+            end = ending_by.get(partition, ending)
+            if start >= 0 and end >= 0 and start > end:
+                raise ConfigError(
+                    f"partition {partition}: startingOffsets {start} is after endingOffsets {end}"
+                )
+        return cls(
+            bootstrap_servers=bootstrap,
+            topic=topic,
+            starting=starting,
+            starting_by_partition=starting_by,
+            ending=ending,
+            ending_by_partition=ending_by,
+            max_poll_records=int_option(options, "maxPollRecords", DEFAULT_MAX_POLL_RECORDS),
+            poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS),
+        )
+
+    def start_bound(self, partition: int) -> int:
+        """The start bound asked for ``partition``: an offset, EARLIEST or LATEST."""
+        return (self.starting_by_partition or {}).get(partition, self.starting)
+
+    def end_bound(self, partition: int) -> int:
+        """The end bound asked for ``partition``: an offset or LATEST."""
+        return (self.ending_by_partition or {}).get(partition, self.ending)
+
+    def named_partitions(self) -> set[int]:
+        """The partitions named in either offsets option."""
+        return set(self.starting_by_partition or {}) | set(self.ending_by_partition or {})
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class _PartitionExtent:
+    log_start: int
+    high_watermark: int
+
+
+class KafkaInputPartition(InputPartition):
+    """One Kafka partition's slice ``[start, end)``, read by one Spark task."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+def _consumer(bootstrap_servers: str, *, reset: str) -> AIOKafkaConsumer:
+    # No group: partitions are assigned by hand and nothing is committed.
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset=reset,
+        fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
+        client_id="decaton-aio-spark-source",
+    )
+
+
+async def _topic_partitions(
+    consumer: AIOKafkaConsumer, topic: str, bootstrap_servers: str
+) -> list[int]:
+    loop = asyncio.get_running_loop()
+    # A topic created a moment ago may be missing from metadata for a little while.
+    deadline = loop.time() + _UNKNOWN_TOPIC_WAIT_S
+    while True:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return sorted(found)
+        if loop.time() > deadline:
+            raise ConfigError(f"topic {topic!r} does not exist at {bootstrap_servers}")
+        await consumer.topics()  # refreshes the cluster metadata
+        await asyncio.sleep(0.1)
+
+
+async def _extents(
+    bootstrap_servers: str, topic: str, timeout_s: float
+) -> dict[int, _PartitionExtent]:
+    """The log start and high watermark of every partition of ``topic``.
+
+    The high watermark comes from fetch responses: ListOffsets(latest) is wrong on the
+    embedded broker. Its answer is only a hint of where to fetch, so on a real cluster the
+    fetch starts at the end and comes back empty and cheap; a hint that is too low costs one
+    batch of records, which are dropped; a hint past the end resets to the earliest offset.
+    """
+    consumer = _consumer(bootstrap_servers, reset="earliest")
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise BrokerError(f"cannot reach the cluster at {bootstrap_servers}: {exc!r}") from exc
+    try:
+        partitions = await _topic_partitions(consumer, topic, bootstrap_servers)
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        log_starts = await consumer.beginning_offsets(tps)
+        hints = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(log_starts[tp], hints[tp]))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(consumer.highwater(tp) is None for tp in tps):
+            if loop.time() > deadline:
+                missing = [tp.partition for tp in tps if consumer.highwater(tp) is None]
+                raise BrokerError(
+                    f"no fetch response for {topic} partitions {missing} within {timeout_s}s"
+                )
+            # A response sets the high watermark whether or not it holds records.
+            await consumer.getmany(timeout_ms=_FETCH_MAX_WAIT_MS, max_records=1)
+        return {
+            tp.partition: _PartitionExtent(log_starts[tp], consumer.highwater(tp)) for tp in tps
+        }
+    finally:
+        await consumer.stop()
+
+
+def high_watermarks(
+    bootstrap_servers: str, topic: str, *, timeout_s: float = _PLAN_TIMEOUT_S
+) -> dict[int, int]:
+    """The current end of every partition, as fetch responses report it.
+
+    Pass the result as ``endingOffsets`` (``json.dumps`` it) to read the same snapshot in
+    several queries. Blocking; call it from synchronous code, not inside an event loop.
+
+    Returns:
+        partition -> high watermark (the offset the next record will get).
+
+    Raises:
+        ConfigError: when the topic does not exist.
+        BrokerError: when the cluster cannot be reached or does not answer.
+    """
+    extents = asyncio.run(_extents(bootstrap_servers, topic, timeout_s))
+    return {p: e.high_watermark for p, e in extents.items()}
+
+
+def _plan(
+    options: KafkaReadOptions, extents: Mapping[int, _PartitionExtent]
+) -> list[KafkaInputPartition]:
+    unknown = sorted(options.named_partitions() - set(extents))
+    if unknown:
+        raise ConfigError(
+            f"offsets name partitions {unknown} but topic {options.topic!r} has partitions "
+            f"0..{len(extents) - 1}"
+        )
+    planned = []
+    for partition, extent in sorted(extents.items()):
+        end = options.end_bound(partition)
+        end = extent.high_watermark if end == LATEST else min(end, extent.high_watermark)
+        start = options.start_bound(partition)
+        if start == EARLIEST:
+            start = extent.log_start
+        elif start == LATEST:
+            start = extent.high_watermark
+        start = min(max(start, extent.log_start), end)
+        planned.append(KafkaInputPartition(options.topic, partition, start, end))
+    return planned
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _to_arrow(topic: str, partition: int, records: Sequence[Any]) -> pa.RecordBatch:
+    """Build one Arrow batch of rows in :data:`SCHEMA_DDL` order from aiokafka records."""
+    n = len(records)
+    list_offsets = [0]
+    header_keys: list[str] = []
+    header_values: list[bytes | None] = []
+    for record in records:
+        for key, value in record.headers:
+            header_keys.append(key)
+            header_values.append(value)
+        list_offsets.append(len(header_keys))
+    headers = pa.ListArray.from_arrays(
+        pa.array(list_offsets, pa.int32()),
+        pa.StructArray.from_arrays(
+            [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
+            fields=list(_HEADER_TYPE),
+        ),
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array([r.timestamp for r in records], pa.int64()),
+            pa.array([r.key for r in records], pa.binary()),
+            pa.array([r.value for r in records], pa.binary()),
+            headers,
+        ],
+        schema=_ARROW_SCHEMA,
+    )
+
+
+def read_partition(
+    options: KafkaReadOptions, part: KafkaInputPartition
+) -> Iterator[pa.RecordBatch]:
+    """Read ``[part.start, part.end)`` of one partition as Arrow batches (blocking).
+
+    Runs in a Spark task. aiokafka needs an event loop, and Spark wants a plain iterator, so
+    the read drives a private loop one poll at a time and yields between polls: records
+    stream out in batches of at most ``max_poll_records`` instead of piling up in memory.
+
+    Raises:
+        BrokerError: when the read makes no progress for ``poll_timeout_ms``, or the start
+            offset is no longer in the log.
+    """
+    if part.start >= part.end:
+        return
+    tp = TopicPartition(part.topic, part.partition)
+    loop = asyncio.new_event_loop()
+    try:
+        consumer = loop.run_until_complete(_open_reader(options, tp, part.start))
+        try:
+            yield from _poll_until(loop, consumer, options, part, tp)
+        finally:
+            loop.run_until_complete(consumer.stop())
+    finally:
+        loop.close()
+
+
+async def _open_reader(
+    options: KafkaReadOptions, tp: TopicPartition, start: int
+) -> AIOKafkaConsumer:
+    # Created inside the loop: aiokafka binds to the running loop when it starts.
+    consumer = _consumer(options.bootstrap_servers, reset="none")
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise BrokerError(
+            f"cannot reach the cluster at {options.bootstrap_servers}: {exc!r}"
+        ) from exc
+    consumer.assign([tp])
+    consumer.seek(tp, start)
+    return consumer
+
+
+def _poll_until(
+    loop: asyncio.AbstractEventLoop,
+    consumer: AIOKafkaConsumer,
+    options: KafkaReadOptions,
+    part: KafkaInputPartition,
+    tp: TopicPartition,
+) -> Iterator[pa.RecordBatch]:
+    position = part.start
+    stall_limit_s = options.poll_timeout_ms / 1000
+    last_progress = time.monotonic()
+    while position < part.end:
+        try:
+            batch = loop.run_until_complete(
+                consumer.getmany(
+                    tp, timeout_ms=_POLL_SLICE_MS, max_records=options.max_poll_records
+                )
+            )
+        except OffsetOutOfRangeError as exc:
+            raise BrokerError(
+                f"{tp.topic}[{tp.partition}] offset {position} is no longer in the log "
+                "(removed by retention after the query was planned?)"
+            ) from exc
+        records = [r for r in batch.get(tp, ()) if r.offset < part.end]
+        if records:
+            yield _to_arrow(part.topic, part.partition, records)
+        # The position, not the last record, says how far the read got: it also moves
+        # past offsets that hold no record (transaction markers, compacted-away records).
+        new_position = loop.run_until_complete(consumer.position(tp))
+        if new_position > position:
+            position = new_position
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > stall_limit_s:
+            raise BrokerError(
+                f"{tp.topic}[{tp.partition}]: no progress at offset {position} for "
+                f"{stall_limit_s:g}s; the read should reach offset {part.end}"
+            )
+
+
+# --------------------------------------------------------------------------- the source
+
+
+def _check_schema(schema: StructType) -> None:
+    # StructType.fromDDL needs a JVM, which a Python worker does not have: compare the
+    # field names and Spark's own type names instead.
+    got = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    if got != _SPARK_TYPES:
+        raise ConfigError(
+            f"the {FORMAT} source has a fixed schema ({SCHEMA_DDL}); do not pass .schema(), "
+            f"got {schema.simpleString()}"
+        )
+
+
+class _KafkaReader(DataSourceReader):
+    """Plans one input partition per Kafka partition and reads each with aiokafka."""
+
+    def __init__(self, options: KafkaReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """Fix the offsets to read, once per query (runs on the driver side)."""
+        extents = asyncio.run(
+            _extents(self.options.bootstrap_servers, self.options.topic, _PLAN_TIMEOUT_S)
+        )
+        return _plan(self.options, extents)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one planned partition (runs in a Spark task)."""
+        assert isinstance(partition, KafkaInputPartition)
+        return read_partition(self.options, partition)
+
+
+class KafkaDataSource(DataSource):
+    """The ``decaton_kafka`` format: read a topic into rows, write rows to a topic."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name, :data:`FORMAT`."""
+        return FORMAT
+
+    def schema(self) -> str:
+        """The fixed schema of a read, :data:`SCHEMA_DDL` (Spark parses it)."""
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch reader; validates the options first.
+
+        Raises:
+            ConfigError: when an option is missing or malformed.
+        """
+        _check_schema(schema)
+        return _KafkaReader(KafkaReadOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """A batch writer (see :mod:`spark_jobs.kafka_sink`); only ``mode("append")``.
+
+        Raises:
+            ConfigError: on ``mode("overwrite")``, a missing option or an unusable column.
+        """
+        from spark_jobs.kafka_sink import KafkaWriter  # the sink builds on this module
+
+        if overwrite:
+            raise ConfigError(
+                f"the {FORMAT} sink only appends to a topic: use .mode('append'), not overwrite"
+            )
+        return KafkaWriter.create(self.options, schema)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``spark.read.format("decaton_kafka")`` and the writer available in ``spark``."""
+    spark.dataSource.register(KafkaDataSource)
+
+
+def read_topic(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    starting_offsets: str | Mapping[int, int] | None = None,
+    ending_offsets: str | Mapping[int, int] | None = None,
+    **options: str,
+) -> DataFrame:
+    """Read a topic into a DataFrame of :data:`SCHEMA_DDL` (lazily, like any read).
+
+    Args:
+        spark: a session where :func:`register` was called.
+        bootstrap_servers: where the cluster is.
+        topic: the topic to read.
+        starting_offsets: ``"earliest"`` (default), ``"latest"`` or partition -> offset.
+        ending_offsets: ``"latest"`` (default) or partition -> exclusive end offset.
+        options: further source options, e.g. ``maxPollRecords="10000"``.
+    """
+    reader = (
+        spark.read.format(FORMAT)
+        .option("bootstrap.servers", bootstrap_servers)
+        .option("topic", topic)
+    )
+    for name, value in (("startingOffsets", starting_offsets), ("endingOffsets", ending_offsets)):
+        if value is not None:
+            text = (
+                value
+                if isinstance(value, str)
+                else json.dumps({str(p): o for p, o in value.items()})
+            )
+            reader = reader.option(name, text)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()

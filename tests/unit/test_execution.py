@@ -1,0 +1,369 @@
+"""Task outcomes without a broker: retries, dead letters, deferral, scheduling, pacing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
+from decaton_aio.batching import BatchingProcessor, BatchItem
+from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
+from decaton_aio.context import ProcessingContext
+from decaton_aio.hotkeys import HotKeyDetector
+from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
+from decaton_aio.retry import RetryConfig
+from tests.unit.test_partition import FakeRecord, FakeSender, make, records, settle
+
+FAST = RetryPolicy(max_attempts=3, backoff_base_ms=10, backoff_max_ms=20, jitter=0)
+
+
+def meta_header(**fields: Any) -> list[tuple[str, bytes]]:
+    fields.setdefault("timestamp_ms", 1)
+    return [(METADATA_HEADER, encode_metadata(TaskMetadata(**fields)))]
+
+
+async def until(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+# ----------------------------------------------------------------- queue retries
+
+
+async def test_retry_goes_to_retry_topic_and_completes_after_send() -> None:
+    """ctx.retry() sends the task to <topic>-retry with retry count + 1 and a scheduled
+    time; the offset completes only once the send succeeded."""
+    sender = FakeSender()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ctx.retry()
+
+    proc = make(process, sender=sender, retry=RetryConfig(FAST))
+    proc.feed([FakeRecord(0, b"k", headers=meta_header(retry_count=0))])
+    assert proc.committable() == 0
+    await settle()
+    assert proc.committable() == 1
+    ((topic, key, value, headers),) = sender.sent
+    assert (topic, key, value) == ("tasks-retry", b"k", b"v")
+    meta = decode_metadata(dict(headers)[METADATA_HEADER])
+    assert meta.retry_count == 1
+    assert meta.scheduled_time_ms >= time.time() * 1000 - 1000
+    assert dict(headers)["dt_origin_offset"] == b"0"
+    assert proc.stats.retries == 1
+
+
+async def test_retriable_exception_follows_policy_then_dead_letter() -> None:
+    """An exception is retried while attempts remain; at the last attempt the task goes
+    to the dead letter topic with its error."""
+    sender = FakeSender()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise TimeoutError("db timeout")
+
+    proc = make(process, sender=sender, retry=RetryConfig(FAST))
+    proc.feed([FakeRecord(0, b"k", headers=meta_header(retry_count=1))])  # 2nd attempt
+    proc.feed([FakeRecord(1, b"j", headers=meta_header(retry_count=2))])  # 3rd = last
+    await settle()
+    topics = [s[0] for s in sender.sent]
+    assert topics == ["tasks-retry", "tasks-dlq"]
+    dlq = dict(sender.sent[1][3])
+    assert dlq["dt_dlq_error_type"] == b"TimeoutError"
+    assert dlq["dt_dlq_error_message"] == b"db timeout"
+    assert dlq["dt_dlq_attempts"] == b"3"
+    assert b"TimeoutError" in dlq["dt_dlq_traceback"]
+    assert proc.committable() == 2
+
+
+async def test_non_retriable_exception_goes_straight_to_dead_letter() -> None:
+    """An exception the policy does not retry is dead-lettered at once."""
+    sender = FakeSender()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise ValueError("bad task")
+
+    policy = RetryPolicy(max_attempts=5, no_retry_on=(ValueError,))
+    proc = make(process, sender=sender, retry=RetryConfig(policy))
+    proc.feed(records([b"k"]))
+    await settle()
+    assert [s[0] for s in sender.sent] == ["tasks-dlq"]
+
+
+async def test_failed_send_keeps_task_pending_until_it_succeeds() -> None:
+    """A retry that cannot be sent is not completed; it is sent again until it works."""
+    sender = FakeSender(failures=2)
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise RetryTask("later")
+
+    proc = make(process, sender=sender, retry=RetryConfig(FAST))
+    proc.feed(records([b"k"]))
+    await settle()
+    assert proc.committable() == 0
+    await until(lambda: proc.committable() == 1, timeout_s=10)
+    assert len(sender.sent) == 1
+
+
+async def test_retry_without_retry_config_is_dead_lettered() -> None:
+    """Asking for a retry when none is configured loses nothing: dead letter."""
+    sender = FakeSender()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ctx.retry()
+
+    proc = make(process, sender=sender)
+    proc.feed(records([b"k"]))
+    await settle()
+    assert [s[0] for s in sender.sent] == ["tasks-dlq"]
+    assert dict(sender.sent[0][3])["dt_dlq_error_type"] == b"RetryNotConfigured"
+
+
+async def test_skip_task_completes_and_counts_discarded() -> None:
+    """SkipTask completes the task without retry or failure."""
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise SkipTask("stale")
+
+    proc = make(process, retry=RetryConfig(FAST))
+    proc.feed(records([b"k"]))
+    assert (proc.committable(), proc.stats.discarded, proc.stats.errors) == (1, 1, 0)
+
+
+# -------------------------------------------------------------- in-place retries
+
+
+async def test_in_place_retry_keeps_key_order_and_only_that_key_waits() -> None:
+    """In-place retries rerun the task in its lane after the backoff: later tasks of its
+    key wait, other keys go on at once; after the attempts, the dead letter topic."""
+    sender = FakeSender()
+    seen: list[tuple[int, int]] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        seen.append((ctx.offset, ctx.attempt))
+        if ctx.offset == 0:
+            raise TimeoutError("flaky")
+
+    policy = RetryPolicy(max_attempts=3, backoff_base_ms=50, backoff_max_ms=50, jitter=0)
+    proc = make(process, sender=sender, retry=RetryConfig(policy, mode="in_place"))
+    proc.feed(records([b"a", b"b", b"a"]))
+    await settle()
+    assert seen == [(0, 1), (1, 1)]  # offset 2 (key a) waits behind the retried offset 0
+    await until(lambda: len(seen) >= 4)
+    assert seen[2:4] == [(0, 2), (0, 3)]
+    await until(lambda: (2, 1) in seen and bool(sender.sent))
+    assert [s[0] for s in sender.sent] == ["tasks-dlq"]
+    await until(lambda: proc.committable() == 3)
+
+
+# ------------------------------------------------------------------- scheduling
+
+
+async def test_scheduled_task_waits_without_blocking_other_keys() -> None:
+    """A task scheduled in the future starts no earlier; other keys run meanwhile, and
+    the waiting task holds no concurrency slot."""
+    started: dict[int, float] = {}
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        started[ctx.offset] = time.time()
+
+    due = time.time() + 0.2
+    proc = make(process, limit=1)
+    proc.feed(
+        [
+            FakeRecord(0, b"a", headers=meta_header(scheduled_time_ms=int(due * 1000))),
+            FakeRecord(1, b"b"),
+            FakeRecord(2, b"a"),
+        ]
+    )
+    assert set(started) == {1}
+    await until(lambda: len(started) == 3)
+    assert started[0] >= due - 0.01
+    assert started[2] >= started[0]
+    assert proc.committable() == 3
+
+
+# ------------------------------------------------------------------ deferral
+
+
+async def test_deferred_completion_holds_offset_not_slot() -> None:
+    """A deferred task frees its slot and lane at return; its offset completes when the
+    completion is completed, from another task or thread; deferred() is idempotent."""
+    completions: dict[int, Any] = {}
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        completion = ctx.deferred()
+        assert ctx.deferred() is completion
+        completions[ctx.offset] = completion
+
+    proc = make(process, limit=1)
+    proc.feed(records([b"a", b"a", b"b"]))
+    assert len(completions) == 3  # all ran: slots and lanes were freed at return
+    assert proc.committable() == 0
+    completions[1].complete()
+    assert proc.committable() == 0
+    await asyncio.to_thread(completions[0].complete)  # from another thread
+    await until(lambda: proc.committable() == 2)
+    completions[2].complete()
+    completions[2].complete()  # twice is harmless
+    assert proc.committable() == 3
+
+
+@pytest.mark.parametrize("policy", ["give_up", "retry"])
+async def test_leaked_completion_times_out(policy: str) -> None:
+    """A completion nobody completes does not stall the partition: after the timeout it
+    is given up (counted) or sent to retry."""
+    sender = FakeSender()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ctx.deferred()
+
+    proc = make(
+        process,
+        sender=sender,
+        retry=RetryConfig(FAST),
+        properties={"decaton.deferred.complete.timeout.ms": 50},
+        deferred_policy=policy,
+    )
+    proc.feed(records([b"a"]))
+    await until(lambda: proc.committable() == 1)
+    if policy == "give_up":
+        assert proc.stats.discarded == 1
+        assert sender.sent == []
+    else:
+        assert [s[0] for s in sender.sent] == ["tasks-retry"]
+
+
+# --------------------------------------------------------------------- pacing
+
+
+async def test_rate_limit_delays_never_drops_and_changes_live() -> None:
+    """With a rate, tasks start no faster than it; raising it to unlimited lets the rest
+    through at once; nothing is dropped."""
+    started: list[float] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        started.append(time.monotonic())
+
+    proc = make(process, rate=20)  # burst 20, then 20/s
+    proc.feed(records([f"k{i}".encode() for i in range(30)]))
+    assert len(started) == 20
+    await asyncio.sleep(0.26)
+    assert 24 <= len(started) <= 26
+    assert proc.stats.throttled_s > 0
+    proc.set_rate(-1)
+    assert len(started) == 30
+    assert proc.committable() == 30
+
+
+async def test_rate_zero_pauses_until_changed() -> None:
+    """Rate 0 starts nothing and asks for a pause; a new rate resumes."""
+    ran: list[int] = []
+    resumed: list[Any] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ran.append(ctx.offset)
+
+    def resume(p: Any) -> None:  # what the subscription does: resume the consumer
+        resumed.append(p)
+        p.paused = False
+
+    proc = make(process, rate=0, on_below=resume)
+    assert proc.needs_pause
+    proc.paused = True
+    proc.feed(records([b"a", b"b"]))
+    await asyncio.sleep(0.05)
+    assert ran == []
+    proc.set_rate(-1)
+    assert ran == [0, 1]
+    assert resumed == [proc]
+
+
+async def test_ignored_keys_complete_without_running() -> None:
+    """Records whose key is in decaton.ignore.keys are completed and never run; the set
+    can change live."""
+    ran: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ran.append(ctx.offset)
+
+    proc = make(process, ignore_keys=[b"spam"])
+    proc.feed(records([b"spam", b"a", b"spam"]))
+    assert ran == [1]
+    proc.set_ignore_keys([])
+    proc.feed(records([b"spam"], first=3))
+    assert ran == [1, 3]
+    assert proc.committable() == 4
+    assert proc.stats.discarded == 2
+
+
+async def test_hot_key_is_shaped_to_its_own_topic() -> None:
+    """Tasks of a key over its quota go to <topic>-shaping and complete once sent;
+    other keys run here."""
+    sender = FakeSender()
+    ran: list[bytes] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ran.append(ctx.key)
+
+    proc = make(process, sender=sender, hot_keys=HotKeyDetector(5, 1.0))
+    proc.feed(records([b"hot"] * 50 + [b"cold"] * 3))
+    await settle()
+    shaped = [s for s in sender.sent if s[0] == "tasks-shaping"]
+    assert len(shaped) >= 40
+    assert ran.count(b"cold") == 3
+    assert len(shaped) + ran.count(b"hot") == 50
+    await until(lambda: proc.committable() == 53)
+
+
+# ------------------------------------------------------- compaction and batching
+
+
+async def test_compaction_keeps_one_task_per_key_and_window() -> None:
+    """Within the window, the compactor picks one task per key; the others complete as
+    compactions; the kept task runs at the window's end; the offsets all complete."""
+    ran: list[tuple[bytes | None, int]] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ran.append((ctx.key, ctx.offset))
+
+    def latest(left: CompactedTask[Any], right: CompactedTask[Any]) -> CompactionChoice:
+        return CompactionChoice.PICK_RIGHT
+
+    compacting = CompactingProcessor(process, latest, window_s=0.05)
+    proc = make(compacting)
+    proc.feed(records([b"a", b"b", b"a", b"a", b"b"]))
+    assert ran == []
+    assert proc.committable() == 3  # 0, 1, 2 were compacted away; 3 and 4 are held
+    await until(lambda: len(ran) == 2)
+    assert sorted(ran) == [(b"a", 3), (b"b", 4)]
+    await until(lambda: proc.committable() == 5)
+    assert proc.stats.compactions == 3
+
+
+async def test_batching_by_size_and_linger_with_individual_retry() -> None:
+    """Tasks are handed over in batches of max_size or after linger; each item is
+    completed or retried on its own."""
+    sender = FakeSender()
+    batches: list[list[int]] = []
+
+    async def store(items: list[BatchItem[Any]]) -> None:
+        batches.append([i.ctx.offset for i in items])
+        for item in items:
+            if item.ctx.offset == 1:
+                item.retry()
+
+    proc = make(
+        BatchingProcessor(store, max_size=3, linger_s=0.05),
+        sender=sender,
+        retry=RetryConfig(FAST),
+    )
+    proc.feed(records([b"a", b"b", b"c", b"d"]))
+    await until(lambda: len(batches) == 2)
+    assert batches == [[0, 1, 2], [3]]
+    await until(lambda: proc.committable() == 4)
+    assert [s[0] for s in sender.sent] == ["tasks-retry"]
+    assert sender.sent[0][1] == b"b"
