@@ -37,7 +37,10 @@ async def _consume(spec: Spec, recorder: Recorder, module: object) -> None:
     await window
     if not run.done():
         # Give the contender a moment to fill in its extras, without waiting for work.
-        await asyncio.wait({run}, timeout=0.2)
+        await asyncio.wait({run}, timeout=0.05)
+    # Report before asyncio.run() tears down: cancelling the tasks still running would
+    # start their keys' next tasks and count as overlaps that are not the contender's.
+    recorder.finish()
 
 
 def main(argv: list[str]) -> int:
@@ -67,8 +70,8 @@ def main(argv: list[str]) -> int:
         if hasattr(module, "run_blocking"):
             module.run_blocking(spec, recorder)  # ends the process itself
             return 1
-        asyncio.run(_consume(spec, recorder, module))
-        recorder.finish()
+        asyncio.run(_consume(spec, recorder, module))  # ends the process itself
+        return 1
     except BaseException as exc:
         emit({"event": "error", "scenario": spec.scenario, "contender": spec.contender,
               "error": f"{type(exc).__name__}: {exc}"})

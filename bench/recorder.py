@@ -64,6 +64,7 @@ class Recorder:
         self._running = [0] * slots
         self.order_violations = 0
         self.overlaps = 0
+        self.overlap_samples: list[list[Any]] = []
         self.completed = 0
         self.t_first: float | None = None
         self.measuring = False
@@ -100,6 +101,10 @@ class Recorder:
             i = k if k < hot_slot else hot_slot
             if running[i]:
                 self.overlaps += 1
+                if len(self.overlap_samples) < 5:
+                    self.overlap_samples.append(
+                        [k, task.s, last_seq[i], getattr(_ctx, "offset", None), self.completed]
+                    )
             running[i] += 1
             if task.s <= last_seq[i]:
                 self.order_violations += 1
@@ -211,7 +216,9 @@ class Recorder:
             "completed_total": self.completed,
             "order_violations": self.order_violations,
             "key_overlaps": self.overlaps,
+            "overlap_samples": self.overlap_samples,
             "options": self.spec.options,
+            "loadavg_1m": round(os.getloadavg()[0], 2),
         }
         if self.spec.paced:
             d50, d99 = _percentiles_ms(self.delivery_others)

@@ -113,7 +113,7 @@ class Run:
         """Run one contender process; return its result lines (or an error line)."""
         argv = [self.python_for(spec.contender), "-m", "bench.child", spec.to_json()]
         if profile is not None:
-            pyspy = shutil.which("py-spy") or str(Path(self.python).parent / "py-spy")
+            pyspy = _find_py_spy(self.python)
             argv = [pyspy, "record", "-r", "200", "-f", "raw", "-o", str(profile), "--", *argv]
         name = f"{spec.scenario}-{spec.contender}"
         log_path = self.logs / f"{name}.log"
@@ -348,6 +348,21 @@ class Run:
             render_markdown(document, chart_name=chart.name if chart else None)
         )
         _say(f"results: {base}.json, {base}.md" + (f", {chart}" if chart else ""))
+
+
+def _find_py_spy(python: str) -> str:
+    candidates = [
+        os.environ.get("PY_SPY", ""),
+        shutil.which("py-spy") or "",
+        str(Path(python).parent / "py-spy"),
+        str(Path(sys.executable).parent / "py-spy"),
+        str(REPO / ".venv" / "bin" / "py-spy"),
+        str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "py-spy"),
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise SystemExit("--profile needs py-spy: pip install py-spy (or set PY_SPY)")
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

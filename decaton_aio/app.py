@@ -111,7 +111,10 @@ class Application:
     deferred_timeout_policy: DeferredTimeoutPolicy = "give_up"
 
     def __post_init__(self) -> None:
-        if not inspect.iscoroutinefunction(self.processor):
+        call = self.processor
+        if not inspect.iscoroutinefunction(call) and not inspect.iscoroutinefunction(
+            getattr(call, "__call__", None)  # noqa: B004 - an object with async __call__
+        ):
             raise ConfigError(
                 f"processor {self.processor!r} is not an async function: "
                 "define it as 'async def process(ctx, task)'"

@@ -99,6 +99,9 @@ _RECORD_ERRORS: Final = (
 )
 
 
+_BYTES_TYPES: Final = (bytes, bytearray, memoryview, type(None))
+
+
 class SenderMode(enum.Enum):
     """Where new records go."""
 
@@ -167,7 +170,6 @@ def _outcome(future: asyncio.Future[Any]) -> BaseException | None:
     """The error of a client send, ``None`` when acknowledged; not done counts as failed."""
     error: BaseException | None
     if not future.done():
-        future.add_done_callback(_retrieve)
         error = KafkaTimeoutError("not acknowledged within the delivery timeout")
     elif future.cancelled():
         error = KafkaTimeoutError("the send was cancelled by the client")
@@ -326,6 +328,10 @@ class DurableSender:
         )
         try:
             await client.start()
+        except asyncio.CancelledError:
+            # stop() while connecting in the background: close what was opened.
+            await client.stop()
+            raise
         except UnknownError as exc:
             await client.stop()
             if cfg.idempotence:
@@ -390,6 +396,13 @@ class DurableSender:
             raise ProducerError("the producer is not started: use 'async with' or start()")
         if value is None and key is None:
             raise ProducerError("a record needs a key or a value")
+        # Checked here, not by the client: a spooled record of the wrong type would only
+        # fail at replay, long after its caller was told it is durable.
+        if not isinstance(value, _BYTES_TYPES) or not isinstance(key, _BYTES_TYPES):
+            raise TypeError(
+                f"key and value must be bytes or None, not {type(key).__name__} and "
+                f"{type(value).__name__}"
+            )
         if timestamp_ms is None:
             timestamp_ms = _now_ms()
         headers = list(headers)
@@ -715,6 +728,14 @@ class DurableSender:
                 # every further send would wait as long.
                 stopped = exc
                 break
+            except AssertionError as exc:
+                # aiokafka asserts an explicit partition exists in the metadata it has
+                # just fetched: the topic has fewer partitions now; retrying cannot help.
+                rejected.append((entry, exc))
+                continue
+            # Read even when this round is cancelled or gives up on it, so a late failure
+            # is not reported by asyncio as an exception nobody retrieved.
+            future.add_done_callback(_retrieve)
             sent.append((entry, future))
         if sent:
             await asyncio.wait([f for _, f in sent], timeout=self._delivery_timeout_s)

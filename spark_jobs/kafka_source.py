@@ -75,8 +75,10 @@ __all__ = [
     "KafkaDataSource",
     "KafkaInputPartition",
     "KafkaReadOptions",
+    "PartitionExtent",
     "high_watermarks",
     "parse_offsets",
+    "plan_partitions",
     "read_topic",
     "register",
 ]
@@ -315,7 +317,9 @@ class KafkaReadOptions:
 
 
 @dataclass(frozen=True)
-class _PartitionExtent:
+class PartitionExtent:
+    """Where a partition's log starts and ends when a query is planned."""
+
     log_start: int
     high_watermark: int
 
@@ -361,7 +365,7 @@ async def _topic_partitions(
 
 async def _extents(
     bootstrap_servers: str, topic: str, timeout_s: float
-) -> dict[int, _PartitionExtent]:
+) -> dict[int, PartitionExtent]:
     """The log start and high watermark of every partition of ``topic``.
 
     The high watermark comes from fetch responses: ListOffsets(latest) is wrong on the
@@ -393,9 +397,7 @@ async def _extents(
                 )
             # A response sets the high watermark whether or not it holds records.
             await consumer.getmany(timeout_ms=_FETCH_MAX_WAIT_MS, max_records=1)
-        return {
-            tp.partition: _PartitionExtent(log_starts[tp], consumer.highwater(tp)) for tp in tps
-        }
+        return {tp.partition: PartitionExtent(log_starts[tp], consumer.highwater(tp)) for tp in tps}
     finally:
         await consumer.stop()
 
@@ -419,9 +421,17 @@ def high_watermarks(
     return {p: e.high_watermark for p, e in extents.items()}
 
 
-def _plan(
-    options: KafkaReadOptions, extents: Mapping[int, _PartitionExtent]
+def plan_partitions(
+    options: KafkaReadOptions, extents: Mapping[int, PartitionExtent]
 ) -> list[KafkaInputPartition]:
+    """Turn the asked-for bounds into one ``[start, end)`` slice per partition.
+
+    Ends past the high watermark stop at it; starts below the log start move up to it; a
+    start past the end reads nothing.
+
+    Raises:
+        ConfigError: when the offsets name a partition the topic does not have.
+    """
     unknown = sorted(options.named_partitions() - set(extents))
     if unknown:
         raise ConfigError(
@@ -584,7 +594,7 @@ class _KafkaReader(DataSourceReader):
         extents = asyncio.run(
             _extents(self.options.bootstrap_servers, self.options.topic, _PLAN_TIMEOUT_S)
         )
-        return _plan(self.options, extents)
+        return plan_partitions(self.options, extents)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one planned partition (runs in a Spark task)."""

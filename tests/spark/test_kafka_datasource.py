@@ -7,13 +7,16 @@ the fixtures' producers on it) free.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
@@ -29,8 +32,10 @@ from spark_jobs.kafka_source import (
     EARLIEST,
     LATEST,
     KafkaReadOptions,
+    PartitionExtent,
     high_watermarks,
     parse_offsets,
+    plan_partitions,
     read_topic,
 )
 
@@ -207,21 +212,29 @@ async def test_pinned_end_offsets_give_the_same_snapshot(
 # --------------------------------------------------------------------------- writing
 
 
+def kafka_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java producer picks for a key: murmur2, positive, modulo."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
 @pytest.mark.integration
 async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, topic_factory) -> None:
     """Rows written to a fresh topic read back with the same keys, values and headers.
 
-    An explicit partition is kept, a null partition lets the key choose (the same key
-    always lands in one partition), timestamps are kept, the summary counts every record
-    per partition, and string keys and values are written as UTF-8.
+    An explicit partition is kept; otherwise the key picks the partition as Kafka's Java
+    producer does; timestamps are kept; the summary counts every record per partition.
+    A second write takes string columns (UTF-8), a Spark timestamp and a topic column.
     """
     topic = await topic_factory(partitions=3)
+    bootstrap = kafka_broker.bootstrap_servers
+    idempotence = kafka_broker.supports_idempotence
     rows = []
     for i in range(60):
         headers = [("n", str(i).encode()), ("n", b"again")] if i % 2 else []
         partition = 2 if i % 10 == 0 else None
         key = None if i % 15 == 7 else f"user-{i % 6}".encode()
         rows.append((key, f"v{i}".encode(), headers, partition, BASE_MS + i))
+    when = dt.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=dt.UTC)
 
     def write_and_read() -> tuple[WriteSummary, WriteSummary, list[Row]]:
         df = spark.createDataFrame(
@@ -229,33 +242,20 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
             "key binary, value binary, headers array<struct<key: string, value: binary>>, "
             "partition int, timestamp long",
         ).repartition(2)
-        summary = write_topic(
-            df, kafka_broker.bootstrap_servers, topic, idempotence=kafka_broker.supports_idempotence
+        summary = write_topic(df, bootstrap, topic, idempotence=idempotence)
+        text = spark.createDataFrame(
+            [("s-key", "s-value", when, topic)],
+            "key string, value string, timestamp timestamp, topic string",
         )
-        text = spark.createDataFrame([("s-key", "s-value")], "key string, value string")
-        text_summary = write_topic(
-            text,
-            kafka_broker.bootstrap_servers,
-            topic,
-            idempotence=kafka_broker.supports_idempotence,
-        )
-        return (
-            summary,
-            text_summary,
-            read_topic(spark, kafka_broker.bootstrap_servers, topic).collect(),
-        )
+        text_summary = write_topic(text, bootstrap, None, idempotence=idempotence)
+        return summary, text_summary, read_topic(spark, bootstrap, topic).collect()
 
     summary, text_summary, read = await in_thread(write_and_read)
 
-    assert summary.committed
-    assert summary.records == 60
-    assert summary.tasks == 2
-    assert text_summary.records == 1
-    by_partition = {p: sum(1 for r in read if r.partition == p) for p in range(3)}
-    assert {f"{topic}:{p}": n for p, n in by_partition.items() if n} == {
-        name: summary.per_partition.get(name, 0) + text_summary.per_partition.get(name, 0)
-        for name in {**summary.per_partition, **text_summary.per_partition}
-    }
+    assert (summary.committed, summary.records, summary.tasks) == (True, 60, 2)
+    assert (text_summary.committed, text_summary.records) == (True, 1)
+    counted = Counter(summary.per_partition) + Counter(text_summary.per_partition)
+    assert counted == Counter(f"{topic}:{r.partition}" for r in read)
 
     got = {bytes(r.value): r for r in read}
     assert len(got) == 61
@@ -266,17 +266,18 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
         assert row.timestamp == ts
         if partition is not None:
             assert row.partition == partition
-    partitions_of_key: dict[bytes, set[int]] = {}
-    for row in read:
-        if row.key is not None and bytes(row.value) not in {
-            f"v{i}".encode() for i in range(0, 60, 10)
-        }:
-            partitions_of_key.setdefault(bytes(row.key), set()).add(row.partition)
-    assert all(len(ps) == 1 for ps in partitions_of_key.values())
-    assert bytes(got[b"s-value"].key) == b"s-key"
+        elif key is not None:
+            assert row.partition == kafka_partition(key, 3)
+    text_row = got[b"s-value"]
+    assert bytes(text_row.key) == b"s-key"
+    assert text_row.timestamp == int(when.timestamp() * 1000)
+    assert text_row.partition == kafka_partition(b"s-key", 3)
 
 
 # --------------------------------------------------------------------------- bad options
+
+
+GOOD = {"bootstrap.servers": "h:1", "topic": "t"}
 
 
 @pytest.mark.parametrize(
@@ -284,21 +285,18 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
     [
         ({"bootstrap.servers": "h:1"}, "option 'topic' is required"),
         ({"topic": "t"}, "option 'bootstrap.servers' is required"),
-        ({**{"bootstrap.servers": "h:1", "topic": "t"}, "startingOffsets": "{0: 5}"}, "JSON"),
-        ({**{"bootstrap.servers": "h:1", "topic": "t"}, "startingOffsets": "[5]"}, "JSON object"),
-        ({**{"bootstrap.servers": "h:1", "topic": "t"}, "startingOffsets": '{"x": 5}'}, "'x'"),
-        ({**{"bootstrap.servers": "h:1", "topic": "t"}, "endingOffsets": '{"0": -7}'}, "-7"),
-        ({**{"bootstrap.servers": "h:1", "topic": "t"}, "endingOffsets": "earliest"}, "earliest"),
+        ({**GOOD, "startingOffsets": "{0: 5}"}, "must be 'earliest', 'latest' or a JSON object"),
+        ({**GOOD, "startingOffsets": "[5]"}, "must be a JSON object"),
+        ({**GOOD, "startingOffsets": '{"x": 5}'}, "'x' is not a partition number"),
+        ({**GOOD, "endingOffsets": '{"0": -7}'}, "partition 0 has -7"),
+        ({**GOOD, "endingOffsets": '{"0": true}'}, "partition 0 has True"),
+        ({**GOOD, "endingOffsets": "earliest"}, "cannot be 'earliest'"),
         (
-            {
-                "bootstrap.servers": "h:1",
-                "topic": "t",
-                "startingOffsets": '{"0": 9}',
-                "endingOffsets": '{"0": 3}',
-            },
-            "after endingOffsets",
+            {**GOOD, "startingOffsets": '{"0": 9}', "endingOffsets": '{"0": 3}'},
+            "startingOffsets 9 is after endingOffsets 3",
         ),
-        ({"bootstrap.servers": "h:1", "topic": "t", "maxPollRecords": "many"}, "integer"),
+        ({**GOOD, "maxPollRecords": "many"}, "'maxPollRecords' must be an integer"),
+        ({**GOOD, "pollTimeoutMs": "0"}, "'pollTimeoutMs' must be >= 1"),
     ],
 )
 def test_bad_read_options_are_rejected(options: dict[str, str], message: str) -> None:
@@ -315,6 +313,24 @@ def test_offsets_words_and_json() -> None:
         LATEST,
         {0: 5, 2: LATEST, 3: EARLIEST},
     )
+
+
+def test_plan_clamps_to_the_log() -> None:
+    """Planning keeps each slice inside [log start, high watermark] and names partitions.
+
+    A start below the log start (records removed by retention) moves up to it, an end past
+    the high watermark stops there, "latest" as start gives an empty slice, and offsets
+    naming a partition the topic lacks are refused.
+    """
+    extents = {0: PartitionExtent(10, 50), 1: PartitionExtent(0, 7), 2: PartitionExtent(3, 3)}
+    options = KafkaReadOptions.parse(
+        {**GOOD, "startingOffsets": '{"0": 2, "1": "latest"}', "endingOffsets": '{"0": 99}'}
+    )
+    planned = plan_partitions(options, extents)
+    assert [(p.partition, p.start, p.end) for p in planned] == [(0, 10, 50), (1, 7, 7), (2, 3, 3)]
+
+    with pytest.raises(ConfigError, match=r"offsets name partitions \[5\]"):
+        plan_partitions(KafkaReadOptions.parse({**GOOD, "endingOffsets": '{"5": 1}'}), extents)
 
 
 @pytest.mark.integration
