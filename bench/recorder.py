@@ -153,6 +153,8 @@ class Recorder:
         self._opened_cpu = time.process_time()
         self._opened_count = self.completed
         self._end_count = self.completed + self.spec.measured
+        if self.spec.announce_window:
+            emit({"event": "window"})
 
     def _close(self) -> None:
         if self.closed:

@@ -7,8 +7,9 @@ and, at the end, written to ``bench/results/<mode>.json``, ``<mode>.md`` and
 ``<mode>.png``. Peers that need packages the interpreter lacks are recorded as not
 available, with the reason.
 
-``--profile`` runs our contender of S1 and S2 under py-spy and writes collapsed stacks and
-a hotspot summary to ``bench/results/profiles/``.
+``--profile S1,S2`` attaches py-spy to our contender of those scenarios while its measured
+window is open (not during imports, the group join or the warm-up) and writes collapsed
+stacks and a hotspot summary to ``bench/results/profiles/``.
 """
 
 from __future__ import annotations
@@ -112,9 +113,6 @@ class Run:
     ) -> list[dict[str, Any]]:
         """Run one contender process; return its result lines (or an error line)."""
         argv = [self.python_for(spec.contender), "-m", "bench.child", spec.to_json()]
-        if profile is not None:
-            pyspy = _find_py_spy(self.python)
-            argv = [pyspy, "record", "-r", "200", "-f", "raw", "-o", str(profile), "--", *argv]
         name = f"{spec.scenario}-{spec.contender}"
         log_path = self.logs / f"{name}.log"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -128,23 +126,28 @@ class Run:
                 stderr=log,
             )
             try:
-                return await asyncio.wait_for(self._talk(proc, spec, paced), timeout_s)
+                return await asyncio.wait_for(self._talk(proc, spec, paced, profile), timeout_s)
             except TimeoutError:
                 return [self._error(spec, f"no result within {timeout_s:.0f}s; log {log_path}")]
             finally:
                 if proc.returncode is None:
                     try:
-                        await asyncio.wait_for(proc.wait(), 10 if profile else 2)
+                        await asyncio.wait_for(proc.wait(), 2)
                     except TimeoutError:
                         proc.kill()
                         await proc.wait()
 
     async def _talk(
-        self, proc: asyncio.subprocess.Process, spec: Spec, paced: dict[str, Any] | None
+        self,
+        proc: asyncio.subprocess.Process,
+        spec: Spec,
+        paced: dict[str, Any] | None,
+        profile: Path | None,
     ) -> list[dict[str, Any]]:
         assert proc.stdout is not None and proc.stdin is not None
         lines: list[dict[str, Any]] = []
         producing: asyncio.Task[dict[str, int]] | None = None
+        sampler: asyncio.subprocess.Process | None = None
         while True:
             raw = await proc.stdout.readline()
             if not raw:
@@ -157,7 +160,17 @@ class Run:
             event = msg.get("event")
             if event == "ready" and paced is not None:
                 producing = asyncio.create_task(self._pace(proc, spec, paced))
+            elif event == "window" and profile is not None:
+                sampler = await asyncio.create_subprocess_exec(
+                    _find_py_spy(self.python),
+                    *("record", "--nonblocking", "-r", "250", "-f", "raw", "-o", str(profile)),
+                    *("--pid", str(proc.pid)),
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
             elif event in ("result", "error"):
+                if sampler is not None:  # it writes its file when the child exits
+                    await asyncio.wait_for(sampler.wait(), 30)
                 if producing is not None:
                     msg["produced"] = await producing
                 lines.append(msg)
@@ -259,6 +272,7 @@ class Run:
             measured=scn.measured,
             warmup_max_s=scn.warmup_max_s,
             measure_max_s=scn.measure_max_s,
+            announce_window=contender == "ours" and scn.name in self.args.profile,
             session_timeout_ms=SESSION_TIMEOUT_MS,
             paced=scn.paced is not None,
             drain_s=scn.paced["drain_s"] if scn.paced else 0.0,
@@ -302,6 +316,8 @@ class Run:
         for result in results:
             if scn.name == "S6":
                 result["variant"] = contender
+            if profile is not None:
+                result["profiled"] = True  # py-spy sampled it: slower than a clean run
             self.record(result)
         if profile is not None and profile.exists():
             from bench.profile import summarize

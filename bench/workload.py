@@ -62,6 +62,7 @@ class Spec:
         measured: tasks in the measured window (or until ``measure_max_s``).
         warmup_max_s: the warm-up ends after this many seconds from the first task.
         measure_max_s: the measured window closes after this many seconds.
+        announce_window: emit ``{"event": "window"}`` when the window opens (profiling).
         session_timeout_ms: consumer group session timeout (the embedded broker completes
             a join after half of it).
         paced: S6: tasks arrive while consuming; the end comes from the orchestrator.
@@ -79,6 +80,7 @@ class Spec:
     measured: int = 100_000
     warmup_max_s: float = 3.0
     measure_max_s: float = 20.0
+    announce_window: bool = False
     session_timeout_ms: int = 3000
     paced: bool = False
     drain_s: float = 10.0

@@ -353,12 +353,12 @@ PROCESSING_RATE_PER_PARTITION: Final = int_property(
 )
 DEFERRED_COMPLETE_TIMEOUT_MS: Final = int_property(
     "decaton.deferred.complete.timeout.ms",
-    -1,
+    300_000,
     minimum=-1,
     reloadable=True,
     allowed="an integer >= -1 (-1 no timeout)",
-    doc="How long a deferred completion may stay open before its timeout policy applies; "
-    "-1 means no timeout.",
+    doc="How long a deferred completion may stay open before its timeout policy applies. "
+    "Default 5 minutes, so a leaked completion cannot stall a partition forever; -1 never.",
 )
 PER_KEY_QUOTA_PROCESSING_RATE: Final = int_property(
     "decaton.per.key.quota.processing.rate",

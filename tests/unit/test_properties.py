@@ -76,7 +76,7 @@ def test_defaults_are_the_documented_values() -> None:
     assert props["decaton.processing.shutdown.timeout.ms"].value == 30000
     assert props[IGNORE_KEYS].value == ()
     assert props[PROCESSING_RATE_PER_PARTITION].value == -1
-    assert props["decaton.deferred.complete.timeout.ms"].value == -1
+    assert props["decaton.deferred.complete.timeout.ms"].value == 300_000
     assert props["decaton.per.key.quota.processing.rate"].value == -1
 
 
