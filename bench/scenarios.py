@@ -15,7 +15,7 @@ __all__ = ["PUBLISHED", "S6_QUOTA", "Scenario", "plan"]
 #: Our settings: per-partition concurrency for the I/O-bound scenarios (Little's law: 50,000
 #: tasks/s at ~10 ms each need ~500 in flight, spread over 3 partitions, and key collisions
 #: in a lane leave some slots idle).
-OURS_IO = {"concurrency": 1000, "max_pending": 10_000}
+OURS_IO = {"concurrency": 2000, "max_pending": 10_000}
 OURS_NOOP = {"concurrency": 256, "max_pending": 10_000}
 
 #: S6 with per-key quota (F11): shapes a key above this many tasks/s to ``<topic>-shaping``.
