@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := embedded,dev
+EXTRAS := embedded,dev,spark
+JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run test test-unit lint format clean
+.PHONY: help install run test test-unit test-spark lint format clean java
 
 help:
 	@echo "make run    set up, start the embedded broker, produce demo tasks and process them"
@@ -22,16 +23,38 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-install: $(STAMP)
+# Spark needs a JVM (Java 17). Installs it with apt-get when missing and allowed (root, or
+# password-less sudo); otherwise says how, and the Spark tests skip with that reason.
+java:
+	@if command -v java >/dev/null 2>&1 || [ -x "$${JAVA_HOME:-/nonexistent}/bin/java" ]; then \
+	  :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: Spark needs Java 17 and there is no apt-get here: install a JDK/JRE 17 and set JAVA_HOME"; \
+	else \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	  if [ "$$SUDO" = none ]; then \
+	    echo "make: Spark needs Java 17: run as root: apt-get update && apt-get install -y $(JAVA_PACKAGE)"; \
+	  else \
+	    echo "make: installing $(JAVA_PACKAGE) for Spark"; \
+	    $$SUDO mkdir -p /usr/share/man/man1 && \
+	    $$SUDO apt-get update -qq && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(JAVA_PACKAGE); \
+	  fi; \
+	fi
 
-run: $(STAMP)
+install: java $(STAMP)
+
+run: java $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
-test: $(STAMP)
+test: java $(STAMP)
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
+
+test-spark: java $(STAMP)
+	$(BIN)/python -m pytest -m spark
 
 lint: $(STAMP)
 	$(BIN)/ruff check decaton_aio tests bench spark_jobs examples
