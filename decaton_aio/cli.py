@@ -12,10 +12,12 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import signal
 import sys
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR
+from decaton_aio.offsets import group_positions
 from decaton_aio.producer import ProducerConfig, TaskProducer
 from decaton_aio.property_sources import parse_assignments
 from decaton_aio.runner import RunOptions, install_event_loop_policy, run_application
@@ -152,6 +155,21 @@ def _build_parser() -> _Parser:
         default=True,
         help="idempotent producer (default on; the embedded broker needs --no-idempotence)",
     )
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="show a group's committed offsets (watermarks) and lag, and a running "
+        "instance's pending records",
+    )
+    _add_bootstrap(inspect, required=True)
+    inspect.add_argument("--group", required=True, help="the consumer group")
+    inspect.add_argument("--topic", required=True, action="append", help="repeatable")
+    inspect.add_argument(
+        "--metrics-url",
+        help="a running instance's metrics endpoint (http://host:port/metrics): adds its "
+        "pending records and paused state per partition",
+    )
+    inspect.add_argument("--json", action="store_true", help="print JSON lines")
 
     run = commands.add_parser(
         "run",
@@ -318,6 +336,58 @@ def _run_broker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _inspect(args: argparse.Namespace) -> int:
+    live = _scrape(args.metrics_url) if args.metrics_url else {}
+    rows = []
+    for topic in args.topic:
+        for pos in await group_positions(args.bootstrap_servers, args.group, topic):
+            pending, paused = live.get((topic, pos.partition), (None, None))
+            rows.append(
+                {
+                    "topic": topic,
+                    "partition": pos.partition,
+                    "committed": pos.committed,
+                    "high_watermark": pos.high_watermark,
+                    "lag": pos.lag,
+                    "pending": pending,
+                    "paused": paused,
+                }
+            )
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return EXIT_OK
+    columns = ["topic", "partition", "committed", "high_watermark", "lag"]
+    if live:
+        columns += ["pending", "paused"]
+    table = [[str("-" if row[c] is None else row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in table:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+    return EXIT_OK
+
+
+def _scrape(url: str) -> dict[tuple[str, int], tuple[int, bool]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except (OSError, ValueError) as exc:
+        raise BrokerError(f"cannot read metrics from {url}: {exc}") from exc
+    pending: dict[tuple[str, int], int] = {}
+    paused: dict[tuple[str, int], bool] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            where = (sample.labels.get("topic", ""), int(sample.labels.get("partition", -1)))
+            if sample.name == "decaton_partition_tasks_pending":
+                pending[where] = int(sample.value)
+            elif sample.name == "decaton_partition_paused":
+                paused[where] = bool(sample.value)
+    return {where: (n, paused.get(where, False)) for where, n in pending.items()}
+
+
 def _application(args: argparse.Namespace) -> Application:
     target = import_object(args.target)
     if isinstance(target, Application):
@@ -410,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_broker(args)
         if args.command == "produce":
             return asyncio.run(_produce(args))
+        if args.command == "inspect":
+            return asyncio.run(_inspect(args))
         return _run_target(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -74,7 +74,7 @@ from decaton_aio.spool import Spool, SpoolEntry
 if TYPE_CHECKING:
     from decaton_aio.producer import ProducerConfig
 
-__all__ = ["DurableSender", "SendResult", "SenderMode"]
+__all__ = ["DurableSender", "RecordLocation", "SenderMode"]
 
 log = structlog.get_logger("decaton_aio.durable")
 
@@ -112,27 +112,28 @@ class SenderMode(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class SendResult:
-    """How a record became durable.
+class RecordLocation:
+    """Where a record landed, or that it waits in the spool.
+
+    The result of :meth:`DurableSender.send` and of ``TaskProducer.put``.
 
     Attributes:
         topic: the record's topic.
-        partition: where it landed; when spooled, the requested partition or -1.
-        offset: its offset; -1 when spooled.
-        spool_id: the spool entry id when spooled, else ``None``.
-        spool_path: the spool segment file holding it when spooled, else ``None``.
+        partition: the partition; for a spooled record the requested one, or -1 when the
+            key picks it at replay.
+        offset: the offset; -1 for a spooled record.
+        spooled: True when the broker did not take the record and it was appended to the
+            local spool (fsynced); the replayer delivers it later.
+        spool_id: the spool entry id of a spooled record (the ``id`` of its spool line).
+        spool_path: the spool segment file that held it when it was spooled.
     """
 
     topic: str
     partition: int
     offset: int
+    spooled: bool = False
     spool_id: str | None = None
     spool_path: str | None = None
-
-    @property
-    def spooled(self) -> bool:
-        """True when the record waits in the spool; False when the broker acknowledged it."""
-        return self.spool_id is not None
 
 
 @dataclass(slots=True, eq=False)
@@ -145,7 +146,7 @@ class _InFlight:
     headers: list[tuple[str, bytes]]
     partition: int | None
     timestamp_ms: int
-    result: asyncio.Future[SendResult]
+    result: asyncio.Future[RecordLocation]
     deadline: float
 
 
@@ -368,7 +369,7 @@ class DurableSender:
         headers: Sequence[tuple[str, bytes]] = (),
         partition: int | None = None,
         timestamp_ms: int | None = None,
-    ) -> asyncio.Future[SendResult]:
+    ) -> asyncio.Future[RecordLocation]:
         """Hand a record over and return a future of how it became durable.
 
         Awaiting this call waits only for room in the client's buffer (or nothing, while
@@ -385,7 +386,7 @@ class DurableSender:
             timestamp_ms: the record timestamp; now when omitted (kept on replay).
 
         Returns:
-            A future resolving to a :class:`SendResult`; it fails with
+            A future resolving to a :class:`RecordLocation`; it fails with
             :class:`ProducerError` when the record is neither delivered nor spooled.
 
         Raises:
@@ -406,7 +407,7 @@ class DurableSender:
         if timestamp_ms is None:
             timestamp_ms = _now_ms()
         headers = list(headers)
-        result: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        result: asyncio.Future[RecordLocation] = asyncio.get_running_loop().create_future()
         item = _InFlight(topic, value, key, headers, partition, timestamp_ms, result, 0.0)
         self._unsettled += 1
         self._settled.clear()
@@ -453,13 +454,13 @@ class DurableSender:
         headers: Sequence[tuple[str, bytes]] = (),
         partition: int | None = None,
         timestamp_ms: int | None = None,
-    ) -> SendResult:
+    ) -> RecordLocation:
         """Send a record and wait until it is durable (acknowledged or spooled).
 
         Arguments as :meth:`submit`.
 
         Returns:
-            Where it landed, or where it was spooled (:attr:`SendResult.spooled`).
+            Where it landed, or where it was spooled (:attr:`RecordLocation.spooled`).
 
         Raises:
             ProducerError: when the record could be neither delivered nor spooled.
@@ -514,7 +515,7 @@ class DurableSender:
             return
         if error is None:
             meta = sent.result()
-            self._resolve(item.result, SendResult(meta.topic, meta.partition, meta.offset))
+            self._resolve(item.result, RecordLocation(meta.topic, meta.partition, meta.offset))
         else:
             self._give_up(item, error)
 
@@ -565,17 +566,17 @@ class DurableSender:
         where = str(written.result())
         self._resolve(
             item.result,
-            SendResult(item.topic, partition, -1, spool_id=entry.id, spool_path=where),
+            RecordLocation(item.topic, partition, -1, True, entry.id, where),
         )
 
-    def _resolve(self, result: asyncio.Future[SendResult], value: SendResult) -> None:
+    def _resolve(self, result: asyncio.Future[RecordLocation], value: RecordLocation) -> None:
         if not result.done():
             result.set_result(value)
         self._settle_one()
 
     def _fail(
         self,
-        result: asyncio.Future[SendResult],
+        result: asyncio.Future[RecordLocation],
         error: ProducerError,
         cause: BaseException | None,
     ) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from decaton_aio.durable import DurableSender, SendResult
+from decaton_aio.durable import DurableSender, RecordLocation
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.typing import Serializer
@@ -112,32 +112,6 @@ class ProducerConfig:
         if self.delivery_timeout_ms is not None:
             return self.delivery_timeout_ms
         return 2 * self.request_timeout_ms + self.linger_ms
-
-
-@dataclass(frozen=True, slots=True)
-class RecordLocation:
-    """Where a task landed, or that it waits in the spool.
-
-    Attributes:
-        topic: the task topic.
-        partition: the partition; for a spooled task the requested one, or -1 when the
-            key picks it at replay.
-        offset: the offset; -1 for a spooled task.
-        spooled: True when the broker did not take the task and it was appended to the
-            local spool (fsynced); the replayer delivers it later.
-        spool_id: the spool entry id of a spooled task (the ``id`` of its spool line).
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    spooled: bool = False
-    spool_id: str | None = None
-
-    @classmethod
-    def from_result(cls, result: SendResult) -> RecordLocation:
-        """The location of a record the durable sender reported on."""
-        return cls(result.topic, result.partition, result.offset, result.spooled, result.spool_id)
 
 
 def _key_bytes(key: str | bytes | None) -> bytes | None:
@@ -248,10 +222,7 @@ class TaskProducer(Generic[T]):
         Raises:
             ProducerError: when the producer is not started or the client refuses it.
         """
-        sent = await self._send(key, task, timestamp_ms, scheduled_time_ms, partition)
-        located: asyncio.Future[RecordLocation] = asyncio.get_running_loop().create_future()
-        sent.add_done_callback(lambda done: _chain(done, located))
-        return located
+        return await self._send(key, task, timestamp_ms, scheduled_time_ms, partition)
 
     async def put(
         self,
@@ -276,7 +247,7 @@ class TaskProducer(Generic[T]):
                 retries and there is no spool (or the spool could not be written).
         """
         sent = await self._send(key, task, timestamp_ms, scheduled_time_ms, partition)
-        return RecordLocation.from_result(await sent)
+        return await sent
 
     async def _send(
         self,
@@ -285,7 +256,7 @@ class TaskProducer(Generic[T]):
         timestamp_ms: int | None,
         scheduled_time_ms: int | None,
         partition: int | None,
-    ) -> asyncio.Future[SendResult]:
+    ) -> asyncio.Future[RecordLocation]:
         sender = self._sender
         if sender is None:
             raise ProducerError("the producer is not started: use 'async with' or start()")
@@ -310,14 +281,3 @@ class TaskProducer(Generic[T]):
         """Wait until every task handed over so far was delivered, spooled or failed."""
         if self._sender is not None:
             await self._sender.flush()
-
-
-def _chain(done: asyncio.Future[SendResult], located: asyncio.Future[RecordLocation]) -> None:
-    if located.done():
-        return
-    if done.cancelled():
-        located.cancel()
-    elif (error := done.exception()) is not None:
-        located.set_exception(error)
-    else:
-        located.set_result(RecordLocation.from_result(done.result()))

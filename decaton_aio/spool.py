@@ -464,7 +464,8 @@ class Spool:
                 try:
                     async with self._io_lock:
                         segment = await self._write_locked(data)
-                except OSError as exc:
+                except Exception as exc:
+                    # Any failure must answer the waiters: a sender waits on them.
                     error = ProducerError(f"cannot write to the spool {self._dir}: {exc}")
                     error.__cause__ = exc
                     log.error("spool write failed", spool_dir=str(self._dir), error=str(exc))
@@ -495,7 +496,7 @@ class Spool:
         handle = self._active_handle
         try:
             self._active_handle = await asyncio.to_thread(_write_durably, handle, active.path, data)
-        except OSError:
+        except Exception:
             # Part of the data may be on disk without its newline; never append after it.
             if handle is not None:
                 with contextlib.suppress(OSError):

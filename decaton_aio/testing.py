@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.context import ProcessingContext
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import ProcessingError
+from decaton_aio.offsets import committed_offsets, topic_partitions
 from decaton_aio.producer import ProducerConfig, RecordLocation
 from decaton_aio.subscription import Subscription
 
@@ -117,8 +117,7 @@ async def read_records(
     records: list[ConsumerRecord[bytes, bytes]] = []
     try:
         if partitions is None:
-            found = await _partitions_for(consumer, topic, timeout_s)
-            partitions = sorted(found)
+            partitions = await topic_partitions(consumer, topic, wait_s=timeout_s)
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
@@ -134,36 +133,6 @@ async def read_records(
     finally:
         await consumer.stop()
     return records
-
-
-async def _partitions_for(consumer: AIOKafkaConsumer, topic: str, timeout_s: float) -> set[int]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        found: set[int] | None = consumer.partitions_for_topic(topic)
-        if found:
-            return found
-        if loop.time() > deadline:
-            raise TimeoutError(f"topic {topic!r} has no partitions after {timeout_s}s")
-        await consumer.topics()  # refreshes the cluster metadata
-        await asyncio.sleep(0.05)
-
-
-async def committed_offsets(
-    bootstrap_servers: str, group_id: str, topic: str, partitions: Iterable[int]
-) -> dict[int, int | None]:
-    """The group's committed offset per partition (``None`` where nothing is committed)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
-    await admin.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in partitions]
-        found = await admin.list_consumer_group_offsets(group_id, partitions=tps)
-    finally:
-        await admin.close()
-    result: dict[int, int | None] = {tp.partition: None for tp in tps}
-    for tp, meta in found.items():
-        result[tp.partition] = meta.offset if meta.offset >= 0 else None
-    return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from decaton_aio.errors import BrokerError, ConfigError
+from decaton_aio.offsets import PartitionExtent, partition_extents
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -107,8 +108,6 @@ _FETCH_MAX_WAIT_MS: Final = 100
 _POLL_SLICE_MS: Final = 200
 # How long planning may take to learn the high watermark of every partition.
 _PLAN_TIMEOUT_S: Final = 30.0
-# How long planning waits for an unknown topic to appear in the cluster metadata.
-_UNKNOWN_TOPIC_WAIT_S: Final = 5.0
 
 _ARROW_SCHEMA: Final = pa.schema(
     [
@@ -316,14 +315,6 @@ class KafkaReadOptions:
 # --------------------------------------------------------------------------- planning
 
 
-@dataclass(frozen=True)
-class PartitionExtent:
-    """Where a partition's log starts and ends when a query is planned."""
-
-    log_start: int
-    high_watermark: int
-
-
 class KafkaInputPartition(InputPartition):
     """One Kafka partition's slice ``[start, end)``, read by one Spark task."""
 
@@ -347,61 +338,6 @@ def _consumer(bootstrap_servers: str, *, reset: str) -> AIOKafkaConsumer:
     )
 
 
-async def _topic_partitions(
-    consumer: AIOKafkaConsumer, topic: str, bootstrap_servers: str
-) -> list[int]:
-    loop = asyncio.get_running_loop()
-    # A topic created a moment ago may be missing from metadata for a little while.
-    deadline = loop.time() + _UNKNOWN_TOPIC_WAIT_S
-    while True:
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return sorted(found)
-        if loop.time() > deadline:
-            raise ConfigError(f"topic {topic!r} does not exist at {bootstrap_servers}")
-        await consumer.topics()  # refreshes the cluster metadata
-        await asyncio.sleep(0.1)
-
-
-async def _extents(
-    bootstrap_servers: str, topic: str, timeout_s: float
-) -> dict[int, PartitionExtent]:
-    """The log start and high watermark of every partition of ``topic``.
-
-    The high watermark comes from fetch responses: ListOffsets(latest) is wrong on the
-    embedded broker. Its answer is only a hint of where to fetch, so on a real cluster the
-    fetch starts at the end and comes back empty and cheap; a hint that is too low costs one
-    batch of records, which are dropped; a hint past the end resets to the earliest offset.
-    """
-    consumer = _consumer(bootstrap_servers, reset="earliest")
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise BrokerError(f"cannot reach the cluster at {bootstrap_servers}: {exc!r}") from exc
-    try:
-        partitions = await _topic_partitions(consumer, topic, bootstrap_servers)
-        tps = [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
-        log_starts = await consumer.beginning_offsets(tps)
-        hints = await consumer.end_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, max(log_starts[tp], hints[tp]))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while any(consumer.highwater(tp) is None for tp in tps):
-            if loop.time() > deadline:
-                missing = [tp.partition for tp in tps if consumer.highwater(tp) is None]
-                raise BrokerError(
-                    f"no fetch response for {topic} partitions {missing} within {timeout_s}s"
-                )
-            # A response sets the high watermark whether or not it holds records.
-            await consumer.getmany(timeout_ms=_FETCH_MAX_WAIT_MS, max_records=1)
-        return {tp.partition: PartitionExtent(log_starts[tp], consumer.highwater(tp)) for tp in tps}
-    finally:
-        await consumer.stop()
-
-
 def high_watermarks(
     bootstrap_servers: str, topic: str, *, timeout_s: float = _PLAN_TIMEOUT_S
 ) -> dict[int, int]:
@@ -417,7 +353,7 @@ def high_watermarks(
         ConfigError: when the topic does not exist.
         BrokerError: when the cluster cannot be reached or does not answer.
     """
-    extents = asyncio.run(_extents(bootstrap_servers, topic, timeout_s))
+    extents = asyncio.run(partition_extents(bootstrap_servers, topic, timeout_s=timeout_s))
     return {p: e.high_watermark for p, e in extents.items()}
 
 
@@ -592,7 +528,9 @@ class _KafkaReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Fix the offsets to read, once per query (runs on the driver side)."""
         extents = asyncio.run(
-            _extents(self.options.bootstrap_servers, self.options.topic, _PLAN_TIMEOUT_S)
+            partition_extents(
+                self.options.bootstrap_servers, self.options.topic, timeout_s=_PLAN_TIMEOUT_S
+            )
         )
         return plan_partitions(self.options, extents)
 

@@ -6,8 +6,11 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from decaton_aio import METADATA_HEADER
 from decaton_aio.testing import BrokerHandle, read_records
@@ -48,3 +51,33 @@ async def test_produce_from_stdin_writes_dt_meta(kafka_broker: BrokerHandle, top
         assert proto.retry_count == 0
         assert proto.scheduled_time_millis == line.get("scheduled_time_ms", 0)
         assert proto.source_instance_id
+
+
+async def test_inspect_shows_committed_offsets_and_lag(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """`inspect` reports, per partition, the group's committed offset, the high
+    watermark read from fetch responses, and the lag between them."""
+    topic = await topic_factory(partitions=2)
+    producer = await task_producer(topic)
+    for i in range(10):
+        await producer.put(None, b"x", partition=i % 2)
+    group = f"inspect-{uuid.uuid4().hex[:8]}"
+    committer = AIOKafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap_servers, group_id=group, enable_auto_commit=False
+    )
+    await committer.start()
+    try:
+        committer.assign([TopicPartition(topic, 0)])
+        await committer.commit({TopicPartition(topic, 0): 3})
+    finally:
+        await committer.stop()
+    argv = [sys.executable, "-m", "decaton_aio", "inspect", "--json", "--topic", topic]
+    argv += ["--bootstrap-servers", kafka_broker.bootstrap_servers, "--group", group]
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {r["partition"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert (rows[0]["committed"], rows[0]["high_watermark"], rows[0]["lag"]) == (3, 5, 2)
+    assert (rows[1]["committed"], rows[1]["high_watermark"], rows[1]["lag"]) == (None, 5, 5)

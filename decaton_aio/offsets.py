@@ -1,0 +1,161 @@
+"""Where partitions start and end, and where a consumer group stands in them.
+
+High watermarks come from fetch responses, not from ListOffsets: some Kafka-compatible
+brokers (the embedded one among them) answer ListOffsets(latest) wrongly when a batch
+holds several records. The ListOffsets answer is used only as a hint of where to fetch:
+on a real cluster the fetch then starts at the end and comes back empty and cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from decaton_aio.errors import BrokerError, ConfigError
+
+__all__ = [
+    "PartitionExtent",
+    "PartitionPosition",
+    "committed_offsets",
+    "group_positions",
+    "partition_extents",
+    "topic_partitions",
+]
+
+_FETCH_MAX_WAIT_MS = 100
+_UNKNOWN_TOPIC_WAIT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionExtent:
+    """Where a partition's log starts and ends."""
+
+    log_start: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPosition:
+    """A consumer group's position in one partition.
+
+    Attributes:
+        partition: the partition number.
+        committed: the committed offset (the next to process), ``None`` if none.
+        high_watermark: the offset the next record will get.
+        lag: records between the committed offset (or the log start) and the end.
+    """
+
+    partition: int
+    committed: int | None
+    high_watermark: int
+    lag: int
+
+
+async def topic_partitions(
+    consumer: AIOKafkaConsumer, topic: str, *, wait_s: float = _UNKNOWN_TOPIC_WAIT_S
+) -> list[int]:
+    """The partitions of ``topic``, waiting a little for a topic created a moment ago.
+
+    Raises:
+        ConfigError: when the topic does not exist.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return sorted(found)
+        if loop.time() > deadline:
+            raise ConfigError(f"topic {topic!r} does not exist")
+        await consumer.topics()  # refreshes the cluster metadata
+        await asyncio.sleep(0.05)
+
+
+async def partition_extents(
+    bootstrap_servers: str, topic: str, *, timeout_s: float = 30.0
+) -> dict[int, PartitionExtent]:
+    """The log start and high watermark of every partition of ``topic``.
+
+    Raises:
+        ConfigError: when the topic does not exist.
+        BrokerError: when the cluster cannot be reached or does not answer in time.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
+        client_id="decaton-aio-offsets",
+    )
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise BrokerError(f"cannot reach the cluster at {bootstrap_servers}: {exc!r}") from exc
+    try:
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
+        consumer.assign(tps)
+        log_starts = await consumer.beginning_offsets(tps)
+        hints = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(log_starts[tp], hints[tp]))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(consumer.highwater(tp) is None for tp in tps):
+            if loop.time() > deadline:
+                missing = [tp.partition for tp in tps if consumer.highwater(tp) is None]
+                raise BrokerError(
+                    f"no fetch response for {topic} partitions {missing} within {timeout_s}s"
+                )
+            # A fetch response sets the high watermark whether or not it holds records.
+            await consumer.getmany(timeout_ms=_FETCH_MAX_WAIT_MS, max_records=1)
+        return {tp.partition: PartitionExtent(log_starts[tp], consumer.highwater(tp)) for tp in tps}
+    finally:
+        await consumer.stop()
+
+
+async def committed_offsets(
+    bootstrap_servers: str, group_id: str, topic: str, partitions: Iterable[int]
+) -> dict[int, int | None]:
+    """The group's committed offset per partition (``None`` where nothing is committed)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions]
+        # Always name the partitions: asking for a whole group breaks some brokers.
+        found = await admin.list_consumer_group_offsets(group_id, partitions=tps)
+    finally:
+        await admin.close()
+    result: dict[int, int | None] = {tp.partition: None for tp in tps}
+    for tp, meta in found.items():
+        result[tp.partition] = meta.offset if meta.offset >= 0 else None
+    return result
+
+
+async def group_positions(
+    bootstrap_servers: str, group_id: str, topic: str
+) -> list[PartitionPosition]:
+    """Where ``group_id`` stands in every partition of ``topic``, with its lag.
+
+    Raises:
+        ConfigError: when the topic does not exist.
+        BrokerError: when the cluster cannot be reached.
+    """
+    extents = await partition_extents(bootstrap_servers, topic)
+    committed = await committed_offsets(bootstrap_servers, group_id, topic, extents)
+    positions = []
+    for partition, extent in sorted(extents.items()):
+        done = committed[partition]
+        start = extent.log_start if done is None else max(done, extent.log_start)
+        positions.append(
+            PartitionPosition(
+                partition, done, extent.high_watermark, max(0, extent.high_watermark - start)
+            )
+        )
+    return positions
