@@ -46,6 +46,10 @@ async def _consume(spec: Spec, recorder: Recorder, module: object) -> None:
 def main(argv: list[str]) -> int:
     spec = Spec.from_json(argv[0])
     uvloop = _uvloop()
+    if os.environ.get("BENCH_GC_THRESHOLD"):  # experiments: e.g. 50000,20,20
+        import gc
+
+        gc.set_threshold(*(int(x) for x in os.environ["BENCH_GC_THRESHOLD"].split(",")))
     from decaton_aio.logs import configure_logging
 
     configure_logging("info", json=False, stream=sys.stderr)  # stdout carries results
@@ -67,6 +71,11 @@ def main(argv: list[str]) -> int:
         recorder = Recorder(spec)
         recorder.extra["uvloop"] = uvloop
         module = importlib.import_module(CONTENDERS[spec.contender].module)
+        if os.environ.get("BENCH_GC_FREEZE"):  # experiments: startup objects out of GC
+            import gc
+
+            gc.collect()
+            gc.freeze()
         if hasattr(module, "run_blocking"):
             module.run_blocking(spec, recorder)  # ends the process itself
             return 1

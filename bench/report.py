@@ -128,11 +128,17 @@ def evaluate_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     detail = "quota variant not available" if quota is None else ""
     if hot is not None and base:
         hot_p99 = hot.get("delivery_p99_ms")
+        if hot_p99 is None:
+            hot_p99 = f"> {hot.get('delivery_p99_ms_lower_bound')}"
         detail += f"; without quota the hot key gives p99 {hot_p99} ms vs {base} ms uniform"
+    quota_p99 = quota.get("delivery_p99_ms") if quota else None
+    if quota is not None and quota_p99 is None:
+        quota_p99 = quota.get("delivery_p99_ms_lower_bound")  # censored: at least this
+        detail += "; with quota the p99 is only known from below"
     out.append(
         _target(
             "S6 p99 delivery of other keys with quota <= 2 x uniform",
-            quota.get("delivery_p99_ms") if quota else None,
+            quota_p99,
             "<=",
             2 * base if base and quota else None,
             detail.strip("; "),
@@ -150,6 +156,13 @@ def _fmt(value: Any, digits: int = 0) -> str:
     if isinstance(value, float | int):
         return f"{value:,.{digits}f}"
     return str(value)
+
+
+def _latency(r: dict[str, Any], name: str) -> str:
+    bound = r.get(f"{name}_lower_bound")
+    if r.get(name) is None and bound is not None:
+        return f"> {bound:,.0f}"
+    return _fmt(r.get(name), 1)
 
 
 def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> str:
@@ -251,7 +264,7 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
             missing = (r.get("others_expected") or 0) - r.get("others_started", 0)
             lines.append(
                 f"| {variant} | {_fmt(produced.get('others'))} / {_fmt(produced.get('hot'))} | "
-                f"{_fmt(r['delivery_p50_ms'], 1)} | **{_fmt(r['delivery_p99_ms'], 1)}** | "
+                f"{_latency(r, 'delivery_p50_ms')} | **{_latency(r, 'delivery_p99_ms')}** | "
                 f"{_fmt(r['hot_delivery_p50_ms'], 1)} | {_fmt(r['hot_delivery_p99_ms'], 1)} | "
                 f"{_fmt(missing)} |"
             )
@@ -296,9 +309,11 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
             for r in rows
         ]
         ax.barh(names, values, color=colors)
-        ax.set_xscale("log")
+        log = bool(values) and max(values) / max(min(values), 1) > 50
+        if log:
+            ax.set_xscale("log")
         ax.invert_yaxis()
-        ax.set_title(f"{scenario} tasks/s (log scale)")
+        ax.set_title(f"{scenario} tasks/s" + (" (log scale)" if log else ""))
         for i, value in enumerate(values):
             ax.text(value, i, f" {value:,.0f}", va="center", fontsize=8)
     ax = axes[1][0]
@@ -323,11 +338,18 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
     s6 = [r for r in results if r.get("scenario") == "S6" and r.get("event") == "result"]
     if s6:
         names = [r.get("variant", "?") for r in s6]
-        p50 = [r.get("delivery_p50_ms") or 0 for r in s6]
-        p99 = [r.get("delivery_p99_ms") or 0 for r in s6]
+        def value(r: dict[str, Any], name: str) -> float:
+            return float(r.get(name) or r.get(f"{name}_lower_bound") or 0)
+
+        p50 = [value(r, "delivery_p50_ms") for r in s6]
+        p99 = [value(r, "delivery_p99_ms") for r in s6]
         xs = range(len(names))
         ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
-        ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
+        bars = ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
+        for bar, r in zip(bars, s6, strict=True):
+            censored = r.get("delivery_p99_ms") is None
+            label = f"{'> ' if censored else ''}{bar.get_height():,.0f}"
+            ax.text(bar.get_x(), bar.get_height(), label, fontsize=8, va="bottom")
         ax.set_xticks(list(xs), names)
         ax.set_yscale("log")
         ax.set_title("S6 delivery latency of other keys (ms, log)")
@@ -344,7 +366,8 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
         labels = [f"{r['scenario']} {r['contender']}" for r in s1]
         ax.barh(labels, [r["cpu_s_per_1000"] * 1000 for r in s1], color="tab:green")
         ax.invert_yaxis()
-        ax.set_title("CPU ms per 1000 tasks")
+        ax.set_xscale("log")
+        ax.set_title("consumer CPU ms per 1000 tasks (log)")
         ax.tick_params(axis="y", labelsize=7)
     fig.suptitle("decaton-aio benchmark (measured here; grey: published figures)")
     fig.tight_layout()

@@ -257,7 +257,11 @@ class Run:
                 }
             )
             return
-        options = scn.options.get(contender) or scn.options.get("*") or {}
+        options = dict(scn.options.get(contender) or scn.options.get("*") or {})
+        for name, value in self.args.set:
+            who, _, key = name.partition(".")
+            if who == contender or (who == "ours" and scn.name in ("S5", "S6")):
+                options[key] = value
         topic = await admin.create(
             scn.partitions, name=f"bench-{scn.name.lower()}-{contender}-{uuid.uuid4().hex[:6]}"
         )
@@ -402,7 +406,21 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--tasks", type=int, default=0, help="override the measured task count (S1-S3)"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="CONTENDER.OPTION=VALUE",
+        help="override a contender option, e.g. ours.concurrency=500 (repeatable)",
+    )
     args = parser.parse_args(argv)
+    pairs = []
+    for item in args.set:
+        name, _, raw = item.partition("=")
+        if "." not in name or not raw:
+            parser.error(f"--set wants CONTENDER.OPTION=VALUE, got {item!r}")
+        pairs.append((name, json.loads(raw) if raw[0] in "-0123456789[{tfn" else raw))
+    args.set = pairs
     args.only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     args.profile = [s.strip().upper() for s in args.profile.split(",") if s.strip()]

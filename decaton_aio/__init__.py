@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.context import ProcessingContext
+from decaton_aio.durable import DurableSender
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import (
     BrokerError,
@@ -47,6 +48,7 @@ __all__ = [
     "ConsumerConfig",
     "DecatonError",
     "DecodeError",
+    "DurableSender",
     "EmbeddedBroker",
     "JsonSerializer",
     "MsgpackSerializer",

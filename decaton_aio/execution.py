@@ -355,8 +355,10 @@ class TaskExecutor:
         what: str,
     ) -> None:
         sender = self._sender
-        if sender is None:
-            log.error(f"no producer for the {what} topic: completing the task", topic=topic)
+        if sender is None or (record.key is None and record.value is None):
+            # No producer, or a record with neither key nor value: there is nothing a
+            # broker would take, and nothing to lose by completing it.
+            log.error(f"cannot send the {what} record: completing the task", topic=topic)
             partition.complete_released(record)
             return
         attempt = 0

@@ -206,8 +206,7 @@ class PartitionProcessor:
                     self.tracker.complete(record.offset)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
-                    self._awaiting += 1
-                    self._executor.shape(self, record)
+                    self._executor.shape(self, record)  # hands it off: no slot, no lane
                     continue
                 if key in lanes:
                     queue = lanes[key]

@@ -88,6 +88,9 @@ class Subscription:
         producer: settings of the producer for retry, dead letter and shaping records
             (same cluster, idempotent, no spool when omitted; the embedded broker needs
             ``idempotence=False``).
+        sender: a started-elsewhere :class:`~decaton_aio.durable.DurableSender` to use
+            instead (e.g. the one of the application's own ``TaskProducer``, so both
+            share one spool directory); the subscription then does not start or stop it.
         properties: live runtime properties; built from ``app.properties`` when omitted.
         metrics: where partition statistics are registered; a private one when omitted.
     """
@@ -98,6 +101,7 @@ class Subscription:
         consumer: ConsumerConfig,
         *,
         producer: ProducerConfig | None = None,
+        sender: DurableSender | None = None,
         properties: Properties | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -115,7 +119,8 @@ class Subscription:
                 "decaton.per.key.quota.processing.rate is set but the application does not "
                 "consume its shaping topics: pass Application(shaping=True)"
             )
-        self._sender = DurableSender(self.producer_config)
+        self._owns_sender = sender is None
+        self._sender = sender if sender is not None else DurableSender(self.producer_config)
         self._executor = TaskExecutor(
             subscription_id=app.subscription_id,
             process=app.processor,
@@ -181,11 +186,13 @@ class Subscription:
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
         )
-        await self._sender.start()
+        if self._owns_sender:
+            await self._sender.start()
         try:
             await consumer.start()
         except BaseException:
-            await self._sender.stop()
+            if self._owns_sender:
+                await self._sender.stop()
             raise
         self._consumer = consumer
         topics = list(self.app.subscribed_topics)
@@ -220,7 +227,8 @@ class Subscription:
             await self._executor.close(timeout_s=1.0)
             if self._consumer is not None:
                 await self._consumer.stop()
-            await self._sender.stop()
+            if self._owns_sender:
+                await self._sender.stop()
         finally:
             for unsubscribe in self._unsubscribe:
                 unsubscribe()

@@ -14,6 +14,7 @@ from typing import Any
 from bench.recorder import Recorder, emit
 from bench.workload import Spec, Task
 from decaton_aio.app import DEFAULT_MAX_FETCH_RECORDS, Application, ConsumerConfig
+from decaton_aio.producer import ProducerConfig
 from decaton_aio.serializers import JsonSerializer
 from decaton_aio.subscription import Subscription
 
@@ -27,14 +28,18 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
         "decaton.partition.concurrency": int(opts.get("concurrency", 256)),
         "decaton.max.pending.records": int(opts.get("max_pending", 10_000)),
     }
+    extra: dict[str, Any] = {}
     if opts.get("per_key_quota") is not None:
+        # Keys over the quota are shaped to <topic>-shaping, consumed by this subscription.
         properties["decaton.per.key.quota.processing.rate"] = int(opts["per_key_quota"])
+        extra["shaping"] = True
     app = Application(
         process,
         topics=(spec.topic,),
         serializer=JsonSerializer(Task),
         properties=properties,
         subscription_id=f"bench-{spec.scenario.lower()}",
+        **extra,
     )
     consumer = ConsumerConfig(
         spec.bootstrap,
@@ -43,7 +48,10 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
         max_fetch_records=int(opts.get("max_fetch_records", DEFAULT_MAX_FETCH_RECORDS)),
     )
-    return Subscription(app, consumer)
+    # The embedded broker refuses aiokafka's idempotent producer (BROKER.md); the
+    # subscription's producer only sends shaping records here.
+    producer = ProducerConfig(spec.bootstrap, idempotence=False)
+    return Subscription(app, consumer, producer=producer)
 
 
 async def main(spec: Spec, recorder: Recorder) -> None:
@@ -64,7 +72,7 @@ async def _paced(spec: Spec, recorder: Recorder, subscription: Subscription) -> 
     # Tell the orchestrator when every partition is assigned, then wait for its "done"
     # line (the number of ordinary-key tasks it produced) and drain up to spec.drain_s.
     loop = asyncio.get_running_loop()
-    while len(subscription.partitions) < spec.partitions:
+    while len([tp for tp in subscription.partitions if tp.topic == spec.topic]) < spec.partitions:
         await asyncio.sleep(0.05)
     emit({"event": "ready"})
     line = await loop.run_in_executor(None, sys.stdin.readline)

@@ -382,3 +382,50 @@ async def test_shared_sender_for_raw_records_and_tasks(
     first = next(r for r in records if r.value == b"raw")
     assert list(first.headers) == [("h", b"1"), ("h", b"2")]
     assert first.timestamp == 1_700_000_000_000
+
+
+@own_broker
+async def test_delivery_timeout_spools_before_the_client_gives_up(
+    own_embedded_broker: list[EmbeddedBroker], tmp_path: Path
+) -> None:
+    """A record not acknowledged within delivery_timeout_ms is spooled then, even while
+    the client would keep retrying (as an idempotent client does, forever)."""
+    broker = own_embedded_broker[0]
+    topic = await create_topic(broker.bootstrap_servers, partitions=1)
+    config = durable_config(
+        broker.bootstrap_servers,
+        tmp_path / "spool",
+        request_timeout_ms=2000,
+        delivery_timeout_ms=300,
+    )
+    async with DurableSender(config) as sender:
+        assert not (await sender.send(topic, b"before", key=b"k")).spooled
+        crash(broker)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        where = await sender.send(topic, b"after", key=b"k")
+        assert where.spooled
+        assert where.spool_path is not None
+        assert Path(where.spool_path).parent == tmp_path / "spool"
+        assert loop.time() - started < 1.5
+    assert len(segment_files(tmp_path / "spool")) == 1
+
+
+async def test_config_and_argument_errors_are_clear(tmp_path: Path) -> None:
+    """Bad settings and bad record types are refused up front, with what to do."""
+    with pytest.raises(ValueError, match="replay_backoff_max_ms"):
+        ProducerConfig("h:1", replay_backoff_ms=1000, replay_backoff_max_ms=10)
+    with pytest.raises(ValueError, match="delivery_timeout_ms"):
+        ProducerConfig("h:1", delivery_timeout_ms=0)
+    assert ProducerConfig("h:1", request_timeout_ms=1000).effective_delivery_timeout_ms == 2005
+
+    dead = f"127.0.0.1:{find_free_port()}"
+    async with DurableSender(durable_config(dead, tmp_path / "spool")) as sender:
+        with pytest.raises(TypeError, match="bytes or None"):
+            await sender.send("t", "text", key=None)  # type: ignore[arg-type]
+        with pytest.raises(ProducerError, match="key or a value"):
+            await sender.send("t", None, key=None)
+        with pytest.raises(ValueError, match="in use by another producer"):
+            await DurableSender(durable_config(dead, tmp_path / "spool")).start()
+    with pytest.raises(ProducerError, match="cannot reach the cluster"):
+        await DurableSender(ProducerConfig(dead, idempotence=False)).start()

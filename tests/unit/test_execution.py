@@ -317,6 +317,7 @@ async def test_hot_key_is_shaped_to_its_own_topic() -> None:
     assert ran.count(b"cold") == 3
     assert len(shaped) + ran.count(b"hot") == 50
     await until(lambda: proc.committable() == 53)
+    assert await proc.wait_idle(1.0)  # nothing left awaiting completion
 
 
 # ------------------------------------------------------- compaction and batching

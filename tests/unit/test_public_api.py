@@ -13,6 +13,7 @@ EXPECTED = {
     "ConsumerConfig",
     "DecatonError",
     "DecodeError",
+    "DurableSender",
     "EmbeddedBroker",
     "JsonSerializer",
     "MsgpackSerializer",

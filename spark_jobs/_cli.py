@@ -1,0 +1,225 @@
+"""What the Spark jobs share on the command line: parsing, exit codes, sessions, summaries.
+
+This module owns the frame around a job's logic: one-line errors with named exit codes
+(the same codes as ``python -m decaton_aio``), the options every job has (bootstrap
+servers, idempotence, master, dry run, ``--summary-json``), the session's lifecycle, and the
+printing of the summary. A job supplies a parser and a function ``(spark, args) ->
+summary``; :func:`run_job` does the rest::
+
+    def main(argv=None) -> int:
+        return run_job("batch_repair", build_parser(), run, argv)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "BOOTSTRAP_ENV_VAR",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "JobParser",
+    "UsageError",
+    "add_common_arguments",
+    "parse_instant",
+    "require_bootstrap",
+    "run_job",
+    "write_json",
+]
+
+EXIT_OK: Final = 0
+#: The job failed while running (a Spark task failed, an unexpected error).
+EXIT_FAILURE: Final = 1
+#: A bad argument or option.
+EXIT_USAGE: Final = 2
+#: The cluster (Kafka) could not be reached, or refused what was sent.
+EXIT_UNAVAILABLE: Final = 69
+
+#: Read when ``--bootstrap-servers`` is not given (as by ``python -m decaton_aio``).
+BOOTSTRAP_ENV_VAR: Final = "DECATON_AIO_BOOTSTRAP_SERVERS"
+
+# Our own errors keep their class name when Spark wraps them (a Python worker's or the
+# data source planner's exception becomes a PySparkException holding its text).
+_WRAPPED = re.compile(r"\b(ConfigError|BrokerError|ProducerError): ([^\n]+)")
+
+
+class UsageError(Exception):
+    """Raised for a bad command-line argument; the message is the one line shown."""
+
+
+class JobParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and a return code, not an exit."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise :class:`UsageError` instead of printing usage and exiting."""
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options every job has: cluster, producer, Spark master, dry run, summary."""
+    env = os.environ.get(BOOTSTRAP_ENV_VAR)
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=env,
+        metavar="HOST:PORT",
+        help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR})",
+    )
+    parser.add_argument(
+        "--idempotence",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="idempotent producer (default on; the embedded broker needs --no-idempotence)",
+    )
+    parser.add_argument(
+        "--master",
+        help="Spark master, e.g. local[2] (default: spark-submit's, else local[*])",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="report only: send nothing, write no state"
+    )
+    parser.add_argument(
+        "--summary-json", type=Path, metavar="PATH", help="also write the summary as JSON here"
+    )
+
+
+def require_bootstrap(args: argparse.Namespace) -> None:
+    """Check that the cluster is named.
+
+    Raises:
+        UsageError: when neither ``--bootstrap-servers`` nor the environment names it.
+    """
+    if not args.bootstrap_servers:
+        raise UsageError(
+            f"--bootstrap-servers is required (or set {BOOTSTRAP_ENV_VAR}): host:port of Kafka"
+        )
+
+
+def parse_instant(text: str, option: str) -> int:
+    """Epoch milliseconds from an integer or an ISO 8601 time (UTC when it has no zone).
+
+    Raises:
+        UsageError: when the text is neither; the message names the option.
+    """
+    text = text.strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"{option} {text!r} is neither epoch milliseconds nor an ISO 8601 time "
+            "(e.g. 2024-05-06T07:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2, sort_keys=True)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _fail(code: int, prog: str, message: str) -> int:
+    print(f"{prog}: {message}", file=sys.stderr)
+    return code
+
+
+def _code_of(name: str) -> int:
+    return EXIT_USAGE if name == "ConfigError" else EXIT_UNAVAILABLE
+
+
+def run_job(
+    prog: str,
+    parser: JobParser,
+    job: Callable[[SparkSession, argparse.Namespace], Any],
+    argv: Sequence[str] | None = None,
+    *,
+    check: Callable[[argparse.Namespace], None] | None = None,
+) -> int:
+    """Parse, start (or join) the session, run the job, print and save its summary.
+
+    The summary object needs ``render() -> str`` and ``to_dict() -> dict``. A session this
+    call started is stopped at the end; one that was running already (a test's, or the
+    caller's) is left running.
+
+    Args:
+        prog: the job's name in messages.
+        parser: the job's parser (with :func:`add_common_arguments`).
+        job: ``(spark, args) -> summary``.
+        argv: the arguments; ``sys.argv[1:]`` when omitted.
+        check: validates the parsed arguments before Spark starts; raises UsageError.
+
+    Returns:
+        ``EXIT_OK``, or the exit code of the failure, after one line on stderr.
+    """
+    try:
+        args = parser.parse_args(argv)
+        if check is not None:
+            check(args)
+    except UsageError as exc:
+        return _fail(EXIT_USAGE, prog, str(exc).removeprefix(f"{parser.prog}: "))
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    try:
+        from pyspark.errors import PySparkException
+        from pyspark.sql import SparkSession
+
+        from spark_jobs._session import job_session
+
+        already = SparkSession.getActiveSession()
+        spark = job_session(f"decaton-aio-{prog}", args.master)
+        try:
+            summary = job(spark, args)
+        finally:
+            if already is None:
+                spark.stop()
+    except UsageError as exc:
+        return _fail(EXIT_USAGE, prog, str(exc))
+    except ConfigError as exc:
+        return _fail(EXIT_USAGE, prog, str(exc))
+    except (BrokerError, ProducerError) as exc:
+        return _fail(EXIT_UNAVAILABLE, prog, str(exc))
+    except DecatonError as exc:
+        return _fail(EXIT_FAILURE, prog, str(exc))
+    except PySparkException as exc:
+        found = _WRAPPED.search(str(exc))
+        if found:
+            return _fail(_code_of(found.group(1)), prog, found.group(2).strip())
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _fail(EXIT_FAILURE, prog, f"Spark failed: {first}")
+    except OSError as exc:
+        return _fail(EXIT_FAILURE, prog, f"{exc.strerror or exc}: {exc.filename or ''}".strip())
+    except KeyboardInterrupt:
+        return _fail(130, prog, "interrupted")
+    print(summary.render())
+    if args.summary_json is not None:
+        write_json(args.summary_json, summary.to_dict())
+    return EXIT_OK

@@ -1,0 +1,450 @@
+"""Batch repair (F25): seed 001's inconsistency checker over the whole data set, in Spark.
+
+This module owns the job that compares the source of truth (the follow edges) with derived
+state (the follow counts), emits one repair task per inconsistent user to a repair topic,
+and reports what it found. The repair processor of the example
+(``examples.follow.processor:repair``) consumes the tasks and recounts each user from the
+edges, so the fix itself happens where the state lives, serialized with live updates.
+
+Inputs, either:
+
+- ``--sqlite PATH``: the example's database; tables ``follow_edges(follower, followee,
+  active)`` and ``follow_counts(user_id, followers, following)``, read in one snapshot on
+  the driver and handed to Spark as Arrow; or
+- ``--edges PATH --counts PATH``: Parquet with the same columns (``active`` optional: when
+  present only rows with a true/non-zero value are edges). Any path Spark reads works.
+
+A user counts as inconsistent when the edges' follower or following count differs from the
+stored one, a missing counts row meaning 0/0 (so a user with edges but no row, and a row
+with non-zero counts for a user without edges, are both inconsistent). Counts read while
+processors are writing may look wrong for a moment; the repair task then recounts and finds
+nothing to fix, which is harmless.
+
+Each repair task is a JSON body ``{"user_id", "expected_followers", "expected_following",
+"stored_followers", "stored_following", "detected_at_ms"}`` keyed by the user id, with a
+``dt_meta`` header, so any decaton-aio (or Decaton) processor can consume it::
+
+    python -m spark_jobs.batch_repair --bootstrap-servers HOST:PORT \\
+        --sqlite follow.db --repair-topic follow-repairs [--dry-run] [--summary-json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sqlite3
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+if __package__ in (None, ""):  # spark-submit spark_jobs/batch_repair.py: find the project
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa
+
+from decaton_aio.errors import ConfigError
+from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
+from spark_jobs._cli import (
+    JobParser,
+    UsageError,
+    add_common_arguments,
+    require_bootstrap,
+    run_job,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "RepairOptions",
+    "RepairReport",
+    "build_parser",
+    "find_inconsistent",
+    "load_parquet",
+    "load_sqlite",
+    "main",
+    "repair_tasks",
+    "run_repair",
+]
+
+APPLICATION_ID: Final = "decaton-aio-batch-repair"
+"""The source application id written into each repair task's ``dt_meta``."""
+
+_FETCH_ROWS: Final = 50_000
+
+
+@dataclass(frozen=True)
+class RepairOptions:
+    """What one run of the job does (the command line's options, as values).
+
+    Attributes:
+        bootstrap_servers: the Kafka cluster (not needed for a dry run).
+        repair_topic: where repair tasks go.
+        sqlite: the example's database file, or ``None`` with ``edges``/``counts``.
+        edges: Parquet of ``follower, followee[, active]``.
+        counts: Parquet of ``user_id, followers, following``.
+        dry_run: find and report, send nothing.
+        idempotence: the producer's idempotence (off for the embedded broker).
+        show: how many inconsistent users the report lists.
+    """
+
+    bootstrap_servers: str | None
+    repair_topic: str
+    sqlite: str | None = None
+    edges: str | None = None
+    counts: str | None = None
+    dry_run: bool = False
+    idempotence: bool = True
+    show: int = 10
+
+
+@dataclass
+class RepairReport:
+    """What the job found and sent.
+
+    Attributes:
+        users_checked: users with edges or a counts row.
+        edges: active follow edges read.
+        inconsistent: users whose counts disagree with the edges.
+        followers_wrong: of those, users whose follower count is wrong.
+        following_wrong: of those, users whose following count is wrong.
+        missing_counts: of those, users with edges but no counts row.
+        orphan_counts: of those, users with a non-zero counts row but no edges.
+        repair_tasks_sent: repair tasks the broker acknowledged (0 in a dry run).
+        per_partition: ``"<topic>:<partition>"`` -> repair tasks.
+        sample: the first inconsistent users (by id) with expected and stored counts.
+        repair_topic: where the tasks went.
+        dry_run: nothing was sent.
+        seconds: how long the job took.
+    """
+
+    users_checked: int
+    edges: int
+    inconsistent: int
+    followers_wrong: int
+    following_wrong: int
+    missing_counts: int
+    orphan_counts: int
+    repair_tasks_sent: int
+    repair_topic: str
+    dry_run: bool
+    per_partition: dict[str, int] = field(default_factory=dict)
+    sample: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``--summary-json``)."""
+        return {"job": "batch_repair", **asdict(self)}
+
+    def render(self) -> str:
+        """The report as the lines the job prints."""
+        verb = "would send" if self.dry_run else "sent"
+        sent = self.inconsistent if self.dry_run else self.repair_tasks_sent
+        lines = [
+            f"batch repair{' (dry run)' if self.dry_run else ''}: {self.seconds:.1f}s",
+            f"  users checked     {self.users_checked:>8}  ({self.edges} active edges)",
+            f"  inconsistent      {self.inconsistent:>8}",
+            f"    followers wrong {self.followers_wrong:>8}",
+            f"    following wrong {self.following_wrong:>8}",
+            f"    no counts row   {self.missing_counts:>8}",
+            f"    counts, no edge {self.orphan_counts:>8}",
+            f"  repair tasks      {sent:>8}  {verb} to {self.repair_topic}",
+        ]
+        for row in self.sample:
+            stored = (
+                "no counts row"
+                if row["stored_followers"] is None
+                else f"stored {row['stored_followers']}/{row['stored_following']}"
+            )
+            lines.append(
+                f"    user {row['user_id']}: {stored}, edges say "
+                f"{row['expected_followers']}/{row['expected_following']} (followers/following)"
+            )
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _sqlite_tables(conn: sqlite3.Connection, path: str) -> None:
+    names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = sorted({"follow_edges", "follow_counts"} - names)
+    if missing:
+        raise ConfigError(
+            f"{path} has no table {', '.join(missing)}: is it the follow example's database?"
+        )
+
+
+def _fetch_arrow(cursor: sqlite3.Cursor, names: list[str]) -> pa.Table:
+    columns: list[list[int]] = [[] for _ in names]
+    while rows := cursor.fetchmany(_FETCH_ROWS):
+        for i, column in enumerate(zip(*rows, strict=True)):
+            columns[i].extend(column)
+    return pa.table({n: pa.array(c, pa.int64()) for n, c in zip(names, columns, strict=True)})
+
+
+def load_sqlite(spark: SparkSession, path: str) -> tuple[DataFrame, DataFrame]:
+    """Read the active edges and the counts of the example's database, in one snapshot.
+
+    Both tables are read inside one read transaction (WAL: writers keep going meanwhile),
+    so the edges and counts belong to the same moment.
+
+    Returns:
+        ``(edges, counts)``: ``follower, followee`` and ``user_id, followers, following``.
+
+    Raises:
+        ConfigError: when the file or its tables are missing.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"--sqlite {path}: no such file")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    try:
+        _sqlite_tables(conn, path)
+        conn.execute("BEGIN")
+        edges = _fetch_arrow(
+            conn.execute("SELECT follower, followee FROM follow_edges WHERE active = 1"),
+            ["follower", "followee"],
+        )
+        counts = _fetch_arrow(
+            conn.execute("SELECT user_id, followers, following FROM follow_counts"),
+            ["user_id", "followers", "following"],
+        )
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    finally:
+        conn.close()
+    return spark.createDataFrame(edges), spark.createDataFrame(counts)
+
+
+def _require_columns(df: DataFrame, columns: list[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{what} lacks column(s) {missing}; it has {df.columns}")
+
+
+def load_parquet(spark: SparkSession, edges: str, counts: str) -> tuple[DataFrame, DataFrame]:
+    """Read edges and counts from Parquet (see the module docstring for the columns).
+
+    Raises:
+        ConfigError: when a path cannot be read or a column is missing.
+    """
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    try:
+        edges_df = spark.read.parquet(edges)
+        counts_df = spark.read.parquet(counts)
+    except AnalysisException as exc:
+        raise ConfigError(f"cannot read the Parquet input: {str(exc).splitlines()[0]}") from exc
+    _require_columns(edges_df, ["follower", "followee"], f"--edges {edges}")
+    _require_columns(counts_df, ["user_id", "followers", "following"], f"--counts {counts}")
+    if "active" in edges_df.columns:
+        edges_df = edges_df.where(F.col("active").cast("boolean"))
+    long = "bigint"
+    return (
+        edges_df.select(F.col("follower").cast(long), F.col("followee").cast(long)),
+        counts_df.select(*(F.col(c).cast(long) for c in ("user_id", "followers", "following"))),
+    )
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def find_inconsistent(edges: DataFrame, counts: DataFrame) -> DataFrame:
+    """Users whose stored counts differ from the counts of the edges.
+
+    Args:
+        edges: ``follower, followee`` (active edges only).
+        counts: ``user_id, followers, following``.
+
+    Returns:
+        ``user_id, expected_followers, expected_following, stored_followers,
+        stored_following, has_row`` for every inconsistent user (stored values are null
+        without a counts row, which counts as 0/0).
+    """
+    from pyspark.sql import functions as F
+
+    followers = edges.groupBy(F.col("followee").alias("user_id")).agg(
+        F.count(F.lit(1)).alias("expected_followers")
+    )
+    following = edges.groupBy(F.col("follower").alias("user_id")).agg(
+        F.count(F.lit(1)).alias("expected_following")
+    )
+    expected = followers.join(following, "user_id", "full_outer")
+    stored = counts.select(
+        "user_id",
+        F.col("followers").alias("stored_followers"),
+        F.col("following").alias("stored_following"),
+        F.lit(True).alias("has_row"),
+    )
+    joined = expected.join(stored, "user_id", "full_outer").select(
+        "user_id",
+        F.coalesce("expected_followers", F.lit(0)).alias("expected_followers"),
+        F.coalesce("expected_following", F.lit(0)).alias("expected_following"),
+        "stored_followers",
+        "stored_following",
+        F.coalesce("has_row", F.lit(False)).alias("has_row"),
+    )
+    return joined.where(
+        (F.col("expected_followers") != F.coalesce("stored_followers", F.lit(0)))
+        | (F.col("expected_following") != F.coalesce("stored_following", F.lit(0)))
+    )
+
+
+def repair_tasks(inconsistent: DataFrame, *, detected_at_ms: int) -> DataFrame:
+    """The repair task records (``key, value, headers``) of the inconsistent users."""
+    from pyspark.sql import functions as F
+
+    meta = TaskMetadata(
+        timestamp_ms=detected_at_ms,
+        source_application_id=APPLICATION_ID,
+        source_instance_id=f"{socket.gethostname()}-{os.getpid()}",
+    )
+    body = F.struct(
+        "user_id",
+        "expected_followers",
+        "expected_following",
+        "stored_followers",
+        "stored_following",
+        F.lit(detected_at_ms).alias("detected_at_ms"),
+    )
+    header = F.struct(
+        F.lit(METADATA_HEADER).alias("key"),
+        F.lit(bytearray(encode_metadata(meta))).alias("value"),
+    )
+    return inconsistent.select(
+        F.col("user_id").cast("string").alias("key"),
+        F.to_json(body, {"ignoreNullFields": "false"}).alias("value"),
+        F.array(header).alias("headers"),
+    )
+
+
+def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
+    """Find the inconsistent users, send one repair task each, and report.
+
+    Raises:
+        ConfigError: when an input is missing or malformed.
+        ProducerError: when the broker does not take the repair tasks (raised by Spark as
+            its own exception type, with this message inside).
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_jobs.kafka_sink import write_topic
+
+    started = time.monotonic()
+    if options.sqlite is not None:
+        edges, counts = load_sqlite(spark, options.sqlite)
+    elif options.edges is not None and options.counts is not None:
+        edges, counts = load_parquet(spark, options.edges, options.counts)
+    else:
+        raise ConfigError("no input: give sqlite, or edges and counts")
+    edges = edges.persist(StorageLevel.MEMORY_AND_DISK)
+    counts = counts.persist(StorageLevel.MEMORY_AND_DISK)
+    bad = find_inconsistent(edges, counts).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        users = edges.select(F.col("followee").alias("u")).union(edges.select("follower"))
+        users_checked = users.union(counts.select("user_id")).distinct().count()
+        stats = bad.agg(
+            F.count(F.lit(1)).alias("inconsistent"),
+            F.count_if(F.col("expected_followers") != F.coalesce("stored_followers", F.lit(0))),
+            F.count_if(F.col("expected_following") != F.coalesce("stored_following", F.lit(0))),
+            F.count_if(~F.col("has_row")),
+            F.count_if(
+                F.col("has_row") & (F.col("expected_followers") + F.col("expected_following") == 0)
+            ),
+        ).first()
+        assert stats is not None
+        report = RepairReport(
+            users_checked=users_checked,
+            edges=edges.count(),
+            inconsistent=stats[0],
+            followers_wrong=stats[1],
+            following_wrong=stats[2],
+            missing_counts=stats[3],
+            orphan_counts=stats[4],
+            repair_tasks_sent=0,
+            repair_topic=options.repair_topic,
+            dry_run=options.dry_run,
+            sample=[row.asDict() for row in bad.orderBy("user_id").limit(options.show).collect()],
+        )
+        for row in report.sample:
+            row.pop("has_row", None)
+        if report.inconsistent and not options.dry_run:
+            if not options.bootstrap_servers:
+                raise ConfigError("bootstrap_servers is required to send repair tasks")
+            tasks = repair_tasks(bad, detected_at_ms=time.time_ns() // 1_000_000)
+            written = write_topic(
+                tasks,
+                options.bootstrap_servers,
+                options.repair_topic,
+                idempotence=options.idempotence,
+            )
+            report.repair_tasks_sent = written.records
+            report.per_partition = written.per_partition
+    finally:
+        bad.unpersist()
+        edges.unpersist()
+        counts.unpersist()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> JobParser:
+    """The job's command line."""
+    parser = JobParser(
+        prog="batch_repair",
+        description="Compare follow counts with the follow edges and send one repair task per "
+        "inconsistent user to the repair topic.",
+    )
+    add_common_arguments(parser)
+    parser.add_argument("--repair-topic", required=True, help="where repair tasks go")
+    parser.add_argument("--sqlite", metavar="PATH", help="the follow example's SQLite database")
+    parser.add_argument("--edges", metavar="PATH", help="Parquet: follower, followee[, active]")
+    parser.add_argument("--counts", metavar="PATH", help="Parquet: user_id, followers, following")
+    parser.add_argument(
+        "--show", type=int, default=10, metavar="N", help="list the first N inconsistent users"
+    )
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    parquet = args.edges is not None or args.counts is not None
+    if args.sqlite is not None and parquet:
+        raise UsageError("give either --sqlite or --edges and --counts, not both")
+    if args.sqlite is None and not (args.edges and args.counts):
+        raise UsageError("the input is missing: --sqlite PATH, or --edges PATH --counts PATH")
+    if args.show < 0:
+        raise UsageError(f"--show must be >= 0, got {args.show}")
+    if not args.dry_run:
+        require_bootstrap(args)
+
+
+def _run(spark: SparkSession, args: argparse.Namespace) -> RepairReport:
+    options = RepairOptions(
+        bootstrap_servers=args.bootstrap_servers,
+        repair_topic=args.repair_topic,
+        sqlite=args.sqlite,
+        edges=args.edges,
+        counts=args.counts,
+        dry_run=args.dry_run,
+        idempotence=args.idempotence,
+        show=args.show,
+    )
+    return run_repair(spark, options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job from the command line; returns the exit code."""
+    return run_job("batch_repair", build_parser(), _run, argv, check=_check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
