@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
 from decaton_aio.context import ProcessingContext
 from decaton_aio.eager import start_eagerly
 from decaton_aio.errors import DecodeError
-from decaton_aio.metadata import TaskMetadata
+from decaton_aio.metadata import scheduled_time_of
 from decaton_aio.partition import PartitionProcessor, PartitionState, Record
 from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
@@ -92,35 +93,35 @@ class TaskExecutor:
 
     def start(self, partition: PartitionProcessor, record: Record) -> None:
         """Run a record whose slot ``partition`` granted. Never raises."""
-        attempt = partition.attempts.pop(record.offset, 1) if partition.attempts else 1
+        # The per-record hot path: keep attribute lookups and calls to a minimum.
+        attempts = partition.attempts
+        attempt = attempts.pop(record.offset, 1) if attempts else 1
         ctx = ProcessingContext(self._subscription_id, record, attempt)
         try:
-            meta = ctx.metadata
+            scheduled = scheduled_time_of(record.headers)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
-        scheduled = meta.scheduled_time_ms
-        if scheduled:
-            wait_s = scheduled / 1000 - time.time()
-            if wait_s > 0:
-                if attempt > 1:
-                    partition.attempts[record.offset] = attempt
-                partition.postpone(record, wait_s)
-                return
+        now = time.time()
+        if scheduled and scheduled > now * 1000:
+            if attempt > 1:
+                attempts[record.offset] = attempt
+            partition.postpone(record, scheduled / 1000 - now)
+            return
         try:
             task = self._decode(record.value)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
         stats = ctx.stats = partition.stats
-        stats.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
+        stats.delivery_latency.observe(now - record.timestamp * 0.001)
         ctx.started_at = time.perf_counter()
         try:
             coro = self._process(ctx, task)
         except Exception as exc:  # a processor that is not a coroutine function
-            self._finished(partition, ctx, meta, exc)
+            self._finished(partition, ctx, exc)
             return
-        start_eagerly(coro, lambda exc: self._finished(partition, ctx, meta, exc), self._tasks)
+        start_eagerly(coro, partial(self._finished, partition, ctx), self._tasks)
 
     def shape(self, partition: PartitionProcessor, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
@@ -139,7 +140,6 @@ class TaskExecutor:
         self,
         partition: PartitionProcessor,
         ctx: ProcessingContext,
-        meta: TaskMetadata,
         exc: BaseException | None,
     ) -> None:
         stats = partition.stats
@@ -147,12 +147,14 @@ class TaskExecutor:
         stats.processed += 1
         record = ctx.record
         completion = ctx.completion
+        if exc is None and completion is None and ctx.retry_delay_s is None:
+            partition.finish(record)  # the common case: done
+            return
         if completion is not None and completion.retry_delay_s is not None:
             ctx.retry_delay_s = completion.retry_delay_s
         if exc is None and ctx.retry_delay_s is None:
             if completion is None or completion.done:
                 partition.finish(record)
-                stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
             else:
                 self._defer(partition, ctx)
             return
@@ -180,6 +182,7 @@ class TaskExecutor:
         if exc is not None and not requested and not retry.policy.is_retriable(exc):
             self._dead_letter(partition, ctx, _type(exc), str(exc), exc)
             return
+        meta = ctx.metadata  # valid: the start checked the header
         attempt = meta.retry_count + 1 if retry.mode == "queue" else ctx.attempt
         if retry.policy.exhausted(attempt):
             self._dead_letter(

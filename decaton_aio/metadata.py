@@ -21,7 +21,7 @@ is a 10-byte two's complement varint).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgspec
@@ -34,6 +34,7 @@ __all__ = [
     "decode_metadata",
     "encode_metadata",
     "metadata_from_headers",
+    "scheduled_time_of",
 ]
 
 METADATA_HEADER: Final = "dt_meta"
@@ -343,5 +344,89 @@ def metadata_from_headers(
         if key == METADATA_HEADER:
             if value is None:
                 raise DecodeError("header", f"{METADATA_HEADER} header has a null value")
+            if _fast_parse is not None:
+                try:
+                    return _fast_parse(value)
+                except Exception:  # noqa: S110 - the strict decoder below says why
+                    pass
             return decode_metadata(value)
     return TaskMetadata(record_timestamp_ms)
+
+
+def scheduled_time_of(headers: Sequence[tuple[str, bytes]]) -> int:
+    """The scheduled time (epoch ms, 0 for none) in a record's ``dt_meta`` header.
+
+    The consume path's check: cheaper than :func:`metadata_from_headers`, and it validates
+    the header the same way.
+
+    Raises:
+        DecodeError: with ``part == "header"`` when the ``dt_meta`` header is malformed.
+    """
+    for index in range(len(headers) - 1, -1, -1):
+        key, value = headers[index]
+        if key == METADATA_HEADER:
+            if value is not None and _fast_schedule is not None:
+                try:
+                    return int(_fast_schedule(value))
+                except Exception:  # noqa: S110 - the strict path below says why
+                    pass
+            return metadata_from_headers(headers, 0).scheduled_time_ms
+    return 0
+
+
+def _native_parser() -> Callable[[bytes], TaskMetadata] | None:
+    """A parser backed by the protobuf runtime's C implementation (upb), if present.
+
+    On the consume path it reads a header about twice as fast as the pure-Python decoder,
+    and the way the protobuf runtimes (Decaton on the JVM included) read it: a known field
+    with an unexpected wire type is skipped as unknown instead of rejected. A header it
+    cannot parse is handed to :func:`decode_metadata`, whose error says why.
+    """
+    try:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+        from google.protobuf.internal import api_implementation
+    except ImportError:  # pragma: no cover - protobuf is a dependency
+        return None
+    if api_implementation.Type() != "upb":
+        return None
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="decaton_aio/task_metadata.proto",
+        package="com.linecorp.decaton.protocol",
+        syntax="proto3",
+    )
+    message = proto.message_type.add(name="TaskMetadataProto")
+    for number, (name, kind) in enumerate(
+        [
+            ("timestamp_millis", field.TYPE_INT64),
+            ("source_application_id", field.TYPE_STRING),
+            ("source_instance_id", field.TYPE_STRING),
+            ("retry_count", field.TYPE_INT64),
+            ("scheduled_time_millis", field.TYPE_INT64),
+        ],
+        start=1,
+    ):
+        message.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    global _fast_schedule
+    parse = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("com.linecorp.decaton.protocol.TaskMetadataProto")
+    ).FromString
+    _fast_schedule = lambda data: parse(data).scheduled_time_millis  # noqa: E731
+
+    def fast_parse(data: bytes) -> TaskMetadata:
+        m = parse(data)
+        return TaskMetadata(
+            m.timestamp_millis,
+            m.source_application_id,
+            m.source_instance_id,
+            m.retry_count,
+            m.scheduled_time_millis,
+        )
+
+    return fast_parse
+
+
+_fast_schedule: Callable[[bytes], int] | None = None
+_fast_parse = _native_parser()

@@ -261,7 +261,16 @@ class PartitionProcessor:
             return  # outlived its assignment: must not move a watermark we no longer own
         self._in_flight -= 1
         self.tracker.complete(record.offset)
-        self._advance_lane(record.key)
+        key = record.key
+        if key is not None:
+            # _advance_lane, inlined: this runs once per task.
+            queue = self._lanes.get(key)
+            if queue:
+                self._ready.append(queue.popleft())
+                if not queue:
+                    self._lanes[key] = None
+            else:
+                self._lanes.pop(key, None)
         self._after_change()
 
     def release(self, record: Record) -> None:
