@@ -60,8 +60,15 @@ def main(argv: list[str]) -> int:
             sizes = spec.options["pending_sizes"]
             for size in sizes:
                 out = measure_tracker(spec.contender, size, spec.measure_max_s)
-                emit({"event": "result", "scenario": "S4", "contender": spec.contender,
-                      "pending": size, **out})
+                emit(
+                    {
+                        "event": "result",
+                        "scenario": "S4",
+                        "contender": spec.contender,
+                        "pending": size,
+                        **out,
+                    }
+                )
             return 0
         if spec.scenario == "S5":
             from bench.memory import run
@@ -82,8 +89,14 @@ def main(argv: list[str]) -> int:
         asyncio.run(_consume(spec, recorder, module))  # ends the process itself
         return 1
     except BaseException as exc:
-        emit({"event": "error", "scenario": spec.scenario, "contender": spec.contender,
-              "error": f"{type(exc).__name__}: {exc}"})
+        emit(
+            {
+                "event": "error",
+                "scenario": spec.scenario,
+                "contender": spec.contender,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+        )
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)

@@ -160,6 +160,8 @@ class Recorder:
     # -------------------------------------------------------------------- window
 
     def _open(self) -> None:
+        if self.closed:
+            return
         self.measuring = True
         self._opened_at = time.perf_counter()
         self._opened_cpu = time.process_time()
@@ -192,7 +194,7 @@ class Recorder:
         while not self.closed:
             await asyncio.sleep(_TICK_S)
             now = time.perf_counter()
-            if spec.paced or self.t_first is None:
+            if self.closed or spec.paced or self.t_first is None:
                 continue
             if not self.measuring and now - self.t_first >= spec.warmup_max_s:
                 self._open()
@@ -222,7 +224,9 @@ class Recorder:
             "tasks_per_s": round(measured / window, 1),
             "measured_tasks": measured,
             "window_s": round(window, 3),
-            "cpu_s_per_1000": round((self._closed_cpu - self._opened_cpu) / max(measured, 1) * 1000, 5),
+            "cpu_s_per_1000": round(
+                (self._closed_cpu - self._opened_cpu) / max(measured, 1) * 1000, 5
+            ),
             "cpu_util": round((self._closed_cpu - self._opened_cpu) / window, 3),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "latency_p50_ms": p50,

@@ -51,7 +51,8 @@ def _target(
 def evaluate_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Check the targets of the benchmark issue against a run's results."""
     out: list[dict[str, Any]] = []
-    tps = lambda r: r.get("tasks_per_s") if r else None  # noqa: E731
+    def tps(r: dict[str, Any] | None) -> float | None:
+        return r.get("tasks_per_s") if r else None
 
     s1 = _find(results, "S1", "ours")
     s1_peers = _measured_peers(results, "S1")
@@ -269,7 +270,12 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
                 f"{_fmt(missing)} |"
             )
         lines.append("")
-    lines += ["## Targets", "", "| target | value | bound | result | note |", "|---|---:|---:|---|---|"]
+    lines += [
+        "## Targets",
+        "",
+        "| target | value | bound | result | note |",
+        "|---|---:|---:|---|---|",
+    ]
     for t in document["targets"]:
         verdict = {True: "PASS", False: "**FAIL**", None: "n/a"}[t["pass"]]
         lines.append(
@@ -298,14 +304,16 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
         rows = [
             r
             for r in results
-            if r.get("scenario") == scenario
-            and r.get("event") == "result"
-            and r.get("tasks_per_s")
+            if r.get("scenario") == scenario and r.get("event") == "result" and r.get("tasks_per_s")
         ]
         names = [r["contender"] + (" (published)" if r.get("published") else "") for r in rows]
         values = [r["tasks_per_s"] for r in rows]
         colors = [
-            "tab:red" if r["contender"] == "ours" else "tab:gray" if r.get("published") else "tab:blue"
+            "tab:red"
+            if r["contender"] == "ours"
+            else "tab:gray"
+            if r.get("published")
+            else "tab:blue"
             for r in rows
         ]
         ax.barh(names, values, color=colors)
@@ -325,12 +333,21 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
         for j, size in enumerate(sizes):
             vals = [
                 next(
-                    (r["completions_per_s"] for r in s4 if r["contender"] == t and r["pending"] == size),
+                    (
+                        r["completions_per_s"]
+                        for r in s4
+                        if r["contender"] == t and r["pending"] == size
+                    ),
                     0,
                 )
                 for t in trackers
             ]
-            ax.bar([i + j * width for i in range(len(trackers))], vals, width, label=f"{size:,} pending")
+            ax.bar(
+                [i + j * width for i in range(len(trackers))],
+                vals,
+                width,
+                label=f"{size:,} pending",
+            )
         ax.set_xticks([i + width / 2 for i in range(len(trackers))], trackers)
         ax.set_title("S4 tracker completions/s")
         ax.legend()
@@ -338,6 +355,7 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
     s6 = [r for r in results if r.get("scenario") == "S6" and r.get("event") == "result"]
     if s6:
         names = [r.get("variant", "?") for r in s6]
+
         def value(r: dict[str, Any], name: str) -> float:
             return float(r.get(name) or r.get(f"{name}_lower_bound") or 0)
 

@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
@@ -116,7 +116,7 @@ class Run:
         name = f"{spec.scenario}-{spec.contender}"
         log_path = self.logs / f"{name}.log"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        with open(log_path, "wb") as log:
+        with _open_log(log_path) as log:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=REPO,
@@ -144,7 +144,8 @@ class Run:
         paced: dict[str, Any] | None,
         profile: Path | None,
     ) -> list[dict[str, Any]]:
-        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stdin is not None
         lines: list[dict[str, Any]] = []
         producing: asyncio.Task[dict[str, int]] | None = None
         sampler: asyncio.subprocess.Process | None = None
@@ -222,9 +223,9 @@ class Run:
         admin = TopicAdmin(broker.bootstrap_servers)
         try:
             for contender in scn.contenders:
-                if self.args.contenders and contender not in self.args.contenders:
-                    if contender in CONTENDERS or scn.name != "S6":
-                        continue
+                wanted = self.args.contenders
+                if wanted and contender in CONTENDERS and contender not in wanted:
+                    continue  # S6 variants are not contenders: they always run
                 await self._contender(scn, contender, broker.bootstrap_servers, admin)
         finally:
             await admin.close(delete=False)
@@ -241,9 +242,7 @@ class Run:
                     }
                 )
 
-    async def _contender(
-        self, scn: Scenario, contender: str, bootstrap: str, admin: Any
-    ) -> None:
+    async def _contender(self, scn: Scenario, contender: str, bootstrap: str, admin: Any) -> None:
         reason = self.unavailable(contender)
         if scn.name == "S6" and contender == "hot-key+quota" and not S6_QUOTA["available"]:
             reason = S6_QUOTA["reason"]
@@ -315,7 +314,10 @@ class Run:
             profile = self.profiles / f"{scn.name}-ours.txt"
         paced = None
         if scn.paced is not None:
-            paced = {**scn.paced, "hot_share": 0.0 if contender == "uniform" else scn.paced["hot_share"]}
+            paced = {
+                **scn.paced,
+                "hot_share": 0.0 if contender == "uniform" else scn.paced["hot_share"],
+            }
         results = await self.child(spec, timeout_s=timeout, profile=profile, paced=paced)
         for result in results:
             if scn.name == "S6":
@@ -368,6 +370,10 @@ class Run:
             render_markdown(document, chart_name=chart.name if chart else None)
         )
         _say(f"results: {base}.json, {base}.md" + (f", {chart}" if chart else ""))
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")  # the caller closes it
 
 
 def _find_py_spy(python: str) -> str:

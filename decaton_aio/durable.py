@@ -16,9 +16,10 @@ Modes (:class:`SenderMode`). ``DIRECT``: records go to the client. The first rec
 client gives up on switches the sender to ``SPOOLING``: from then on every new record goes
 straight to the spool, behind the ones already there. ``start()`` with no broker
 reachable (and a spool) does not fail: it starts in ``SPOOLING`` and the replayer keeps
-trying to connect. The replayer (``_replay_routine``) delivers spooled records oldest
-first, in rounds of up to ``_REPLAY_BATCH``, with exponential backoff and jitter between
-failed rounds; when the spool is empty it switches back to ``DIRECT``.
+trying to connect. The replayer (:class:`~decaton_aio.replay.Replayer`) delivers spooled
+records oldest first, in rounds, with exponential backoff and jitter between failed
+rounds; when the spool is empty the sender switches back to ``DIRECT``. Starting, stopping
+and reading the errors of the Kafka client live in :mod:`decaton_aio.producer_client`.
 
 Order guarantees, per (topic, key):
 
@@ -54,21 +55,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import (
-    CorruptRecordException,
-    InvalidTimestampError,
-    InvalidTopicError,
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-    UnknownError,
-)
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from decaton_aio.backoff import compute_backoff
 from decaton_aio.errors import ProducerError
+from decaton_aio.producer_client import (
+    UnreachableError,
+    is_spoolable,
+    producer_error,
+    start_client,
+    stop_client,
+)
+from decaton_aio.replay import Replayer
 from decaton_aio.spool import Spool, SpoolEntry
 
 if TYPE_CHECKING:
@@ -77,27 +74,6 @@ if TYPE_CHECKING:
 __all__ = ["DurableSender", "RecordLocation", "SenderMode"]
 
 log = structlog.get_logger("decaton_aio.durable")
-
-IDEMPOTENCE_HINT: Final = (
-    "the broker refused an idempotent producer (InitProducerId failed). The embedded "
-    "broker (Tansu) does not support aiokafka's idempotent producer: "
-    "set ProducerConfig(idempotence=False), or pass --no-idempotence on the command line"
-)
-
-#: How many spooled records one replay round sends before it waits for their acks.
-_REPLAY_BATCH: Final = 1000
-
-#: Errors about the record itself: sending it again can never work, so a spooled record
-#: failing with one is moved to the ``.rejected`` file instead of blocking the replay.
-_RECORD_ERRORS: Final = (
-    CorruptRecordException,
-    InvalidTimestampError,
-    InvalidTopicError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-)
-
 
 _BYTES_TYPES: Final = (bytes, bytearray, memoryview, type(None))
 
@@ -150,33 +126,10 @@ class _InFlight:
     deadline: float
 
 
-class _UnreachableError(ProducerError):
-    """No broker answered: the sender can start in spooling mode."""
-
-
-def _spoolable(exc: BaseException) -> bool:
-    # The client's own retries are over and the cause is the cluster, not the record.
-    if isinstance(exc, KafkaTimeoutError):
-        return True
-    return isinstance(exc, KafkaError) and bool(exc.retriable)
-
-
 def _retrieve(future: asyncio.Future[Any]) -> None:
     # Reads the outcome of a future nobody awaits, so asyncio does not log it as lost.
     if not future.cancelled():
         future.exception()
-
-
-def _outcome(future: asyncio.Future[Any]) -> BaseException | None:
-    """The error of a client send, ``None`` when acknowledged; not done counts as failed."""
-    error: BaseException | None
-    if not future.done():
-        error = KafkaTimeoutError("not acknowledged within the delivery timeout")
-    elif future.cancelled():
-        error = KafkaTimeoutError("the send was cancelled by the client")
-    else:
-        error = future.exception()
-    return error
 
 
 def _now_ms() -> int:
@@ -208,12 +161,22 @@ class DurableSender:
         self._client_id = client_id or f"decaton-aio-producer-{config.application_id}"
         self._delivery_timeout_s = config.effective_delivery_timeout_ms / 1000
         self._spool = Spool(config.spool_dir) if config.spool_dir is not None else None
+        self._replayer = (
+            Replayer(
+                self._spool,
+                config,
+                delivery_timeout_s=self._delivery_timeout_s,
+                ensure_client=self._ensure_client,
+                on_drained=self._leave_spooling,
+            )
+            if self._spool is not None
+            else None
+        )
         self._client: Any = None  # AIOKafkaProducer; aiokafka ships no types
         self._started = False
         self._mode = SenderMode.DIRECT
         self._direct = asyncio.Event()  # set while DIRECT, for wait_drained()
         self._direct.set()
-        self._backlog = asyncio.Event()  # set while the replayer has work
         # Records handed to the client, oldest first; deadlines grow with insertion, so
         # the expiry routine only ever looks at the first one.
         self._inflight: dict[int, _InFlight] = {}
@@ -222,7 +185,6 @@ class DurableSender:
         self._unsettled = 0  # submitted and not yet delivered, spooled or failed
         self._settled = asyncio.Event()
         self._settled.set()
-        self._replay_task: asyncio.Task[None] | None = None
         self._expiry_task: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------- properties
@@ -263,8 +225,8 @@ class DurableSender:
         if spool is not None:
             await spool.open()
         try:
-            self._client = await self._connect()
-        except _UnreachableError as exc:
+            self._client = await start_client(self.config, self._client_id)
+        except UnreachableError as exc:
             if spool is None:
                 raise
             log.warning(
@@ -282,8 +244,8 @@ class DurableSender:
             self._enter_spooling()
         self._started = True
         self._start_expiry()
-        if spool is not None:
-            self._start_replay()
+        if self._replayer is not None:
+            self._replayer.start()
 
     async def stop(self) -> None:
         """Settle every record handed over, then disconnect and close the spool.
@@ -295,12 +257,13 @@ class DurableSender:
         if not self._started:
             return
         self._started = False
-        await self._stop_replay()
+        if self._replayer is not None:
+            await self._replayer.stop()
         await self._settled.wait()
         await self._stop_expiry()
         client, self._client = self._client, None
         if client is not None:
-            await self._close_client(client)
+            await stop_client(client, grace_s=self.config.request_timeout_ms / 1000)
         if self._spool is not None:
             await self._spool.close()
 
@@ -315,48 +278,6 @@ class DurableSender:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
-
-    async def _connect(self) -> Any:
-        cfg = self.config
-        client = AIOKafkaProducer(
-            bootstrap_servers=cfg.bootstrap_servers,
-            acks="all",
-            enable_idempotence=cfg.idempotence,
-            linger_ms=cfg.linger_ms,
-            max_batch_size=cfg.max_batch_bytes,
-            request_timeout_ms=cfg.request_timeout_ms,
-            client_id=self._client_id,
-        )
-        try:
-            await client.start()
-        except asyncio.CancelledError:
-            # stop() while connecting in the background: close what was opened.
-            await client.stop()
-            raise
-        except UnknownError as exc:
-            await client.stop()
-            if cfg.idempotence:
-                raise ProducerError(IDEMPOTENCE_HINT) from exc
-            raise ProducerError(f"the producer could not start: {exc!r}") from exc
-        except KafkaError as exc:
-            await client.stop()
-            raise _UnreachableError(
-                f"cannot reach the cluster at {cfg.bootstrap_servers}: {exc}"
-            ) from exc
-        return client
-
-    async def _close_client(self, client: Any) -> None:
-        # Every record we were asked to send is settled by now, so what the client still
-        # holds is either a copy already spooled or a replay send that stays in the spool.
-        # An idempotent client never expires a batch and would wait forever for a broker
-        # that is gone: after a grace period its leftovers are failed on purpose.
-        try:
-            await asyncio.wait_for(client.flush(), self.config.request_timeout_ms / 1000)
-        except TimeoutError:
-            accumulator = getattr(client, "_message_accumulator", None)
-            if accumulator is not None:
-                accumulator.fail_all(KafkaTimeoutError("the producer is stopping"))
-        await client.stop()
 
     # ------------------------------------------------------------------------- sends
 
@@ -427,12 +348,12 @@ class DurableSender:
         except KafkaError as exc:
             # No metadata or no buffer space within request_timeout_ms: the client gave
             # up before it even took the record.
-            if self._spool is not None and _spoolable(exc):
+            if self._spool is not None and is_spoolable(exc):
                 self._enter_spooling(exc)
                 self._spool_item(item)
                 return result
             self._settle_one()
-            raise self._error(exc, topic) from exc
+            raise producer_error(exc, topic, idempotence=self.config.idempotence) from exc
         except BaseException:
             # Cancelled while waiting for buffer space: the record was never taken.
             self._settle_one()
@@ -523,11 +444,12 @@ class DurableSender:
         """The client will not deliver ``item``: spool it, or fail its caller."""
         # The spool stays open until stop() has seen every record settled, so this is
         # safe while stopping too.
-        if self._spool is not None and _spoolable(error):
+        if self._spool is not None and is_spoolable(error):
             self._enter_spooling(error)
             self._spool_item(item)
         else:
-            self._fail(item.result, self._error(error, item.topic), error)
+            cause = producer_error(error, item.topic, idempotence=self.config.idempotence)
+            self._fail(item.result, cause, error)
 
     def _spool_item(self, item: _InFlight) -> None:
         spool = self._spool
@@ -552,7 +474,8 @@ class DurableSender:
             self._fail(item.result, exc, None)
             return
         written.add_done_callback(functools.partial(self._on_spooled, item, entry))
-        self._backlog.set()
+        if self._replayer is not None:
+            self._replayer.wake()
 
     def _on_spooled(
         self, item: _InFlight, entry: SpoolEntry, written: asyncio.Future[Path]
@@ -592,13 +515,6 @@ class DurableSender:
         if self._unsettled == 0:
             self._settled.set()
 
-    def _error(self, exc: BaseException, topic: str) -> ProducerError:
-        if isinstance(exc, UnknownError) and self.config.idempotence:
-            return ProducerError(IDEMPOTENCE_HINT)
-        if isinstance(exc, ProducerError):
-            return exc
-        return ProducerError(f"the broker did not take a record for {topic}: {exc!r}")
-
     def _enter_spooling(self, reason: BaseException | None = None) -> None:
         if self._spool is None:
             return
@@ -611,7 +527,8 @@ class DurableSender:
                     spool_dir=str(self._spool.directory),
                     error=repr(reason),
                 )
-        self._backlog.set()
+        if self._replayer is not None:
+            self._replayer.wake()
 
     # ------------------------------------------------------------------------ expiry
 
@@ -652,126 +569,15 @@ class DurableSender:
 
     # ------------------------------------------------------------------------ replay
 
-    def _start_replay(self) -> None:
-        self._replay_task = asyncio.get_running_loop().create_task(self._replay_routine())
+    async def _ensure_client(self) -> Any:
+        """The connected client; connects first when there is none (for the replayer)."""
+        if self._client is None:
+            self._client = await start_client(self.config, self._client_id)
+            log.info("connected; replaying the spool", spool_size=self.spool_size)
+        return self._client
 
-    async def _stop_replay(self) -> None:
-        task, self._replay_task = self._replay_task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _replay_routine(self) -> None:
-        """Deliver the spool's backlog, oldest first, then switch back to DIRECT."""
-        spool = self._spool
-        assert spool is not None, "the replayer runs only with a spool"
-        cfg = self.config
-        failures = 0
-        while True:
-            await self._backlog.wait()
-            try:
-                if self._client is None:
-                    self._client = await self._connect()
-                    log.info("connected; replaying the spool", spool_size=spool.size)
-                delivered_all = await self._replay_round(spool)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # A replayer that died would let the spool grow forever with nobody told:
-                # it logs, backs off and tries again; stop() ends it by cancelling.
-                log.warning("spool replay failed", error=str(exc), spool_size=spool.size)
-                delivered_all = False
-            if not delivered_all:
-                failures += 1
-                await asyncio.sleep(
-                    compute_backoff(
-                        failures,
-                        base_s=cfg.replay_backoff_ms / 1000,
-                        factor=2.0,
-                        max_s=cfg.replay_backoff_max_ms / 1000,
-                        jitter=0.5,
-                    )
-                )
-                continue
-            failures = 0
-            if spool.is_empty():
-                # No await between the check and the switch: no send can slip in between.
-                self._mode = SenderMode.DIRECT
-                self._backlog.clear()
-                self._direct.set()
-                log.info("the spool is delivered; sending directly again")
-
-    async def _replay_round(self, spool: Spool) -> bool:
-        """Send one batch of spooled records; True when every one was acknowledged."""
-        entries = await spool.pending(_REPLAY_BATCH)
-        if not entries:
-            await spool.wait_flushed()
-            return True
-        client = self._client
-        sent: list[tuple[SpoolEntry, asyncio.Future[Any]]] = []
-        rejected: list[tuple[SpoolEntry, BaseException]] = []
-        stopped: BaseException | None = None
-        for entry in entries:
-            try:
-                future = await client.send(
-                    entry.topic,
-                    entry.value,
-                    key=entry.key,
-                    partition=entry.partition,
-                    timestamp_ms=entry.timestamp_ms,
-                    headers=list(entry.headers),
-                )
-            except KafkaError as exc:
-                if isinstance(exc, _RECORD_ERRORS):
-                    rejected.append((entry, exc))
-                    continue
-                # No metadata within request_timeout_ms: the cluster is still away, and
-                # every further send would wait as long.
-                stopped = exc
-                break
-            except AssertionError as exc:
-                # aiokafka asserts an explicit partition exists in the metadata it has
-                # just fetched: the topic has fewer partitions now; retrying cannot help.
-                rejected.append((entry, exc))
-                continue
-            # Read even when this round is cancelled or gives up on it, so a late failure
-            # is not reported by asyncio as an exception nobody retrieved.
-            future.add_done_callback(_retrieve)
-            sent.append((entry, future))
-        if sent:
-            await asyncio.wait([f for _, f in sent], timeout=self._delivery_timeout_s)
-        delivered: list[SpoolEntry] = []
-        blocked: set[tuple[str, bytes]] = set()
-        failure = stopped
-        for entry, future in sent:
-            error = _outcome(future)
-            lane = (entry.topic, entry.key) if entry.key is not None else None
-            if error is None:
-                if lane is None or lane not in blocked:
-                    delivered.append(entry)
-            elif isinstance(error, _RECORD_ERRORS):
-                rejected.append((entry, error))
-            else:
-                failure = failure or error
-                # The key's later records stay in the spool even when acknowledged, and
-                # are sent again after this one: the last copies arrive in order.
-                if lane is not None:
-                    blocked.add(lane)
-        await spool.remove(delivered)
-        for entry, error in rejected:
-            log.error(
-                "the broker refused a spooled record for good; moved to the .rejected file",
-                topic=entry.topic,
-                spool_id=entry.id,
-                error=repr(error),
-            )
-            await spool.reject([entry], repr(error))
-        if failure is not None:
-            log.warning(
-                "spool replay round incomplete; backing off",
-                delivered=len(delivered),
-                spool_size=spool.size,
-                error=repr(failure),
-            )
-            return False
-        return True
+    def _leave_spooling(self) -> None:
+        """The replayer found the spool empty: new records go to the client again."""
+        self._mode = SenderMode.DIRECT
+        self._direct.set()
+        log.info("the spool is delivered; sending directly again")

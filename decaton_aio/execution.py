@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import structlog

@@ -347,7 +347,7 @@ def metadata_from_headers(
             if _fast_parse is not None:
                 try:
                     return _fast_parse(value)
-                except Exception:  # noqa: S110 - the strict decoder below says why
+                except Exception:
                     pass
             return decode_metadata(value)
     return TaskMetadata(record_timestamp_ms)
@@ -368,7 +368,7 @@ def scheduled_time_of(headers: Sequence[tuple[str, bytes]]) -> int:
             if value is not None and _fast_schedule is not None:
                 try:
                     return int(_fast_schedule(value))
-                except Exception:  # noqa: S110 - the strict path below says why
+                except Exception:
                     pass
             return metadata_from_headers(headers, 0).scheduled_time_ms
     return 0

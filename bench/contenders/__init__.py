@@ -25,9 +25,7 @@ CONTENDERS: dict[str, Contender] = {
     "ours": Contender(
         "bench.contenders.ours", "decaton-aio (per-key lanes, watermark commits)", True
     ),
-    "sequential": Contender(
-        "bench.contenders.plain", "aiokafka, sequential, auto-commit", True
-    ),
+    "sequential": Contender("bench.contenders.plain", "aiokafka, sequential, auto-commit", True),
     "gather": Contender(
         "bench.contenders.plain", "aiokafka, gather per batch of 500 + commit", False
     ),

@@ -72,7 +72,10 @@ async def _paced(spec: Spec, recorder: Recorder, subscription: Subscription) -> 
     # Tell the orchestrator when every partition is assigned, then wait for its "done"
     # line (the number of ordinary-key tasks it produced) and drain up to spec.drain_s.
     loop = asyncio.get_running_loop()
-    while len([tp for tp in subscription.partitions if tp.topic == spec.topic]) < spec.partitions:
+    while True:
+        assigned = [tp for tp in subscription.partitions if tp.topic == spec.topic]
+        if len(assigned) >= spec.partitions:
+            break
         await asyncio.sleep(0.05)
     emit({"event": "ready"})
     line = await loop.run_in_executor(None, sys.stdin.readline)
