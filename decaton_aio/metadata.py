@@ -348,7 +348,7 @@ def metadata_from_headers(
                 try:
                     return _fast_parse(value)
                 except Exception:
-                    pass
+                    pass  # malformed: the strict decoder below raises with the reason
             return decode_metadata(value)
     return TaskMetadata(record_timestamp_ms)
 
@@ -369,7 +369,7 @@ def scheduled_time_of(headers: Sequence[tuple[str, bytes]]) -> int:
                 try:
                     return int(_fast_schedule(value))
                 except Exception:
-                    pass
+                    pass  # malformed: the strict path below raises with the reason
             return metadata_from_headers(headers, 0).scheduled_time_ms
     return 0
 
