@@ -9,35 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import dataclasses
 import importlib
-import json
-import logging
 import os
-import signal
 import sys
-import urllib.request
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import msgspec
-
 from decaton_aio import __version__
-from decaton_aio.admin import TopicAdmin
-from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR
-from decaton_aio.offsets import group_positions
-from decaton_aio.producer import ProducerConfig, TaskProducer
-from decaton_aio.property_sources import parse_assignments
-from decaton_aio.runner import RunOptions, install_event_loop_policy, run_application
-from decaton_aio.serializers import JsonSerializer
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -252,211 +234,6 @@ def _env_int(name: str) -> int | None:
         raise _UsageError(f"decaton-aio: {name}={raw!r} is not an integer (see --help)") from None
 
 
-@dataclass(frozen=True, slots=True)
-class _Line:
-    key: str | None
-    task: Any
-    scheduled_time_ms: int | None = None
-    partition: int | None = None
-
-
-_line_decoder = msgspec.json.Decoder(_Line)
-
-
-def _read_lines(path: Path | None) -> list[_Line]:
-    try:
-        text = path.read_text() if path else sys.stdin.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    lines: list[_Line] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            lines.append(_line_decoder.decode(raw))
-        except msgspec.DecodeError as exc:
-            where = path or "stdin"
-            raise _DataError(
-                f'{where}:{number}: {exc}; expected {{"key": "...", "task": ...}}; '
-                "nothing was produced"
-            ) from exc
-    return lines
-
-
-class _DataError(Exception):
-    """Bad input data; the message is the one line the user sees."""
-
-
-async def _produce(args: argparse.Namespace) -> int:
-    lines = _read_lines(args.file)
-    if args.log_level != "debug":
-        # Delivery failures are reported once, by us, as one line; the client's own
-        # connection errors would repeat them.
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    config = ProducerConfig(
-        bootstrap_servers=args.bootstrap_servers,
-        idempotence=args.idempotence,
-        application_id=args.application_id,
-    )
-    serializer: JsonSerializer[Any] = JsonSerializer(Any)
-    async with TaskProducer(config, args.topic, serializer) as producer:
-        futures = [
-            await producer.submit(
-                line.key,
-                line.task,
-                scheduled_time_ms=line.scheduled_time_ms,
-                partition=line.partition,
-            )
-            for line in lines
-        ]
-        locations = await asyncio.gather(*futures)
-    per_partition = Counter(where.partition for where in locations)
-    spread = ", ".join(f"p{p}={n}" for p, n in sorted(per_partition.items()))
-    print(f"produced {len(locations)} tasks to {args.topic} ({spread or 'none'})")
-    return EXIT_OK
-
-
-def _run_broker(args: argparse.Namespace) -> int:
-    broker = EmbeddedBroker(port=args.port, log_path=args.log_file)
-
-    def _interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        with broker:
-            print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
-            print(f"broker log: {broker.log_path}; Ctrl-C stops it", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                code = broker.wait()
-                print(f"the broker exited on its own with code {code}", file=sys.stderr)
-                return EXIT_FAILURE
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return EXIT_OK
-
-
-async def _inspect(args: argparse.Namespace) -> int:
-    live = _scrape(args.metrics_url) if args.metrics_url else {}
-    rows = []
-    for topic in args.topic:
-        for pos in await group_positions(args.bootstrap_servers, args.group, topic):
-            pending, paused = live.get((topic, pos.partition), (None, None))
-            rows.append(
-                {
-                    "topic": topic,
-                    "partition": pos.partition,
-                    "committed": pos.committed,
-                    "high_watermark": pos.high_watermark,
-                    "lag": pos.lag,
-                    "pending": pending,
-                    "paused": paused,
-                }
-            )
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-        return EXIT_OK
-    columns = ["topic", "partition", "committed", "high_watermark", "lag"]
-    if live:
-        columns += ["pending", "paused"]
-    table = [[str("-" if row[c] is None else row[c]) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for r in table:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-    return EXIT_OK
-
-
-def _scrape(url: str) -> dict[tuple[str, int], tuple[int, bool]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-    except (OSError, ValueError) as exc:
-        raise BrokerError(f"cannot read metrics from {url}: {exc}") from exc
-    pending: dict[tuple[str, int], int] = {}
-    paused: dict[tuple[str, int], bool] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            where = (sample.labels.get("topic", ""), int(sample.labels.get("partition", -1)))
-            if sample.name == "decaton_partition_tasks_pending":
-                pending[where] = int(sample.value)
-            elif sample.name == "decaton_partition_paused":
-                paused[where] = bool(sample.value)
-    return {where: (n, paused.get(where, False)) for where, n in pending.items()}
-
-
-def _application(args: argparse.Namespace) -> Application:
-    target = import_object(args.target)
-    if isinstance(target, Application):
-        app = target
-    elif callable(target):
-        app = Application(target)
-    else:
-        raise ConfigError(
-            f"{args.target} is a {type(target).__name__}: point at an Application or an "
-            "'async def process(ctx, task)' function"
-        )
-    changes: dict[str, Any] = {}
-    if args.topic:
-        changes["topics"] = tuple(args.topic)
-    if args.group:
-        changes["group_id"] = args.group
-    if args.subscription_id:
-        changes["subscription_id"] = args.subscription_id
-    app = dataclasses.replace(app, **changes) if changes else app
-    if not app.topics:
-        raise ConfigError(f"{args.target} names no topics: pass --topic")
-    return app
-
-
-def _run_target(args: argparse.Namespace) -> int:
-    app = _application(args)
-    overrides = parse_assignments(args.property)
-    install_event_loop_policy()
-    with contextlib.ExitStack() as stack:
-        servers = args.bootstrap_servers
-        idempotence = args.idempotence
-        if not servers:
-            idempotence = False
-            broker = stack.enter_context(EmbeddedBroker())
-            servers = broker.bootstrap_servers
-            print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
-            asyncio.run(_create_topics(servers, app.topics))
-        options = RunOptions(
-            consumer=ConsumerConfig(
-                bootstrap_servers=servers,
-                group_id=app.group,
-                session_timeout_ms=args.session_timeout_ms,
-                heartbeat_interval_ms=args.heartbeat_interval_ms,
-                auto_offset_reset=args.auto_offset_reset,
-            ),
-            producer=ProducerConfig(
-                servers,
-                idempotence=True if idempotence is None else idempotence,
-                application_id=app.subscription_id,
-                spool_dir=args.spool_dir,
-            ),
-            properties=overrides,
-            properties_file=args.properties_file,
-            metrics_port=args.metrics_port,
-            metrics_addr=args.metrics_addr,
-        )
-        asyncio.run(run_application(app, options))
-    return EXIT_OK
-
-
-async def _create_topics(servers: str, topics: Sequence[str]) -> None:
-    admin = TopicAdmin(servers)
-    try:
-        for topic in topics:
-            await admin.create(1, name=topic)
-    finally:
-        await admin.close(delete=False)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit code.
 
@@ -466,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         One of the ``EXIT_*`` codes of this module.
     """
+    from decaton_aio import cli_commands  # imports this module's exit codes
+
     try:
         args = _build_parser().parse_args(argv)
     except _UsageError as exc:
@@ -477,15 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         fmt = args.log_format
         configure_logging(args.log_level, json=None if fmt == "auto" else fmt == "json")
         if args.command == "broker":
-            return _run_broker(args)
+            return cli_commands.run_broker(args)
         if args.command == "produce":
-            return asyncio.run(_produce(args))
+            return asyncio.run(cli_commands.produce(args))
         if args.command == "inspect":
-            return asyncio.run(_inspect(args))
-        return _run_target(args)
+            return asyncio.run(cli_commands.inspect(args))
+        return cli_commands.run_target(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except _DataError as exc:
+    except cli_commands.DataError as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
         return EXIT_DATA
     except (BrokerError, ProducerError) as exc:
