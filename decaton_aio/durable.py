@@ -46,18 +46,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 
 from decaton_aio.errors import ProducerError
+from decaton_aio.inflight import InFlightRecords, PendingRecord, RecordLocation, Settlement
 from decaton_aio.producer_client import (
     UnreachableError,
     is_spoolable,
@@ -66,7 +64,7 @@ from decaton_aio.producer_client import (
     stop_client,
 )
 from decaton_aio.replay import Replayer
-from decaton_aio.spool import Spool, SpoolEntry
+from decaton_aio.spool import Spool
 
 if TYPE_CHECKING:
     from decaton_aio.producer import ProducerConfig
@@ -74,8 +72,6 @@ if TYPE_CHECKING:
 __all__ = ["DurableSender", "RecordLocation", "SenderMode"]
 
 log = structlog.get_logger("decaton_aio.durable")
-
-_BYTES_TYPES: Final = (bytes, bytearray, memoryview, type(None))
 
 
 class SenderMode(enum.Enum):
@@ -85,55 +81,6 @@ class SenderMode(enum.Enum):
     """To the Kafka client; the spool is empty."""
     SPOOLING = "spooling"
     """To the spool, behind a backlog the replayer is delivering."""
-
-
-@dataclass(frozen=True, slots=True)
-class RecordLocation:
-    """Where a record landed, or that it waits in the spool.
-
-    The result of :meth:`DurableSender.send` and of ``TaskProducer.put``.
-
-    Attributes:
-        topic: the record's topic.
-        partition: the partition; for a spooled record the requested one, or -1 when the
-            key picks it at replay.
-        offset: the offset; -1 for a spooled record.
-        spooled: True when the broker did not take the record and it was appended to the
-            local spool (fsynced); the replayer delivers it later.
-        spool_id: the spool entry id of a spooled record (the ``id`` of its spool line).
-        spool_path: the spool segment file that held it when it was spooled.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    spooled: bool = False
-    spool_id: str | None = None
-    spool_path: str | None = None
-
-
-@dataclass(slots=True, eq=False)
-class _InFlight:
-    """A record handed to the client, kept until it is acknowledged or spooled."""
-
-    topic: str
-    value: bytes | None
-    key: bytes | None
-    headers: list[tuple[str, bytes]]
-    partition: int | None
-    timestamp_ms: int
-    result: asyncio.Future[RecordLocation]
-    deadline: float
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    # Reads the outcome of a future nobody awaits, so asyncio does not log it as lost.
-    if not future.cancelled():
-        future.exception()
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class DurableSender:
@@ -159,13 +106,14 @@ class DurableSender:
     def __init__(self, config: ProducerConfig, *, client_id: str | None = None) -> None:
         self.config = config
         self._client_id = client_id or f"decaton-aio-producer-{config.application_id}"
-        self._delivery_timeout_s = config.effective_delivery_timeout_ms / 1000
         self._spool = Spool(config.spool_dir) if config.spool_dir is not None else None
+        self._settlement = Settlement()
         self._replayer = (
             Replayer(
                 self._spool,
                 config,
-                delivery_timeout_s=self._delivery_timeout_s,
+                self._settlement,
+                delivery_timeout_s=config.effective_delivery_timeout_ms / 1000,
                 ensure_client=self._ensure_client,
                 on_drained=self._leave_spooling,
             )
@@ -177,15 +125,11 @@ class DurableSender:
         self._mode = SenderMode.DIRECT
         self._direct = asyncio.Event()  # set while DIRECT, for wait_drained()
         self._direct.set()
-        # Records handed to the client, oldest first; deadlines grow with insertion, so
-        # the expiry routine only ever looks at the first one.
-        self._inflight: dict[int, _InFlight] = {}
-        self._inflight_added = asyncio.Event()
-        self._next_id = 0
-        self._unsettled = 0  # submitted and not yet delivered, spooled or failed
-        self._settled = asyncio.Event()
-        self._settled.set()
-        self._expiry_task: asyncio.Task[None] | None = None
+        self._inflight = InFlightRecords(
+            config.effective_delivery_timeout_ms,
+            on_delivered=self._settlement.resolve,
+            on_give_up=self._give_up,
+        )
 
     # -------------------------------------------------------------------- properties
 
@@ -243,7 +187,7 @@ class DurableSender:
         if spool is not None and not spool.is_empty():
             self._enter_spooling()
         self._started = True
-        self._start_expiry()
+        self._inflight.start_expiry()
         if self._replayer is not None:
             self._replayer.start()
 
@@ -259,8 +203,8 @@ class DurableSender:
         self._started = False
         if self._replayer is not None:
             await self._replayer.stop()
-        await self._settled.wait()
-        await self._stop_expiry()
+        await self._settlement.wait()
+        await self._inflight.stop_expiry()
         client, self._client = self._client, None
         if client is not None:
             await stop_client(client, grace_s=self.config.request_timeout_ms / 1000)
@@ -316,34 +260,22 @@ class DurableSender:
         """
         if not self._started:
             raise ProducerError("the producer is not started: use 'async with' or start()")
-        if value is None and key is None:
-            raise ProducerError("a record needs a key or a value")
-        # Checked here, not by the client: a spooled record of the wrong type would only
-        # fail at replay, long after its caller was told it is durable.
-        if not isinstance(value, _BYTES_TYPES) or not isinstance(key, _BYTES_TYPES):
-            raise TypeError(
-                f"key and value must be bytes or None, not {type(key).__name__} and "
-                f"{type(value).__name__}"
-            )
-        if timestamp_ms is None:
-            timestamp_ms = _now_ms()
-        headers = list(headers)
-        result: asyncio.Future[RecordLocation] = asyncio.get_running_loop().create_future()
-        item = _InFlight(topic, value, key, headers, partition, timestamp_ms, result, 0.0)
-        self._unsettled += 1
-        self._settled.clear()
+        item = PendingRecord.new(
+            topic, value, key=key, headers=headers, partition=partition, timestamp_ms=timestamp_ms
+        )
+        self._settlement.add()
         client = self._client
         if self._mode is SenderMode.SPOOLING or client is None:
             self._spool_item(item)
-            return result
+            return item.result
         try:
             sent = await client.send(
                 topic,
                 value,
                 key=key,
                 partition=partition,
-                timestamp_ms=timestamp_ms,
-                headers=headers,
+                timestamp_ms=item.timestamp_ms,
+                headers=item.headers,
             )
         except KafkaError as exc:
             # No metadata or no buffer space within request_timeout_ms: the client gave
@@ -351,20 +283,15 @@ class DurableSender:
             if self._spool is not None and is_spoolable(exc):
                 self._enter_spooling(exc)
                 self._spool_item(item)
-                return result
-            self._settle_one()
+                return item.result
+            self._settlement.settle_one()
             raise producer_error(exc, topic, idempotence=self.config.idempotence) from exc
         except BaseException:
             # Cancelled while waiting for buffer space: the record was never taken.
-            self._settle_one()
+            self._settlement.settle_one()
             raise
-        item.deadline = asyncio.get_running_loop().time() + self._delivery_timeout_s
-        number, self._next_id = self._next_id, self._next_id + 1
-        if not self._inflight:
-            self._inflight_added.set()
-        self._inflight[number] = item
-        sent.add_done_callback(functools.partial(self._on_client_done, number))
-        return result
+        self._inflight.add(item, sent)
+        return item.result
 
     async def send(
         self,
@@ -401,7 +328,7 @@ class DurableSender:
 
         It does not wait for the spool's backlog; see :meth:`wait_drained`.
         """
-        await self._settled.wait()
+        await self._settlement.wait()
 
     async def wait_drained(self, timeout_s: float | None = None) -> None:
         """Wait until everything submitted so far is delivered, the spool included.
@@ -414,33 +341,14 @@ class DurableSender:
         """
         async with asyncio.timeout(timeout_s):
             while True:
-                await self._settled.wait()
+                await self._settlement.wait()
                 await self._direct.wait()
-                if self._settled.is_set():
+                if self._settlement.settled:
                     return
 
     # ------------------------------------------------------------ settling (callbacks)
 
-    def _on_client_done(self, number: int, sent: asyncio.Future[Any]) -> None:
-        item = self._inflight.pop(number, None)
-        error: BaseException | None
-        if sent.cancelled():
-            error = KafkaTimeoutError("the send was cancelled by the client")
-        else:
-            error = sent.exception()
-        if item is None:
-            # Given up on after delivery_timeout_ms: it is in the spool (or its caller
-            # got an error). A late success is a duplicate of the spooled copy.
-            if error is None:
-                log.debug("a record was delivered after its delivery timeout (duplicate)")
-            return
-        if error is None:
-            meta = sent.result()
-            self._resolve(item.result, RecordLocation(meta.topic, meta.partition, meta.offset))
-        else:
-            self._give_up(item, error)
-
-    def _give_up(self, item: _InFlight, error: BaseException) -> None:
+    def _give_up(self, item: PendingRecord, error: BaseException) -> None:
         """The client will not deliver ``item``: spool it, or fail its caller."""
         # The spool stays open until stop() has seen every record settled, so this is
         # safe while stopping too.
@@ -448,72 +356,18 @@ class DurableSender:
             self._enter_spooling(error)
             self._spool_item(item)
         else:
-            cause = producer_error(error, item.topic, idempotence=self.config.idempotence)
-            self._fail(item.result, cause, error)
+            failure = producer_error(error, item.topic, idempotence=self.config.idempotence)
+            self._settlement.fail(item, failure, error)
 
-    def _spool_item(self, item: _InFlight) -> None:
-        spool = self._spool
-        if spool is None:
-            self._fail(
-                item.result,
+    def _spool_item(self, item: PendingRecord) -> None:
+        if self._replayer is None:
+            self._settlement.fail(
+                item,
                 ProducerError(f"cannot deliver to {item.topic}: no broker and no spool"),
                 None,
             )
             return
-        entry = SpoolEntry.new(
-            item.topic,
-            item.value,
-            key=item.key,
-            headers=item.headers,
-            partition=item.partition,
-            timestamp_ms=item.timestamp_ms,
-        )
-        try:
-            written = spool.append_nowait(entry)
-        except ProducerError as exc:
-            self._fail(item.result, exc, None)
-            return
-        written.add_done_callback(functools.partial(self._on_spooled, item, entry))
-        if self._replayer is not None:
-            self._replayer.wake()
-
-    def _on_spooled(
-        self, item: _InFlight, entry: SpoolEntry, written: asyncio.Future[Path]
-    ) -> None:
-        error = None if written.cancelled() else written.exception()
-        if written.cancelled() or error is not None:
-            message = f"a record for {item.topic} could be neither delivered nor spooled"
-            self._fail(item.result, ProducerError(f"{message}: {error!r}"), error)
-            return
-        partition = item.partition if item.partition is not None else -1
-        where = str(written.result())
-        self._resolve(
-            item.result,
-            RecordLocation(item.topic, partition, -1, True, entry.id, where),
-        )
-
-    def _resolve(self, result: asyncio.Future[RecordLocation], value: RecordLocation) -> None:
-        if not result.done():
-            result.set_result(value)
-        self._settle_one()
-
-    def _fail(
-        self,
-        result: asyncio.Future[RecordLocation],
-        error: ProducerError,
-        cause: BaseException | None,
-    ) -> None:
-        if cause is not None:
-            error.__cause__ = cause
-        if not result.done():
-            result.set_exception(error)
-            result.add_done_callback(_retrieve)
-        self._settle_one()
-
-    def _settle_one(self) -> None:
-        self._unsettled -= 1
-        if self._unsettled == 0:
-            self._settled.set()
+        self._replayer.spool_record(item)
 
     def _enter_spooling(self, reason: BaseException | None = None) -> None:
         if self._spool is None:
@@ -529,43 +383,6 @@ class DurableSender:
                 )
         if self._replayer is not None:
             self._replayer.wake()
-
-    # ------------------------------------------------------------------------ expiry
-
-    def _start_expiry(self) -> None:
-        self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_routine())
-
-    async def _stop_expiry(self) -> None:
-        task, self._expiry_task = self._expiry_task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _expiry_routine(self) -> None:
-        """Give up on records the client holds longer than ``delivery_timeout_ms``.
-
-        A non-idempotent client expires its batches itself; an idempotent one retries
-        forever, and without this a put would hang for as long as the broker is away.
-        """
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._inflight:
-                self._inflight_added.clear()
-                await self._inflight_added.wait()
-                continue
-            number, item = next(iter(self._inflight.items()))
-            delay = item.deadline - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            del self._inflight[number]
-            self._give_up(
-                item,
-                KafkaTimeoutError(
-                    f"not acknowledged within delivery_timeout_ms="
-                    f"{self.config.effective_delivery_timeout_ms}"
-                ),
-            )
 
     # ------------------------------------------------------------------------ replay
 

@@ -5,31 +5,10 @@ cannot take it; the record counts as durable once its line is written and fsynce
 background replayer reads the oldest entries back, produces them, and removes the ones
 the broker acknowledged. This module owns only the files: appending with a shared
 (batched) fsync, reading back in append order, removing delivered entries, and moving
-unreadable lines aside. It knows nothing about Kafka.
-
-Directory layout::
-
-    spool_dir/
-      .lock                       flock'ed by the one Spool using the directory
-      spool-000000000001.jsonl    segments, oldest first (the number grows)
-      spool-000000000001.corrupt  lines of that segment that could not be parsed
-      spool-000000000001.rejected entries the broker refused for good (e.g. too large)
-
-Line schema: one JSON object per line, UTF-8, ``\\n``-terminated; bytes are standard
-base64 with padding; unknown fields are ignored when reading::
-
-    {"v": 1,                      format version; other versions are treated as corrupt
-     "id": "5f0c...",             unique entry id (uuid4 hex)
-     "topic": "orders",
-     "partition": null,           the requested partition; null: chosen by key at replay
-     "key_b64": "dXNlci0x",       null for a record without a key
-     "value_b64": "eyJ...",       null for a tombstone
-     "headers": [["dt_meta", "CgQI..."]],   [name, base64 value] pairs, in order
-     "timestamp_ms": 1700000000123,         the record's CreateTime (null: replay time)
-     "spooled_at_ms": 1700000000456}
-
-``*.rejected`` lines use the same schema plus ``"error"``. The Spark backfill job reads
-both kinds of file.
+unreadable lines aside. It knows nothing about Kafka. The directory layout and the
+blocking file operations are in :mod:`decaton_aio.spool_files`, the line schema (of
+segments and ``*.rejected`` files, which the Spark backfill job reads) in
+:mod:`decaton_aio.spool_format`.
 
 Durability: an append is answered only after its line was written and fsynced (and, for
 a new segment file, the directory too). Appends made in the same loop turn, or while a
@@ -56,24 +35,17 @@ import asyncio
 import contextlib
 import itertools
 import os
-import re
-import time
-import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
-import msgspec
 import structlog
 
+from decaton_aio import spool_files
 from decaton_aio.errors import ConfigError, ProducerError
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: no cross-process guard
-    fcntl = None  # type: ignore[assignment]
+from decaton_aio.spool_files import Segment
+from decaton_aio.spool_format import SPOOL_FORMAT_VERSION, CorruptLine, SpoolEntry, encode_line
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -82,211 +54,13 @@ __all__ = [
     "SpoolEntry",
 ]
 
-SPOOL_FORMAT_VERSION: Final = 1
-"""The ``v`` written in every spool line."""
 DEFAULT_SEGMENT_BYTES: Final = 1024 * 1024
 """A segment is closed and a new one started once it holds this many bytes."""
 
 log = structlog.get_logger("decaton_aio.spool")
 
-_SEGMENT_RE = re.compile(r"^spool-(\d{12})\.jsonl$")
-_LOCK_NAME = ".lock"
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class SpoolEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One spooled record, exactly as it is written to a spool line.
-
-    Attributes:
-        id: unique id of the entry (uuid4 hex).
-        topic: the destination topic.
-        partition: the requested partition; ``None`` lets the partitioner pick by key.
-        key: the record key (``key_b64`` on disk).
-        value: the record value (``value_b64`` on disk); ``None`` for a tombstone.
-        headers: ``(name, value)`` pairs, in order.
-        timestamp_ms: the record timestamp; ``None`` lets the client stamp it at replay.
-        spooled_at_ms: when the entry was created, in epoch milliseconds.
-        v: the line format version.
-    """
-
-    v: int = SPOOL_FORMAT_VERSION
-    id: str
-    topic: str
-    partition: int | None
-    key: bytes | None = msgspec.field(name="key_b64")
-    value: bytes | None = msgspec.field(name="value_b64")
-    headers: tuple[tuple[str, bytes], ...]
-    timestamp_ms: int | None
-    spooled_at_ms: int
-
-    @classmethod
-    def new(
-        cls,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        headers: Iterable[tuple[str, bytes]] = (),
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-    ) -> SpoolEntry:
-        """Make an entry with a fresh id, stamped with the current time.
-
-        Args:
-            topic: the destination topic.
-            value: the record value.
-            key: the record key.
-            headers: the record headers.
-            partition: an explicit partition, or ``None``.
-            timestamp_ms: the record timestamp, or ``None``.
-
-        Returns:
-            The new entry.
-        """
-        return cls(
-            id=uuid.uuid4().hex,
-            topic=topic,
-            partition=partition,
-            key=key,
-            value=value,
-            headers=tuple((name, bytes(data)) for name, data in headers),
-            timestamp_ms=timestamp_ms,
-            spooled_at_ms=_now_ms(),
-        )
-
-
-class _RejectedEntry(SpoolEntry, frozen=True, kw_only=True):
-    """A spool line moved to ``*.rejected``: the entry plus why the broker refused it."""
-
-    error: str
-
-
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(SpoolEntry)
-
-
-def _encode(entry: SpoolEntry) -> bytes:
-    return _encoder.encode(entry) + b"\n"
-
-
-@dataclass(eq=False)
-class _Segment:
-    """One segment file. ``lines`` counts entries written (or found at start)."""
-
-    seq: int
-    path: Path
-    lines: int = 0
-    nbytes: int = 0
-
-    def aside(self, suffix: str) -> Path:
-        return self.path.with_suffix(suffix)
-
-
-@dataclass(frozen=True, slots=True)
-class _CorruptLine:
-    number: int
-    raw: bytes
-    reason: str
-
-
-# ------------------------------------------------------------- blocking file helpers
-# These run in worker threads (asyncio.to_thread); they touch only what they are given.
-
-
-def _fsync_dir(directory: Path) -> None:
-    # A new or deleted file is durable only once its directory entry is.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(handle: IO[bytes] | None, path: Path, data: bytes) -> IO[bytes]:
-    created = handle is None
-    if handle is None:
-        handle = open(path, "ab")  # noqa: SIM115 - kept open across appends, closed on seal
-    try:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-        if created:
-            _fsync_dir(path.parent)
-    except BaseException:
-        handle.close()
-        raise
-    return handle
-
-
-def _append_lines(path: Path, data: bytes) -> None:
-    with open(path, "ab") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_dir(path.parent)
-
-
-def _delete(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    _fsync_dir(path.parent)
-
-
-def _parse(data: bytes) -> tuple[list[SpoolEntry], list[_CorruptLine]]:
-    entries: list[SpoolEntry] = []
-    corrupt: list[_CorruptLine] = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            entry = _decoder.decode(raw)
-        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-            corrupt.append(_CorruptLine(number, raw, str(exc)))
-            continue
-        if entry.v != SPOOL_FORMAT_VERSION:
-            corrupt.append(_CorruptLine(number, raw, f"unsupported format version {entry.v}"))
-            continue
-        entries.append(entry)
-    return entries, corrupt
-
-
-def _read_segment(path: Path) -> tuple[list[SpoolEntry], list[_CorruptLine]]:
-    return _parse(path.read_bytes())
-
-
-def _scan(directory: Path) -> list[_Segment]:
-    found: list[_Segment] = []
-    for child in directory.iterdir():
-        match = _SEGMENT_RE.match(child.name)
-        if match is None or not child.is_file():
-            continue
-        data = child.read_bytes()
-        # A torn last line without "\n" is counted too; it turns out corrupt when read.
-        lines = sum(1 for raw in data.split(b"\n") if raw.strip())
-        found.append(_Segment(int(match.group(1)), child, lines, len(data)))
-    found.sort(key=lambda seg: seg.seq)
-    return found
-
-
-def _lock(directory: Path) -> int | None:
-    if fcntl is None:  # pragma: no cover
-        return None
-    fd = os.open(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ConfigError(
-            f"the spool directory {directory} is in use by another producer: give each "
-            "producer its own spool_dir, or share one DurableSender"
-        ) from None
-    return fd
-
-
-# ----------------------------------------------------------------------------- spool
+# Writes each batch; looked up here at every write, so tests can patch it.
+_write_durably = spool_files.write_durably
 
 
 class Spool:
@@ -326,11 +100,11 @@ class Spool:
         self._flusher: asyncio.Task[None] | None = None
         # Serializes the threads that touch the active segment (write, seal, close).
         self._io_lock = asyncio.Lock()
-        self._active: _Segment | None = None
+        self._active: Segment | None = None
         self._active_handle: IO[bytes] | None = None
-        self._sealed: deque[_Segment] = deque()
+        self._sealed: deque[Segment] = deque()
         # The oldest sealed segment, read into memory: its undelivered entries by id.
-        self._loaded: _Segment | None = None
+        self._loaded: Segment | None = None
         self._loaded_entries: dict[str, SpoolEntry] = {}
 
     @property
@@ -372,8 +146,8 @@ class Spool:
             return
         try:
             await asyncio.to_thread(self._dir.mkdir, parents=True, exist_ok=True)
-            self._lock_fd = await asyncio.to_thread(_lock, self._dir)
-            found = await asyncio.to_thread(_scan, self._dir)
+            self._lock_fd = await asyncio.to_thread(spool_files.lock, self._dir)
+            found = await asyncio.to_thread(spool_files.scan, self._dir)
         except OSError as exc:
             self._release_lock()
             raise ProducerError(f"cannot open the spool directory {self._dir}: {exc}") from exc
@@ -428,7 +202,7 @@ class Spool:
         if not self._opened:
             raise ProducerError(f"the spool {self._dir} is not open")
         waiter: asyncio.Future[Path] = asyncio.get_running_loop().create_future()
-        self._buffer.append((_encode(entry), waiter))
+        self._buffer.append((encode_line(entry), waiter))
         if self._flusher is None:
             # Started as a task, so every append made in this loop turn joins its first
             # write: many concurrent appends share one fsync.
@@ -485,14 +259,14 @@ class Spool:
         finally:
             self._flusher = None
 
-    async def _write_locked(self, data: bytes) -> _Segment:
+    async def _write_locked(self, data: bytes) -> Segment:
         active = self._active
         if active is not None and active.lines and active.nbytes + len(data) > self._segment_bytes:
             await self._seal_active_locked()
             active = None
         if active is None:
             seq, self._next_seq = self._next_seq, self._next_seq + 1
-            active = self._active = _Segment(seq, self._dir / f"spool-{seq:012d}.jsonl")
+            active = self._active = Segment(seq, self._dir / f"spool-{seq:012d}.jsonl")
         handle = self._active_handle
         try:
             self._active_handle = await asyncio.to_thread(_write_durably, handle, active.path, data)
@@ -519,7 +293,7 @@ class Spool:
         if active.lines:
             self._sealed.append(active)
         elif active.path.exists():
-            await asyncio.to_thread(_delete, active.path)
+            await asyncio.to_thread(spool_files.delete, active.path)
 
     # ------------------------------------------------------------------- read/remove
 
@@ -550,9 +324,9 @@ class Spool:
             await self._load(self._sealed.popleft())
         return list(itertools.islice(self._loaded_entries.values(), max(1, limit)))
 
-    async def _load(self, segment: _Segment) -> None:
+    async def _load(self, segment: Segment) -> None:
         try:
-            entries, corrupt = await asyncio.to_thread(_read_segment, segment.path)
+            entries, corrupt = await asyncio.to_thread(spool_files.read_segment, segment.path)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -562,15 +336,13 @@ class Spool:
         if corrupt:
             await self._move_aside(segment, corrupt)
         if not entries:
-            await asyncio.to_thread(_delete, segment.path)
+            await asyncio.to_thread(spool_files.delete, segment.path)
             return
         self._loaded = segment
         self._loaded_entries = {entry.id: entry for entry in entries}
 
-    async def _move_aside(self, segment: _Segment, corrupt: Sequence[_CorruptLine]) -> None:
-        target = segment.aside(".corrupt")
-        data = b"".join(line.raw + b"\n" for line in corrupt)
-        await asyncio.to_thread(_append_lines, target, data)
+    async def _move_aside(self, segment: Segment, corrupt: Sequence[CorruptLine]) -> None:
+        target = await asyncio.to_thread(spool_files.move_aside, segment, corrupt)
         for line in corrupt:
             log.warning(
                 "corrupt spool line moved aside",
@@ -603,11 +375,7 @@ class Spool:
         rejected = [entry for entry in entries if entry.id in self._loaded_entries]
         if loaded is None or not rejected:
             return
-        data = b"".join(
-            _encoder.encode(_RejectedEntry(**msgspec.structs.asdict(entry), error=error)) + b"\n"
-            for entry in rejected
-        )
-        await asyncio.to_thread(_append_lines, loaded.aside(".rejected"), data)
+        await asyncio.to_thread(spool_files.append_rejected, loaded, rejected, error)
         await self.remove(rejected)
 
     async def _maybe_delete_loaded(self) -> None:
@@ -616,7 +384,7 @@ class Spool:
             return
         self._loaded = None
         try:
-            await asyncio.to_thread(_delete, loaded.path)
+            await asyncio.to_thread(spool_files.delete, loaded.path)
         except OSError as exc:
             # Only costs duplicates: the segment is replayed again on the next start.
             log.error(

@@ -1,8 +1,10 @@
 """A Kafka source for Spark through the Python Data Source API (format ``decaton_kafka``).
 
-This module owns the data source class, the read side (options, planning, reading one Kafka
-partition in a Spark task) and the registration of the format with a session. The write
-side lives in :mod:`spark_jobs.kafka_sink`; :class:`KafkaDataSource` hands out both.
+This module owns the data source class, the read side (planning, reading one Kafka
+partition in a Spark task) and the registration of the format with a session. Parsing the
+options lives in :mod:`spark_jobs._kafka_options`, the row schema and its Arrow batches in
+:mod:`spark_jobs._kafka_schema`. The write side lives in :mod:`spark_jobs.kafka_sink`;
+:class:`KafkaDataSource` hands out both.
 
 Spark's own Kafka connector is a JVM jar that cannot be fetched offline, so this source
 talks to the broker with aiokafka from Spark's Python workers::
@@ -52,8 +54,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -63,6 +64,13 @@ from pyspark.sql.types import StructType
 
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import PartitionExtent, partition_extents
+from spark_jobs._kafka_options import EARLIEST, LATEST, KafkaReadOptions, parse_offsets
+
+# Re-exported: spark_jobs.kafka_sink imports these option helpers from here.
+from spark_jobs._kafka_options import int_option as int_option
+from spark_jobs._kafka_options import option_value as option_value
+from spark_jobs._kafka_options import require_option as require_option
+from spark_jobs._kafka_schema import SCHEMA_DDL, SPARK_TYPES, to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -87,229 +95,12 @@ __all__ = [
 FORMAT: Final = "decaton_kafka"
 """The name to pass to ``spark.read.format()`` and ``df.write.format()``."""
 
-SCHEMA_DDL: Final = (
-    "topic string, partition int, offset long, timestamp long, key binary, value binary, "
-    "headers array<struct<key: string, value: binary>>"
-)
-"""The schema of a read, as Spark DDL."""
-
-EARLIEST: Final = -2
-"""In an offsets option: the first offset still in the log."""
-
-LATEST: Final = -1
-"""In an offsets option: the end of the log (the high watermark when the query is planned)."""
-
-DEFAULT_MAX_POLL_RECORDS: Final = 5000
-DEFAULT_POLL_TIMEOUT_MS: Final = 30_000
-
 # A fetch waits at most this long for data; short, so an empty partition answers quickly.
 _FETCH_MAX_WAIT_MS: Final = 100
 # How long one getmany() call may wait before the loop looks at the position again.
 _POLL_SLICE_MS: Final = 200
 # How long planning may take to learn the high watermark of every partition.
 _PLAN_TIMEOUT_S: Final = 30.0
-
-_ARROW_SCHEMA: Final = pa.schema(
-    [
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.int64()),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field(
-            "headers",
-            pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
-        ),
-    ]
-)
-# The schema as Spark's simpleString() spells each field's type.
-_SPARK_TYPES: Final = [
-    ("topic", "string"),
-    ("partition", "int"),
-    ("offset", "bigint"),
-    ("timestamp", "bigint"),
-    ("key", "binary"),
-    ("value", "binary"),
-    ("headers", "array<struct<key:string,value:binary>>"),
-]
-_HEADER_TYPE: Final = _ARROW_SCHEMA.field("headers").type.value_type
-
-_OFFSET_WORDS: Final = {"earliest": EARLIEST, "latest": LATEST}
-
-
-# --------------------------------------------------------------------------- options
-
-
-def option_value(options: Mapping[str, str], name: str) -> str | None:
-    """The stripped value of an option, or ``None`` when absent or blank.
-
-    Spark hands options over in a case-insensitive mapping; a plain dict (in unit tests or
-    helpers) is looked up case-insensitively too.
-    """
-    value = options.get(name)
-    if value is None:
-        lowered = name.lower()
-        value = next((v for k, v in options.items() if k.lower() == lowered), None)
-    if value is None:
-        return None
-    value = str(value).strip()
-    return value or None
-
-
-def require_option(options: Mapping[str, str], name: str, what: str) -> str:
-    """The value of a required option.
-
-    Raises:
-        ConfigError: when it is missing; the message shows how to set it.
-    """
-    value = option_value(options, name)
-    if value is None:
-        raise ConfigError(f"option {name!r} is required: {what}, e.g. .option({name!r}, ...)")
-    return value
-
-
-def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
-    """An integer option with a default.
-
-    Raises:
-        ConfigError: when the value is not an integer or below ``minimum``.
-    """
-    raw = option_value(options, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"option {name!r} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"option {name!r} must be >= {minimum}, got {value}")
-    return value
-
-
-def parse_offsets(text: str | None, option: str, *, default: int) -> tuple[int, dict[int, int]]:
-    """Parse a ``startingOffsets`` or ``endingOffsets`` value.
-
-    Args:
-        text: ``"earliest"``, ``"latest"``, a JSON object ``{"<partition>": offset}`` whose
-            offsets are ``>= 0``, ``-2``/``"earliest"`` or ``-1``/``"latest"``; ``None`` for
-            the default.
-        option: the option's name, for error messages.
-        default: :data:`EARLIEST` or :data:`LATEST`, used when ``text`` is ``None``.
-
-    Returns:
-        The bound for partitions not named, and the bound of each named partition; bounds
-        are offsets or :data:`EARLIEST`/:data:`LATEST`.
-
-    Raises:
-        ConfigError: when the text is neither word nor a JSON object of that shape.
-    """
-    if text is None:
-        return default, {}
-    word = _OFFSET_WORDS.get(text.lower())
-    if word is not None:
-        return word, {}
-    try:
-        decoded = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"option {option!r} must be 'earliest', 'latest' or a JSON object like "
-            f'{{"0": 5}}, got {text!r} ({exc.msg})'
-        ) from None
-    if not isinstance(decoded, dict):
-        raise ConfigError(f'option {option!r} must be a JSON object like {{"0": 5}}, got {text!r}')
-    bounds: dict[int, int] = {}
-    for key, value in decoded.items():
-        try:
-            partition = int(key)
-        except ValueError:
-            partition = -1
-        if partition < 0:
-            raise ConfigError(f"option {option!r}: {key!r} is not a partition number")
-        bounds[partition] = _offset_bound(value, option, partition)
-    return default, bounds
-
-
-def _offset_bound(value: Any, option: str, partition: int) -> int:
-    if isinstance(value, str) and value.lower() in _OFFSET_WORDS:
-        return _OFFSET_WORDS[value.lower()]
-    if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
-        raise ConfigError(
-            f"option {option!r}: partition {partition} has {value!r}; use an offset >= 0, "
-            "-2 or 'earliest', -1 or 'latest'"
-        )
-    return value
-
-
-@dataclass(frozen=True)
-class KafkaReadOptions:
-    """The parsed options of a read (see the module docstring for each option).
-
-    Attributes:
-        bootstrap_servers: where the cluster is.
-        topic: the topic to read.
-        starting: the start bound of partitions not named in ``starting_by_partition``.
-        starting_by_partition: start bounds of named partitions.
-        ending: the end bound of partitions not named in ``ending_by_partition``.
-        ending_by_partition: exclusive end bounds of named partitions.
-        max_poll_records: records per poll in a Spark task.
-        poll_timeout_ms: how long a partition read may stall before failing.
-    """
-
-    bootstrap_servers: str
-    topic: str
-    starting: int = EARLIEST
-    starting_by_partition: Mapping[int, int] | None = None
-    ending: int = LATEST
-    ending_by_partition: Mapping[int, int] | None = None
-    max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
-    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> KafkaReadOptions:
-        """Validate and parse the options Spark passes to the source.
-
-        Raises:
-            ConfigError: when an option is missing or malformed.
-        """
-        bootstrap = require_option(options, "bootstrap.servers", "host:port of the cluster")
-        topic = require_option(options, "topic", "the topic to read")
-        starting, starting_by = parse_offsets(
-            option_value(options, "startingOffsets"), "startingOffsets", default=EARLIEST
-        )
-        ending, ending_by = parse_offsets(
-            option_value(options, "endingOffsets"), "endingOffsets", default=LATEST
-        )
-        if ending == EARLIEST or EARLIEST in ending_by.values():
-            raise ConfigError("option 'endingOffsets' cannot be 'earliest' (-2): nothing to read")
-        for partition, start in starting_by.items():
-            end = ending_by.get(partition, ending)
-            if start >= 0 and end >= 0 and start > end:
-                raise ConfigError(
-                    f"partition {partition}: startingOffsets {start} is after endingOffsets {end}"
-                )
-        return cls(
-            bootstrap_servers=bootstrap,
-            topic=topic,
-            starting=starting,
-            starting_by_partition=starting_by,
-            ending=ending,
-            ending_by_partition=ending_by,
-            max_poll_records=int_option(options, "maxPollRecords", DEFAULT_MAX_POLL_RECORDS),
-            poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS),
-        )
-
-    def start_bound(self, partition: int) -> int:
-        """The start bound asked for ``partition``: an offset, EARLIEST or LATEST."""
-        return (self.starting_by_partition or {}).get(partition, self.starting)
-
-    def end_bound(self, partition: int) -> int:
-        """The end bound asked for ``partition``: an offset or LATEST."""
-        return (self.ending_by_partition or {}).get(partition, self.ending)
-
-    def named_partitions(self) -> set[int]:
-        """The partitions named in either offsets option."""
-        return set(self.starting_by_partition or {}) | set(self.ending_by_partition or {})
 
 
 # --------------------------------------------------------------------------- planning
@@ -391,38 +182,6 @@ def plan_partitions(
 # --------------------------------------------------------------------------- reading
 
 
-def _to_arrow(topic: str, partition: int, records: Sequence[Any]) -> pa.RecordBatch:
-    """Build one Arrow batch of rows in :data:`SCHEMA_DDL` order from aiokafka records."""
-    n = len(records)
-    list_offsets = [0]
-    header_keys: list[str] = []
-    header_values: list[bytes | None] = []
-    for record in records:
-        for key, value in record.headers:
-            header_keys.append(key)
-            header_values.append(value)
-        list_offsets.append(len(header_keys))
-    headers = pa.ListArray.from_arrays(
-        pa.array(list_offsets, pa.int32()),
-        pa.StructArray.from_arrays(
-            [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
-            fields=list(_HEADER_TYPE),
-        ),
-    )
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.timestamp for r in records], pa.int64()),
-            pa.array([r.key for r in records], pa.binary()),
-            pa.array([r.value for r in records], pa.binary()),
-            headers,
-        ],
-        schema=_ARROW_SCHEMA,
-    )
-
-
 def read_partition(
     options: KafkaReadOptions, part: KafkaInputPartition
 ) -> Iterator[pa.RecordBatch]:
@@ -491,7 +250,7 @@ def _poll_until(
             ) from exc
         records = [r for r in batch.get(tp, ()) if r.offset < part.end]
         if records:
-            yield _to_arrow(part.topic, part.partition, records)
+            yield to_arrow(part.topic, part.partition, records)
         # The position, not the last record, says how far the read got: it also moves
         # past offsets that hold no record (transaction markers, compacted-away records).
         new_position = loop.run_until_complete(consumer.position(tp))
@@ -512,7 +271,7 @@ def _check_schema(schema: StructType) -> None:
     # StructType.fromDDL needs a JVM, which a Python worker does not have: compare the
     # field names and Spark's own type names instead.
     got = [(f.name, f.dataType.simpleString()) for f in schema.fields]
-    if got != _SPARK_TYPES:
+    if got != SPARK_TYPES:
         raise ConfigError(
             f"the {FORMAT} source has a fixed schema ({SCHEMA_DDL}); do not pass .schema(), "
             f"got {schema.simpleString()}"

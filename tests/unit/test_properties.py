@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from decaton_aio import property_sources
+from decaton_aio import kafka_property_source
 from decaton_aio.errors import ConfigError
 from decaton_aio.properties import (
     BUILTIN_DEFINITIONS,
@@ -754,7 +754,7 @@ async def test_kafka_source_load_returns_latest_values_without_resets() -> None:
 
 async def test_kafka_source_survives_a_fetch_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Kafka error while fetching is logged and retried; later records still apply."""
-    monkeypatch.setattr(property_sources, "_FETCH_RETRY_BACKOFF_S", 0.001)
+    monkeypatch.setattr(kafka_property_source, "_FETCH_RETRY_BACKOFF_S", 0.001)
     consumer = _FakeConsumer([], failures=[KafkaError("broker gone")])
     source = KafkaPropertySource("unused:9092", "props", consumer_factory=lambda: consumer)
     props = Properties()

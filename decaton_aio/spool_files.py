@@ -1,0 +1,167 @@
+"""The spool's files: the directory layout, segments, and the blocking file operations.
+
+Directory layout::
+
+    spool_dir/
+      .lock                       flock'ed by the one Spool using the directory
+      spool-000000000001.jsonl    segments, oldest first (the number grows)
+      spool-000000000001.corrupt  lines of that segment that could not be parsed
+      spool-000000000001.rejected entries the broker refused for good (e.g. too large)
+
+:class:`~decaton_aio.spool.Spool` runs these functions in worker threads
+(``asyncio.to_thread``); each touches only what it is given. They write durably (data,
+then ``fsync`` of the file and, for a new or deleted file, of its directory), read and
+find segment files, and take the directory's ``flock``. Their lines are in the format of
+:mod:`decaton_aio.spool_format`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+from decaton_aio.errors import ConfigError
+from decaton_aio.spool_format import CorruptLine, SpoolEntry, encode_rejected_line, parse_lines
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no cross-process guard
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "LOCK_NAME",
+    "SEGMENT_RE",
+    "Segment",
+    "append_lines",
+    "append_rejected",
+    "delete",
+    "fsync_dir",
+    "lock",
+    "move_aside",
+    "read_segment",
+    "scan",
+    "write_durably",
+]
+
+SEGMENT_RE: Final = re.compile(r"^spool-(\d{12})\.jsonl$")
+"""The name of a segment file; the number grows with each new segment."""
+LOCK_NAME: Final = ".lock"
+"""The file ``flock``-ed by the one spool using a directory."""
+
+
+@dataclass(eq=False)
+class Segment:
+    """One segment file. ``lines`` counts entries written (or found at start)."""
+
+    seq: int
+    path: Path
+    lines: int = 0
+    nbytes: int = 0
+
+    def aside(self, suffix: str) -> Path:
+        """The file next to the segment where its lines are moved aside (``.corrupt``...)."""
+        return self.path.with_suffix(suffix)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of ``directory`` (new or deleted files) durable."""
+    # A new or deleted file is durable only once its directory entry is.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(handle: IO[bytes] | None, path: Path, data: bytes) -> IO[bytes]:
+    """Append ``data`` to ``path`` and fsync it; returns the handle to append with next.
+
+    ``handle`` is ``None`` for a new file. On failure the handle is closed.
+    """
+    created = handle is None
+    if handle is None:
+        handle = open(path, "ab")  # noqa: SIM115 - kept open across appends, closed on seal
+    try:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+        if created:
+            fsync_dir(path.parent)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def append_lines(path: Path, data: bytes) -> None:
+    """Append ``data`` to a side file (``.corrupt``, ``.rejected``) and fsync it."""
+    with open(path, "ab") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    fsync_dir(path.parent)
+
+
+def move_aside(segment: Segment, corrupt: Sequence[CorruptLine]) -> Path:
+    """Append unreadable lines to the segment's ``.corrupt`` file; returns that file."""
+    target = segment.aside(".corrupt")
+    append_lines(target, b"".join(line.raw + b"\n" for line in corrupt))
+    return target
+
+
+def append_rejected(segment: Segment, entries: Sequence[SpoolEntry], error: str) -> None:
+    """Append entries the broker refused for good to the segment's ``.rejected`` file."""
+    data = b"".join(encode_rejected_line(entry, error) for entry in entries)
+    append_lines(segment.aside(".rejected"), data)
+
+
+def delete(path: Path) -> None:
+    """Delete a file (gone already is fine) and fsync its directory."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fsync_dir(path.parent)
+
+
+def read_segment(path: Path) -> tuple[list[SpoolEntry], list[CorruptLine]]:
+    """The entries of a segment file and its lines that cannot be read."""
+    return parse_lines(path.read_bytes())
+
+
+def scan(directory: Path) -> list[Segment]:
+    """The segment files in ``directory``, oldest first, with their line counts."""
+    found: list[Segment] = []
+    for child in directory.iterdir():
+        match = SEGMENT_RE.match(child.name)
+        if match is None or not child.is_file():
+            continue
+        data = child.read_bytes()
+        # A torn last line without "\n" is counted too; it turns out corrupt when read.
+        lines = sum(1 for raw in data.split(b"\n") if raw.strip())
+        found.append(Segment(int(match.group(1)), child, lines, len(data)))
+    found.sort(key=lambda seg: seg.seq)
+    return found
+
+
+def lock(directory: Path) -> int | None:
+    """Take the directory's ``flock``; returns the descriptor that holds it.
+
+    Raises:
+        ConfigError: another spool holds it.
+    """
+    if fcntl is None:  # pragma: no cover
+        return None
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"the spool directory {directory} is in use by another producer: give each "
+            "producer its own spool_dir, or share one DurableSender"
+        ) from None
+    return fd

@@ -1,0 +1,212 @@
+"""The read options of the ``decaton_kafka`` source: lookup, offsets, and their parsed form.
+
+Spark hands options over as strings in a case-insensitive mapping. This module owns
+reading them (:func:`option_value`, :func:`require_option`, :func:`int_option`; the sink
+uses them too), parsing ``startingOffsets``/``endingOffsets`` into bounds
+(:func:`parse_offsets`, :data:`EARLIEST`, :data:`LATEST`), and :class:`KafkaReadOptions`,
+the validated options of one read. What each option means is documented in
+:mod:`spark_jobs.kafka_source`, which re-exports the names used from outside.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from decaton_aio.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_MAX_POLL_RECORDS",
+    "DEFAULT_POLL_TIMEOUT_MS",
+    "EARLIEST",
+    "LATEST",
+    "KafkaReadOptions",
+    "int_option",
+    "option_value",
+    "parse_offsets",
+    "require_option",
+]
+
+EARLIEST: Final = -2
+"""In an offsets option: the first offset still in the log."""
+
+LATEST: Final = -1
+"""In an offsets option: the end of the log (the high watermark when the query is planned)."""
+
+DEFAULT_MAX_POLL_RECORDS: Final = 5000
+DEFAULT_POLL_TIMEOUT_MS: Final = 30_000
+
+_OFFSET_WORDS: Final = {"earliest": EARLIEST, "latest": LATEST}
+
+
+def option_value(options: Mapping[str, str], name: str) -> str | None:
+    """The stripped value of an option, or ``None`` when absent or blank.
+
+    Spark hands options over in a case-insensitive mapping; a plain dict (in unit tests or
+    helpers) is looked up case-insensitively too.
+    """
+    value = options.get(name)
+    if value is None:
+        lowered = name.lower()
+        value = next((v for k, v in options.items() if k.lower() == lowered), None)
+    if value is None:
+        return None
+    value = str(value).strip()
+    return value or None
+
+
+def require_option(options: Mapping[str, str], name: str, what: str) -> str:
+    """The value of a required option.
+
+    Raises:
+        ConfigError: when it is missing; the message shows how to set it.
+    """
+    value = option_value(options, name)
+    if value is None:
+        raise ConfigError(f"option {name!r} is required: {what}, e.g. .option({name!r}, ...)")
+    return value
+
+
+def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+    """An integer option with a default.
+
+    Raises:
+        ConfigError: when the value is not an integer or below ``minimum``.
+    """
+    raw = option_value(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"option {name!r} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"option {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_offsets(text: str | None, option: str, *, default: int) -> tuple[int, dict[int, int]]:
+    """Parse a ``startingOffsets`` or ``endingOffsets`` value.
+
+    Args:
+        text: ``"earliest"``, ``"latest"``, a JSON object ``{"<partition>": offset}`` whose
+            offsets are ``>= 0``, ``-2``/``"earliest"`` or ``-1``/``"latest"``; ``None`` for
+            the default.
+        option: the option's name, for error messages.
+        default: :data:`EARLIEST` or :data:`LATEST`, used when ``text`` is ``None``.
+
+    Returns:
+        The bound for partitions not named, and the bound of each named partition; bounds
+        are offsets or :data:`EARLIEST`/:data:`LATEST`.
+
+    Raises:
+        ConfigError: when the text is neither word nor a JSON object of that shape.
+    """
+    if text is None:
+        return default, {}
+    word = _OFFSET_WORDS.get(text.lower())
+    if word is not None:
+        return word, {}
+    try:
+        decoded = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"option {option!r} must be 'earliest', 'latest' or a JSON object like "
+            f'{{"0": 5}}, got {text!r} ({exc.msg})'
+        ) from None
+    if not isinstance(decoded, dict):
+        raise ConfigError(f'option {option!r} must be a JSON object like {{"0": 5}}, got {text!r}')
+    bounds: dict[int, int] = {}
+    for key, value in decoded.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            partition = -1
+        if partition < 0:
+            raise ConfigError(f"option {option!r}: {key!r} is not a partition number")
+        bounds[partition] = _offset_bound(value, option, partition)
+    return default, bounds
+
+
+def _offset_bound(value: Any, option: str, partition: int) -> int:
+    if isinstance(value, str) and value.lower() in _OFFSET_WORDS:
+        return _OFFSET_WORDS[value.lower()]
+    if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
+        raise ConfigError(
+            f"option {option!r}: partition {partition} has {value!r}; use an offset >= 0, "
+            "-2 or 'earliest', -1 or 'latest'"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class KafkaReadOptions:
+    """The parsed options of a read (see the module docstring for each option).
+
+    Attributes:
+        bootstrap_servers: where the cluster is.
+        topic: the topic to read.
+        starting: the start bound of partitions not named in ``starting_by_partition``.
+        starting_by_partition: start bounds of named partitions.
+        ending: the end bound of partitions not named in ``ending_by_partition``.
+        ending_by_partition: exclusive end bounds of named partitions.
+        max_poll_records: records per poll in a Spark task.
+        poll_timeout_ms: how long a partition read may stall before failing.
+    """
+
+    bootstrap_servers: str
+    topic: str
+    starting: int = EARLIEST
+    starting_by_partition: Mapping[int, int] | None = None
+    ending: int = LATEST
+    ending_by_partition: Mapping[int, int] | None = None
+    max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> KafkaReadOptions:
+        """Validate and parse the options Spark passes to the source.
+
+        Raises:
+            ConfigError: when an option is missing or malformed.
+        """
+        bootstrap = require_option(options, "bootstrap.servers", "host:port of the cluster")
+        topic = require_option(options, "topic", "the topic to read")
+        starting, starting_by = parse_offsets(
+            option_value(options, "startingOffsets"), "startingOffsets", default=EARLIEST
+        )
+        ending, ending_by = parse_offsets(
+            option_value(options, "endingOffsets"), "endingOffsets", default=LATEST
+        )
+        if ending == EARLIEST or EARLIEST in ending_by.values():
+            raise ConfigError("option 'endingOffsets' cannot be 'earliest' (-2): nothing to read")
+        for partition, start in starting_by.items():
+            end = ending_by.get(partition, ending)
+            if start >= 0 and end >= 0 and start > end:
+                raise ConfigError(
+                    f"partition {partition}: startingOffsets {start} is after endingOffsets {end}"
+                )
+        return cls(
+            bootstrap_servers=bootstrap,
+            topic=topic,
+            starting=starting,
+            starting_by_partition=starting_by,
+            ending=ending,
+            ending_by_partition=ending_by,
+            max_poll_records=int_option(options, "maxPollRecords", DEFAULT_MAX_POLL_RECORDS),
+            poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS),
+        )
+
+    def start_bound(self, partition: int) -> int:
+        """The start bound asked for ``partition``: an offset, EARLIEST or LATEST."""
+        return (self.starting_by_partition or {}).get(partition, self.starting)
+
+    def end_bound(self, partition: int) -> int:
+        """The end bound asked for ``partition``: an offset or LATEST."""
+        return (self.ending_by_partition or {}).get(partition, self.ending)
+
+    def named_partitions(self) -> set[int]:
+        """The partitions named in either offsets option."""
+        return set(self.starting_by_partition or {}) | set(self.ending_by_partition or {})
