@@ -1,12 +1,18 @@
-"""Running a processor coroutine eagerly: no scheduled task unless it suspends.
+"""Starting processor coroutines cheaply: eagerly when they finish at once, as tasks when
+they wait.
 
 Most time in a no-op or cache-hit processor would go to creating and scheduling an
-``asyncio.Task``. Here the coroutine's first step runs at once, in the caller's turn of the
-loop; only a coroutine that actually suspends (awaits I/O) is handed to a task that
-carries on from where it stopped. This is what Python 3.12 calls an eager task, without
-the task object for the common case, and on every supported version.
+``asyncio.Task``. The eager path runs the coroutine's first step at once, in the caller's
+turn of the loop, and only a coroutine that actually suspends (awaits I/O) is handed to a
+task that carries on from where it stopped (what Python 3.12 calls an eager task, without
+the task object for the common case, on every supported version).
 
-Each coroutine runs in its own copy of the caller's context, so a context variable a
+For a processor that nearly always waits (I/O-bound), the eager step only adds the cost of
+handing the suspended coroutine over. :class:`CoroutineStarter` watches how often tasks
+suspend and, when most do, starts them as plain tasks; one task in :data:`PROBE_EVERY`
+still goes the eager way, so a change of behaviour is noticed.
+
+Every coroutine runs in its own copy of the caller's context, so a context variable a
 processor sets never leaks into the runtime or into other tasks.
 """
 
@@ -17,14 +23,67 @@ import contextvars
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-__all__ = ["start_eagerly"]
+__all__ = ["PROBE_EVERY", "CoroutineStarter", "start_eagerly"]
 
 Done = Callable[[BaseException | None], None]
+
+#: In task mode, one start in this many still runs eagerly to measure suspension.
+PROBE_EVERY = 32
+# Suspension score: +1 when a probed coroutine suspends, -1 when it finishes at once,
+# clamped to [0, _SCORE_MAX]; task mode while the score is above _TASK_MODE_ABOVE.
+_SCORE_MAX = 16
+_TASK_MODE_ABOVE = 8
+
+
+class CoroutineStarter:
+    """Starts coroutines for one executor and keeps the ones that run.
+
+    Attributes:
+        tasks: the tasks running now (to wait for or cancel them at shutdown).
+    """
+
+    __slots__ = ("_count", "_score", "tasks")
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._score = 0
+        self._count = 0
+
+    @property
+    def task_mode(self) -> bool:
+        """Whether most recent coroutines suspended, so new ones start as plain tasks."""
+        return self._score > _TASK_MODE_ABOVE
+
+    def start(self, coro: Coroutine[Any, Any, Any], done: Done) -> None:
+        """Start ``coro``; ``done(exc_or_none)`` is called exactly once when it ends."""
+        if self._score > _TASK_MODE_ABOVE:
+            self._count += 1
+            if self._count % PROBE_EVERY:
+                # create_task copies the current context itself.
+                task = asyncio.get_running_loop().create_task(coro)
+                self._track(task, done)
+                return
+        suspended = start_eagerly(coro, done, self.tasks)
+        if suspended:
+            if self._score < _SCORE_MAX:
+                self._score += 1
+        elif self._score:
+            self._score -= 1
+
+    def _track(self, task: asyncio.Task[Any], done: Done) -> None:
+        tasks = self.tasks
+        tasks.add(task)
+
+        def finished(t: asyncio.Task[Any]) -> None:
+            tasks.discard(t)
+            done(asyncio.CancelledError() if t.cancelled() else t.exception())
+
+        task.add_done_callback(finished)
 
 
 def start_eagerly(
     coro: Coroutine[Any, Any, Any], done: Done, tasks: set[asyncio.Task[Any]]
-) -> None:
+) -> bool:
     """Run ``coro`` up to its first suspension; finish it in a task only if it suspends.
 
     Args:
@@ -34,27 +93,28 @@ def start_eagerly(
             raise.
         tasks: the set the continuation task is added to while it runs (so it can be
             awaited or cancelled, and is not garbage collected mid-flight).
+
+    Returns:
+        True when the coroutine suspended and goes on in a task.
     """
     context = contextvars.copy_context()
     try:
         yielded = context.run(coro.send, None)
     except StopIteration:
         done(None)
-        return
+        return False
     except BaseException as exc:  # the processor's own failure is the caller's to report
         done(exc)
-        return
+        return False
     task = asyncio.get_running_loop().create_task(_resume(coro, yielded), context=context)
     tasks.add(task)
 
     def finished(t: asyncio.Task[Any]) -> None:
         tasks.discard(t)
-        if t.cancelled():
-            done(asyncio.CancelledError())
-        else:
-            done(t.exception())
+        done(asyncio.CancelledError() if t.cancelled() else t.exception())
 
     task.add_done_callback(finished)
+    return True
 
 
 async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
@@ -80,7 +140,7 @@ class _Continue:
         while True:
             try:
                 sent = yield yielded
-            except BaseException as exc:
+            except BaseException as exc:  # forwarded, as yield from does
                 try:
                     yielded = coro.throw(exc)
                 except StopIteration as stop:

@@ -32,7 +32,7 @@ import structlog
 
 from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
 from decaton_aio.context import ProcessingContext
-from decaton_aio.eager import start_eagerly
+from decaton_aio.eager import CoroutineStarter
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import scheduled_time_of
 from decaton_aio.partition import PartitionProcessor, PartitionState, Record
@@ -87,7 +87,8 @@ class TaskExecutor:
         self._retry = retry
         self._topics = side_topics or SideTopics()
         self._deferred_policy = deferred_timeout_policy
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._starter = CoroutineStarter()
+        self._tasks = self._starter.tasks  # processor continuations and sends
 
     # ---------------------------------------------------------------------- start
 
@@ -121,7 +122,7 @@ class TaskExecutor:
         except Exception as exc:  # a processor that is not a coroutine function
             self._finished(partition, ctx, exc)
             return
-        start_eagerly(coro, partial(self._finished, partition, ctx), self._tasks)
+        self._starter.start(coro, partial(self._finished, partition, ctx))
 
     def shape(self, partition: PartitionProcessor, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""

@@ -1,0 +1,80 @@
+"""Starting coroutines: eagerly when they finish at once, as tasks when they wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+from decaton_aio.eager import PROBE_EVERY, CoroutineStarter, start_eagerly
+
+var: contextvars.ContextVar[int] = contextvars.ContextVar("var", default=0)
+
+
+async def instant(n: int) -> int:
+    var.set(n)
+    return n
+
+
+async def waits(n: int) -> int:
+    var.set(n)
+    await asyncio.sleep(0)
+    assert var.get() == n  # its own context survives the suspension
+    return n
+
+
+async def fails() -> None:
+    await asyncio.sleep(0)
+    raise ValueError("boom")
+
+
+async def test_instant_coroutine_finishes_inside_the_call() -> None:
+    """A coroutine that never suspends is done before start_eagerly returns, no task."""
+    results: list[BaseException | None] = []
+    tasks: set[asyncio.Task[object]] = set()
+    assert start_eagerly(instant(1), results.append, tasks) is False
+    assert results == [None]
+    assert not tasks
+    assert var.get() == 0  # the context variable it set did not leak
+
+
+async def test_suspending_coroutine_goes_on_in_a_task_and_reports_errors() -> None:
+    """A coroutine that suspends continues in a tracked task; its exception is reported."""
+    results: list[BaseException | None] = []
+    tasks: set[asyncio.Task[object]] = set()
+    assert start_eagerly(waits(2), results.append, tasks) is True
+    assert start_eagerly(fails(), results.append, tasks) is True
+    assert len(tasks) == 2
+    await asyncio.sleep(0.01)
+    assert results[0] is None
+    assert isinstance(results[1], ValueError)
+    assert not tasks
+
+
+async def test_cancelling_the_continuation_reports_cancellation() -> None:
+    """Cancelling a continuation task throws into the coroutine and reports it."""
+    results: list[BaseException | None] = []
+    tasks: set[asyncio.Task[object]] = set()
+    start_eagerly(asyncio.sleep(10), results.append, tasks)
+    for task in list(tasks):
+        task.cancel()
+    await asyncio.sleep(0.01)
+    assert len(results) == 1
+    assert isinstance(results[0], asyncio.CancelledError)
+
+
+async def test_starter_switches_to_tasks_for_waiting_processors_and_back() -> None:
+    """After a run of suspending coroutines the starter uses plain tasks, still probing
+    eagerly now and then; when coroutines stop suspending it returns to eager starts."""
+    starter = CoroutineStarter()
+    done: list[BaseException | None] = []
+    for n in range(20):
+        starter.start(waits(n), done.append)
+    assert starter.task_mode
+    await asyncio.sleep(0.01)
+    assert done == [None] * 20
+    for n in range(PROBE_EVERY * 12):
+        starter.start(instant(n), done.append)
+    await asyncio.sleep(0.01)
+    assert not starter.task_mode
+    assert len(done) == 20 + PROBE_EVERY * 12
+    assert not starter.tasks
