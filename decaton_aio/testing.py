@@ -12,7 +12,7 @@ import dataclasses
 import os
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "committed_offsets",
     "drain",
     "read_records",
+    "wait_until",
 ]
 
 #: Set it to run the same tests against an existing cluster instead of the embedded broker.
@@ -76,6 +77,17 @@ class BrokerHandle:
         """Producer settings for this broker (idempotence off on the embedded one)."""
         settings.setdefault("idempotence", self.supports_idempotence)
         return ProducerConfig(self.bootstrap_servers, **settings)
+
+    def subscription(
+        self, app: Application, group_id: str | None = None, **consumer: Any
+    ) -> Subscription:
+        """A subscription on this broker with test consumer settings (short session
+        timeout) and a fresh group unless one is named."""
+        settings = {**TEST_CONSUMER_SETTINGS, **consumer}
+        config = ConsumerConfig(
+            self.bootstrap_servers, group_id or f"{app.group}-{uuid.uuid4().hex[:8]}", **settings
+        )
+        return Subscription(app, config, producer=self.producer_config())
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> BrokerHandle:
@@ -267,3 +279,19 @@ async def drain(
             f"@{task.offset}: {exc!r}"
         ) from exc
     return result
+
+
+async def wait_until(
+    predicate: Callable[[], bool], *, timeout_s: float = 30.0, what: str = "the condition"
+) -> None:
+    """Poll ``predicate`` every 20 ms until it holds.
+
+    Raises:
+        TimeoutError: naming ``what`` when it does not hold within ``timeout_s``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)

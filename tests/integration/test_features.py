@@ -13,18 +13,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from decaton_aio import Application, ConsumerConfig, JsonSerializer, ProcessingContext, Subscription
+from decaton_aio import Application, JsonSerializer, ProcessingContext
 from decaton_aio.backoff import RetryPolicy
 from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
 from decaton_aio.metadata import METADATA_HEADER, decode_metadata
 from decaton_aio.retry import RetryConfig
-from decaton_aio.testing import (
-    TEST_CONSUMER_SETTINGS,
-    BrokerHandle,
-    committed_offsets,
-    drain,
-    read_records,
-)
+from decaton_aio.testing import BrokerHandle, committed_offsets, drain, read_records, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +27,6 @@ FAST = RetryPolicy(max_attempts=3, backoff_base_ms=100, backoff_max_ms=200, jitt
 
 class Job(msgspec.Struct):
     n: int
-
-
-def subscription(broker: BrokerHandle, app: Application, group: str | None = None) -> Subscription:
-    config = ConsumerConfig(
-        broker.bootstrap_servers, group or f"f-{uuid.uuid4().hex[:8]}", **TEST_CONSUMER_SETTINGS
-    )
-    return Subscription(app, config, producer=broker.producer_config())
-
-
-async def wait_for(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_retry_topic_round_trip_and_dead_letter(
@@ -75,9 +53,9 @@ async def test_retry_topic_round_trip_and_dead_letter(
     app = Application(
         process, topics=(topic,), serializer=JsonSerializer(Job), retry=RetryConfig(FAST)
     )
-    async with subscription(kafka_broker, app):
-        await wait_for(lambda: len(finished_at) == 19, what="19 finished tasks")
-        await wait_for(lambda: attempts[0] == 3, what="3 attempts of the failing task")
+    async with kafka_broker.subscription(app):
+        await wait_until(lambda: len(finished_at) == 19, what="19 finished tasks")
+        await wait_until(lambda: attempts[0] == 3, what="3 attempts of the failing task")
         dead = await read_records(kafka_broker.bootstrap_servers, f"{topic}-dlq", 1)
     assert {n: attempts[n] for n in (1, 6, 11, 16)} == {1: 2, 6: 2, 11: 2, 16: 2}
     assert attempts[2] == 1
@@ -124,7 +102,6 @@ async def test_poison_pill_goes_to_dead_letter_and_processing_continues(
     assert dead.value == b"{not json"
     assert headers["dt_dlq_error_type"] == b"DecodeError:body"
     assert headers["dt_dlq_error_message"]
-    await wait_for(lambda: True)
     committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
     assert committed == {0: 3}
 
@@ -150,8 +127,8 @@ async def test_hot_key_is_shaped_and_still_processed(
         shaping=True,
         properties={"decaton.per.key.quota.processing.rate": 50},
     )
-    async with subscription(kafka_broker, app):
-        await wait_for(lambda: sum(by_topic.values()) >= 330, what="330 tasks")
+    async with kafka_broker.subscription(app):
+        await wait_until(lambda: sum(by_topic.values()) >= 330, what="330 tasks")
     assert by_topic[f"{topic}:c"] == 30
     assert by_topic[f"{topic}-shaping:h"] > 0
     assert by_topic[f"{topic}:h"] + by_topic[f"{topic}-shaping:h"] == 300
@@ -180,8 +157,8 @@ async def test_compaction_window_is_never_committed_past(
         topics=(topic,),
         properties={"decaton.processing.shutdown.timeout.ms": 100},
     )
-    async with subscription(kafka_broker, long_window, group) as sub:
-        await wait_for(
+    async with kafka_broker.subscription(long_window, group) as sub:
+        await wait_until(
             lambda: any(p.stats.compactions == 4 for p in sub.partitions.values()),
             what="4 compactions",
         )
@@ -189,6 +166,6 @@ async def test_compaction_window_is_never_committed_past(
     assert await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0]) == {0: 4}
 
     short_window = Application(CompactingProcessor(process, latest, window_s=0.1), topics=(topic,))
-    async with subscription(kafka_broker, short_window, group):
-        await wait_for(lambda: bool(ran), what="the kept task")
+    async with kafka_broker.subscription(short_window, group):
+        await wait_until(lambda: bool(ran), what="the kept task")
     assert ran == [b'{"i": 4}']

@@ -10,41 +10,17 @@ from typing import Any
 
 import pytest
 
-from decaton_aio import Application, ConsumerConfig, ProcessingContext, Subscription
+from decaton_aio import Application, ProcessingContext, Subscription
 from decaton_aio.subscription import SubscriptionState
-from decaton_aio.testing import (
-    TEST_CONSUMER_SETTINGS,
-    BrokerHandle,
-    committed_offsets,
-    drain,
-)
+from decaton_aio.testing import BrokerHandle, committed_offsets, drain, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def consumer_config(broker: BrokerHandle, group: str | None = None) -> ConsumerConfig:
-    return ConsumerConfig(
-        broker.bootstrap_servers, group or f"g-{uuid.uuid4().hex[:8]}", **TEST_CONSUMER_SETTINGS
-    )
-
-
-def subscription(broker: BrokerHandle, app: Application, group: str | None = None) -> Subscription:
-    return Subscription(app, consumer_config(broker, group), producer=broker.producer_config())
 
 
 async def produce(task_producer: Any, topic: str, count: int, keys: int) -> list[Any]:
     producer = await task_producer(topic)
     futures = [await producer.submit(f"key-{i % keys}", str(i).encode()) for i in range(count)]
     return list(await asyncio.gather(*futures))
-
-
-async def wait_for(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_all_tasks_processed_once_in_key_order(
@@ -92,15 +68,15 @@ async def test_concurrency_bound_and_live_change(
             running -= 1
 
     app = Application(process, topics=(topic,), properties={"decaton.partition.concurrency": 5})
-    async with subscription(kafka_broker, app) as sub:
-        await wait_for(lambda: running == 5, what="5 running tasks")
+    async with kafka_broker.subscription(app) as sub:
+        await wait_until(lambda: running == 5, what="5 running tasks")
         await asyncio.sleep(0.2)
         assert peak == 5
         assert sub.properties["decaton.partition.concurrency"].set(40)
-        await wait_for(lambda: running == 40, what="40 running tasks")
+        await wait_until(lambda: running == 40, what="40 running tasks")
         assert sub.properties["decaton.partition.concurrency"].set("not a number") is False
         release.set()
-        await wait_for(lambda: sum(p.pending for p in sub.partitions.values()) == 0)
+        await wait_until(lambda: sum(p.pending for p in sub.partitions.values()) == 0)
     assert peak == 40
 
 
@@ -127,15 +103,9 @@ async def test_back_pressure_bounds_pending_records(
             "decaton.partition.concurrency": 50,
         },
     )
-    config = ConsumerConfig(
-        kafka_broker.bootstrap_servers,
-        f"bp-{uuid.uuid4().hex[:8]}",
-        max_fetch_records=fetch,
-        **TEST_CONSUMER_SETTINGS,
-    )
     peak_pending = 0
     paused_seen = False
-    async with Subscription(app, config, producer=kafka_broker.producer_config()) as sub:
+    async with kafka_broker.subscription(app, max_fetch_records=fetch) as sub:
         while done < 3000:
             for processor in sub.partitions.values():
                 peak_pending = max(peak_pending, processor.pending)
@@ -169,8 +139,8 @@ async def test_commit_never_passes_an_unfinished_task(
             "decaton.processing.shutdown.timeout.ms": 200,
         },
     )
-    async with subscription(kafka_broker, app, group):
-        await wait_for(lambda: len(finished) == 49, what="49 finished tasks")
+    async with kafka_broker.subscription(app, group):
+        await wait_until(lambda: len(finished) == 49, what="49 finished tasks")
         await asyncio.sleep(0.3)  # a few commit intervals
         committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
         assert committed == {0: 7}
@@ -206,9 +176,9 @@ async def test_failing_processor_is_counted_and_does_not_stop(
         if int(task) % 4 == 0:
             raise RuntimeError("storage unavailable")
 
-    sub = subscription(kafka_broker, Application(process, topics=(topic,)))
+    sub = kafka_broker.subscription(Application(process, topics=(topic,)))
     async with sub:
-        await wait_for(
+        await wait_until(
             lambda: sum(p.stats.processed for p in sub.partitions.values()) == 200,
             what="200 processed",
         )
@@ -229,12 +199,12 @@ async def test_state_transitions_are_observable(
     async def process(ctx: ProcessingContext, task: bytes) -> None:
         return None
 
-    sub = subscription(kafka_broker, Application(process, topics=(topic,)))
+    sub = kafka_broker.subscription(Application(process, topics=(topic,)))
     states: list[SubscriptionState] = []
     sub.on_state_change(states.append)
     assert sub.state is SubscriptionState.INITIALIZING
     await sub.start()
-    await wait_for(lambda: bool(sub.partitions), what="assignment")
+    await wait_until(lambda: bool(sub.partitions), what="assignment")
     assert sub.state is SubscriptionState.RUNNING
     await sub.stop()
     assert states[0] is SubscriptionState.RUNNING
@@ -266,17 +236,17 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
         return process
 
     props = {"decaton.group.rebalance.timeout.ms": 300, "decaton.commit.interval.ms": 100}
-    a = subscription(
-        kafka_broker, Application(processor("a"), topics=(topic,), properties=props), group
+    a = kafka_broker.subscription(
+        Application(processor("a"), topics=(topic,), properties=props), group
     )
-    b = subscription(
-        kafka_broker, Application(processor("b"), topics=(topic,), properties=props), group
+    b = kafka_broker.subscription(
+        Application(processor("b"), topics=(topic,), properties=props), group
     )
     async with a:
-        await wait_for(lambda: len(first_try) == 2, what="both stuck tasks")
+        await wait_until(lambda: len(first_try) == 2, what="both stuck tasks")
         async with b:
             everything = {(w.partition, w.offset) for w in produced}
-            await wait_for(
+            await wait_until(
                 lambda: done_by["a"] | done_by["b"] >= everything,
                 timeout_s=40,
                 what="every task processed",
@@ -287,7 +257,7 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
             ends = {0: 0, 1: 0}
             for w in produced:
                 ends[w.partition] = max(ends[w.partition], w.offset + 1)
-            await wait_for(lambda: _committed_all(a, b, ends), what="final commits")
+            await wait_until(lambda: _committed_all(a, b, ends), what="final commits")
 
 
 def _committed_all(a: Subscription, b: Subscription, ends: dict[int, int]) -> bool:
