@@ -2,8 +2,8 @@
 
 This module owns the frame around a job's logic: one-line errors with named exit codes
 (the same codes as ``python -m decaton_aio``), the options every job has (bootstrap
-servers, idempotence, master, dry run, ``--summary-json``), the session's lifecycle, and the
-printing of the summary. A job supplies a parser and a function ``(spark, args) ->
+servers, idempotence, master, dry run, ``--summary-json``), the session's lifecycle (and
+making it the thread's active one), and the printing of summaries (aligned tables, JSON). A job supplies a parser and a function ``(spark, args) ->
 summary``; :func:`run_job` does the rest::
 
     def main(argv=None) -> int:
@@ -16,18 +16,21 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import Any, Final, NoReturn
+
+from pyspark import SparkContext
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
 
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from spark_jobs._session import job_session
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -37,10 +40,12 @@ __all__ = [
     "EXIT_USAGE",
     "JobParser",
     "UsageError",
+    "activate",
     "add_common_arguments",
     "parse_instant",
     "require_bootstrap",
     "run_job",
+    "table",
     "write_json",
 ]
 
@@ -99,6 +104,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def activate(spark: SparkSession) -> None:
+    """Make ``spark`` the active session of the calling thread, on the JVM side too.
+
+    Spark looks up Python data sources for a write in the thread's *active* session, and
+    only some PySpark calls set it: a job run from another thread than the one that built
+    the session (``asyncio.to_thread`` in tests, a demo) would not find ``decaton_kafka``.
+    """
+    SparkSession._activeSession = spark
+    jvm_session_class = SparkSession._get_j_spark_session_class(spark._jvm)
+    jvm_session_class.setActiveSession(spark._jsparkSession)
+
+
 def require_bootstrap(args: argparse.Namespace) -> None:
     """Check that the cluster is named.
 
@@ -132,6 +149,22 @@ def parse_instant(text: str, option: str) -> int:
     return int(when.timestamp() * 1000)
 
 
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, indent: int = 2) -> list[str]:
+    """Format rows as aligned text lines: the first column left-aligned, the others right.
+
+    Returns:
+        The header line followed by one line per row.
+    """
+    cells = [[str(c) for c in header], *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        aligned = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
+        aligned[0] = row[0].ljust(widths[0])
+        lines.append(" " * indent + "  ".join(aligned).rstrip())
+    return lines
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` as indented JSON, atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -156,19 +189,54 @@ def _code_of(name: str) -> int:
     return EXIT_USAGE if name == "ConfigError" else EXIT_UNAVAILABLE
 
 
+def _execute(
+    prog: str,
+    job: Callable[[SparkSession, argparse.Namespace], Any],
+    args: argparse.Namespace,
+    spark: SparkSession | None,
+) -> tuple[int, Any]:
+    """Run the job in its session; (exit code, summary or None after one error line)."""
+    try:
+        owned = spark is None and SparkContext._active_spark_context is None
+        session = spark or job_session(f"decaton-aio-{prog}", args.master)
+        try:
+            return EXIT_OK, job(session, args)
+        finally:
+            if owned:
+                session.stop()
+    except (UsageError, ConfigError) as exc:
+        return _fail(EXIT_USAGE, prog, str(exc)), None
+    except (BrokerError, ProducerError) as exc:
+        return _fail(EXIT_UNAVAILABLE, prog, str(exc)), None
+    except DecatonError as exc:
+        return _fail(EXIT_FAILURE, prog, str(exc)), None
+    except PySparkException as exc:
+        found = _WRAPPED.search(str(exc))
+        if found:
+            return _fail(_code_of(found.group(1)), prog, found.group(2).strip()), None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _fail(EXIT_FAILURE, prog, f"Spark failed: {first}"), None
+    except OSError as exc:
+        where = f"{exc.strerror or exc}: {exc.filename or ''}".strip()
+        return _fail(EXIT_FAILURE, prog, where), None
+    except KeyboardInterrupt:
+        return _fail(130, prog, "interrupted"), None
+
+
 def run_job(
     prog: str,
     parser: JobParser,
     job: Callable[[SparkSession, argparse.Namespace], Any],
     argv: Sequence[str] | None = None,
     *,
-    check: Callable[[argparse.Namespace], None] | None = None,
+    check: Callable[[argparse.Namespace], object] | None = None,
+    spark: SparkSession | None = None,
 ) -> int:
     """Parse, start (or join) the session, run the job, print and save its summary.
 
     The summary object needs ``render() -> str`` and ``to_dict() -> dict``. A session this
-    call started is stopped at the end; one that was running already (a test's, or the
-    caller's) is left running.
+    call started is stopped at the end; one that was given or already running (a test's,
+    a notebook's) is left running.
 
     Args:
         prog: the job's name in messages.
@@ -176,6 +244,7 @@ def run_job(
         job: ``(spark, args) -> summary``.
         argv: the arguments; ``sys.argv[1:]`` when omitted.
         check: validates the parsed arguments before Spark starts; raises UsageError.
+        spark: a session to use instead of the job's own.
 
     Returns:
         ``EXIT_OK``, or the exit code of the failure, after one line on stderr.
@@ -188,37 +257,17 @@ def run_job(
         return _fail(EXIT_USAGE, prog, str(exc).removeprefix(f"{parser.prog}: "))
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else EXIT_OK
+    # A failure to reach the cluster is reported once, by us, as one line; the client's
+    # own connection errors would repeat it.
+    client_log = logging.getLogger("aiokafka")
+    previous = client_log.level
+    client_log.setLevel(logging.CRITICAL)
     try:
-        from pyspark.errors import PySparkException
-        from pyspark.sql import SparkSession
-
-        from spark_jobs._session import job_session
-
-        already = SparkSession.getActiveSession()
-        spark = job_session(f"decaton-aio-{prog}", args.master)
-        try:
-            summary = job(spark, args)
-        finally:
-            if already is None:
-                spark.stop()
-    except UsageError as exc:
-        return _fail(EXIT_USAGE, prog, str(exc))
-    except ConfigError as exc:
-        return _fail(EXIT_USAGE, prog, str(exc))
-    except (BrokerError, ProducerError) as exc:
-        return _fail(EXIT_UNAVAILABLE, prog, str(exc))
-    except DecatonError as exc:
-        return _fail(EXIT_FAILURE, prog, str(exc))
-    except PySparkException as exc:
-        found = _WRAPPED.search(str(exc))
-        if found:
-            return _fail(_code_of(found.group(1)), prog, found.group(2).strip())
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return _fail(EXIT_FAILURE, prog, f"Spark failed: {first}")
-    except OSError as exc:
-        return _fail(EXIT_FAILURE, prog, f"{exc.strerror or exc}: {exc.filename or ''}".strip())
-    except KeyboardInterrupt:
-        return _fail(130, prog, "interrupted")
+        code, summary = _execute(prog, job, args, spark)
+    finally:
+        client_log.setLevel(previous)
+    if summary is None:
+        return code
     print(summary.render())
     if args.summary_json is not None:
         write_json(args.summary_json, summary.to_dict())

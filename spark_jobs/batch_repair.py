@@ -38,31 +38,34 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 if __package__ in (None, ""):  # spark-submit spark_jobs/batch_repair.py: find the project
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from spark_jobs._cli import (
     JobParser,
     UsageError,
+    activate,
     add_common_arguments,
     require_bootstrap,
     run_job,
 )
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from spark_jobs.kafka_sink import write_topic
 
 __all__ = [
     "RepairOptions",
     "RepairReport",
     "build_parser",
-    "find_inconsistent",
+    "compare_counts",
     "load_parquet",
     "load_sqlite",
     "main",
@@ -232,8 +235,6 @@ def load_parquet(spark: SparkSession, edges: str, counts: str) -> tuple[DataFram
     Raises:
         ConfigError: when a path cannot be read or a column is missing.
     """
-    from pyspark.errors import AnalysisException
-    from pyspark.sql import functions as F
 
     try:
         edges_df = spark.read.parquet(edges)
@@ -254,8 +255,8 @@ def load_parquet(spark: SparkSession, edges: str, counts: str) -> tuple[DataFram
 # --------------------------------------------------------------------------- the check
 
 
-def find_inconsistent(edges: DataFrame, counts: DataFrame) -> DataFrame:
-    """Users whose stored counts differ from the counts of the edges.
+def compare_counts(edges: DataFrame, counts: DataFrame) -> DataFrame:
+    """Every user with edges or a counts row, with expected and stored counts.
 
     Args:
         edges: ``follower, followee`` (active edges only).
@@ -263,10 +264,9 @@ def find_inconsistent(edges: DataFrame, counts: DataFrame) -> DataFrame:
 
     Returns:
         ``user_id, expected_followers, expected_following, stored_followers,
-        stored_following, has_row`` for every inconsistent user (stored values are null
-        without a counts row, which counts as 0/0).
+        stored_following, has_row, inconsistent``; stored values are null without a
+        counts row, which counts as 0/0.
     """
-    from pyspark.sql import functions as F
 
     followers = edges.groupBy(F.col("followee").alias("user_id")).agg(
         F.count(F.lit(1)).alias("expected_followers")
@@ -289,16 +289,19 @@ def find_inconsistent(edges: DataFrame, counts: DataFrame) -> DataFrame:
         "stored_following",
         F.coalesce("has_row", F.lit(False)).alias("has_row"),
     )
-    return joined.where(
-        (F.col("expected_followers") != F.coalesce("stored_followers", F.lit(0)))
-        | (F.col("expected_following") != F.coalesce("stored_following", F.lit(0)))
-    )
+    return joined.withColumn("inconsistent", _followers_wrong() | _following_wrong())
+
+
+def _followers_wrong() -> Column:
+    return F.col("expected_followers") != F.coalesce("stored_followers", F.lit(0))
+
+
+def _following_wrong() -> Column:
+    return F.col("expected_following") != F.coalesce("stored_following", F.lit(0))
 
 
 def repair_tasks(inconsistent: DataFrame, *, detected_at_ms: int) -> DataFrame:
-    """The repair task records (``key, value, headers``) of the inconsistent users."""
-    from pyspark.sql import functions as F
-
+    """The repair task records (``key, value, headers``) of the given (inconsistent) users."""
     meta = TaskMetadata(
         timestamp_ms=detected_at_ms,
         source_application_id=APPLICATION_ID,
@@ -331,11 +334,8 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
         ProducerError: when the broker does not take the repair tasks (raised by Spark as
             its own exception type, with this message inside).
     """
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    from spark_jobs.kafka_sink import write_topic
-
+    activate(spark)
     started = time.monotonic()
     if options.sqlite is not None:
         edges, counts = load_sqlite(spark, options.sqlite)
@@ -343,37 +343,37 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
         edges, counts = load_parquet(spark, options.edges, options.counts)
     else:
         raise ConfigError("no input: give sqlite, or edges and counts")
-    edges = edges.persist(StorageLevel.MEMORY_AND_DISK)
-    counts = counts.persist(StorageLevel.MEMORY_AND_DISK)
-    bad = find_inconsistent(edges, counts).persist(StorageLevel.MEMORY_AND_DISK)
+    users = compare_counts(edges, counts).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        users = edges.select(F.col("followee").alias("u")).union(edges.select("follower"))
-        users_checked = users.union(counts.select("user_id")).distinct().count()
-        stats = bad.agg(
-            F.count(F.lit(1)).alias("inconsistent"),
-            F.count_if(F.col("expected_followers") != F.coalesce("stored_followers", F.lit(0))),
-            F.count_if(F.col("expected_following") != F.coalesce("stored_following", F.lit(0))),
-            F.count_if(~F.col("has_row")),
+        inconsistent = F.col("inconsistent")
+        stats = users.agg(
+            F.count(F.lit(1)),
+            F.sum("expected_followers"),  # each active edge is one follower
+            F.count_if(inconsistent),
+            F.count_if(_followers_wrong()),
+            F.count_if(_following_wrong()),
+            F.count_if(inconsistent & ~F.col("has_row")),
             F.count_if(
-                F.col("has_row") & (F.col("expected_followers") + F.col("expected_following") == 0)
+                inconsistent
+                & F.col("has_row")
+                & (F.col("expected_followers") + F.col("expected_following") == 0)
             ),
         ).first()
         assert stats is not None
+        bad = users.where(inconsistent).drop("inconsistent", "has_row")
         report = RepairReport(
-            users_checked=users_checked,
-            edges=edges.count(),
-            inconsistent=stats[0],
-            followers_wrong=stats[1],
-            following_wrong=stats[2],
-            missing_counts=stats[3],
-            orphan_counts=stats[4],
+            users_checked=stats[0],
+            edges=stats[1] or 0,
+            inconsistent=stats[2],
+            followers_wrong=stats[3],
+            following_wrong=stats[4],
+            missing_counts=stats[5],
+            orphan_counts=stats[6],
             repair_tasks_sent=0,
             repair_topic=options.repair_topic,
             dry_run=options.dry_run,
             sample=[row.asDict() for row in bad.orderBy("user_id").limit(options.show).collect()],
         )
-        for row in report.sample:
-            row.pop("has_row", None)
         if report.inconsistent and not options.dry_run:
             if not options.bootstrap_servers:
                 raise ConfigError("bootstrap_servers is required to send repair tasks")
@@ -387,9 +387,7 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
             report.repair_tasks_sent = written.records
             report.per_partition = written.per_partition
     finally:
-        bad.unpersist()
-        edges.unpersist()
-        counts.unpersist()
+        users.unpersist()
     report.seconds = time.monotonic() - started
     return report
 
@@ -405,7 +403,9 @@ def build_parser() -> JobParser:
         "inconsistent user to the repair topic.",
     )
     add_common_arguments(parser)
-    parser.add_argument("--repair-topic", required=True, help="where repair tasks go")
+    parser.add_argument(
+        "--repair-topic", required=True, metavar="TOPIC", help="where repair tasks go"
+    )
     parser.add_argument("--sqlite", metavar="PATH", help="the follow example's SQLite database")
     parser.add_argument("--edges", metavar="PATH", help="Parquet: follower, followee[, active]")
     parser.add_argument("--counts", metavar="PATH", help="Parquet: user_id, followers, following")
@@ -421,6 +421,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("give either --sqlite or --edges and --counts, not both")
     if args.sqlite is None and not (args.edges and args.counts):
         raise UsageError("the input is missing: --sqlite PATH, or --edges PATH --counts PATH")
+    if args.sqlite is not None and not os.path.isfile(args.sqlite):
+        raise UsageError(f"--sqlite {args.sqlite}: no such file")
     if args.show < 0:
         raise UsageError(f"--show must be >= 0, got {args.show}")
     if not args.dry_run:
@@ -441,9 +443,14 @@ def _run(spark: SparkSession, args: argparse.Namespace) -> RepairReport:
     return run_repair(spark, options)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the job from the command line; returns the exit code."""
-    return run_job("batch_repair", build_parser(), _run, argv, check=_check)
+def main(argv: list[str] | None = None, *, spark: SparkSession | None = None) -> int:
+    """Run the job from the command line; returns the exit code.
+
+    Args:
+        argv: the arguments; ``sys.argv[1:]`` when omitted.
+        spark: a running session to use (left running); by default the job starts one.
+    """
+    return run_job("batch_repair", build_parser(), _run, argv, check=_check, spark=spark)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ This module owns the two processors of the example and the applications that run
   event, see :mod:`examples.follow.store`). It runs behind a
   :class:`~decaton_aio.compaction.CompactingProcessor`: within a short window, events of
   one influencer (one key) that set the *same* follower/followee pair are compacted to the
-  newest one. Compacting only the same pair keeps the counts right: the newest event of a
-  pair decides the pair's edge, so the older ones change nothing once it is applied. (Adding
-  up +1/-1 of different followers, as seed 001 sketches, would lose events whenever a
-  compacted sum is redelivered or retried; per-pair compaction stays idempotent.)
+  newest one. A compactor keeps one of two tasks and completes the other unprocessed, so
+  it is only correct when the kept task makes the dropped one redundant: the newest event
+  of a pair does (it alone decides the pair's edge), an event of another pair does not.
+  Seed 001's "+1 -1 +1 = +1" summing would need a merged task carrying several event ids;
+  a crash after the dropped offsets were committed would then lose their effect.
 - :class:`RepairProcessor` recounts one user from the edge table when a repair task
   arrives (written by ``spark_jobs.batch_repair``).
 
@@ -165,8 +166,9 @@ def repair_app(
     *,
     topic: str = REPAIR_TOPIC,
     retry: RetryConfig = DEFAULT_RETRY,
+    properties: dict[str, Any] | None = None,
 ) -> Application:
-    """The repair application: one recount per repair task."""
+    """The repair application: one recount per repair task (arguments as :func:`follow_app`)."""
     return Application(
         processor,
         topics=(topic,),
@@ -174,6 +176,7 @@ def repair_app(
         subscription_id="follow-repair",
         serializer=JsonSerializer(RepairTask),
         retry=retry,
+        properties=properties or {},
     )
 
 
