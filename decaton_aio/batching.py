@@ -5,8 +5,9 @@ is held with a deferred completion (so its offset is never committed while it wa
 added to the current batch of its partition; the batch is processed when it holds
 ``max_size`` tasks or ``linger_s`` after its first task arrived. Every item is completed
 or retried on its own: ``item.retry()`` sends just that task to its retry topic (or dead
-letter topic when its attempts are used up); items left unresolved complete when
-``process_batch`` returns, or are retried when it raises.
+letter topic when its attempts are used up) and ``item.fail(exc)`` fails it; items left
+unresolved complete when ``process_batch`` returns, or fail with its exception when it
+raises (then the retry policy decides).
 
 Key order: tasks of one key stay in offset order inside a batch; batches of one
 partition run one at a time, so a key's tasks in later batches run after earlier ones.
@@ -48,6 +49,10 @@ class BatchItem(Generic[T]):
     def retry(self, delay_s: float | None = None) -> None:
         """Retry this task alone (queue retries), or dead-letter it when exhausted."""
         self._completion.retry(delay_s)
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail this task alone: it follows the retry policy like a raised exception."""
+        self._completion.fail(exc)
 
 
 @dataclass(slots=True)
@@ -118,15 +123,10 @@ class BatchingProcessor(Generic[T]):
             try:
                 await self._process_batch(list(items))
             except Exception as exc:
-                first = items[0].ctx
-                first.logger.error(
-                    "batch failed; retrying its items", size=len(items), exc_info=exc
-                )
-                if first.stats is not None:
-                    first.stats.errors += sum(1 for i in items if not i.resolved)
+                # Each unresolved item fails on its own and follows the retry policy.
                 for item in items:
                     if not item.resolved:
-                        item.retry()
+                        item.fail(exc)
                 return
             for item in items:
                 if not item.resolved:

@@ -136,11 +136,8 @@ class CompactingProcessor(Generic[T]):
             await self._processor(held.ctx, held.task)
         except Exception as exc:
             # The task's own outcome routing ran when it was held; a failure of the kept
-            # task is sent to retry (queue mode) or dead letter through its completion.
-            held.ctx.logger.error("compacted task failed", error=repr(exc), exc_info=exc)
-            if held.ctx.stats is not None:
-                held.ctx.stats.errors += 1
-            held.completion.retry()
+            # task follows the retry policy through its completion.
+            held.completion.fail(exc)
             return
         if held.ctx.retry_delay_s is not None:
             held.completion.retry(None if held.ctx.retry_delay_s < 0 else held.ctx.retry_delay_s)

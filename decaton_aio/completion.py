@@ -27,16 +27,26 @@ class Completion:
         loop: the loop that owns the task's partition.
     """
 
-    __slots__ = ("_done", "_loop", "_on_complete", "_on_retry", "_thread", "retry_delay_s")
+    __slots__ = (
+        "_done",
+        "_loop",
+        "_on_complete",
+        "_on_retry",
+        "_thread",
+        "failure",
+        "retry_delay_s",
+    )
 
     def __init__(self, on_complete: Callable[[], None], loop: asyncio.AbstractEventLoop) -> None:
         self._on_complete: Callable[[], None] | None = on_complete
-        self._on_retry: Callable[[float | None], None] | None = None
+        self._on_retry: Callable[[float | None, BaseException | None], None] | None = None
         self._loop = loop
         self._thread = threading.get_ident()
         self._done = False
         #: Set when :meth:`retry` is called before the processor returned.
         self.retry_delay_s: float | None = None
+        #: Set when :meth:`fail` is called before the processor returned.
+        self.failure: BaseException | None = None
 
     @property
     def done(self) -> bool:
@@ -65,22 +75,34 @@ class Completion:
         Args:
             delay_s: wait this long before the retry; the policy's backoff when omitted.
         """
+        self._resolve_elsewhere(delay_s, None)
+
+    def fail(self, exc: BaseException) -> None:
+        """Complete the task as failed with ``exc``: like an exception the processor raised,
+        it is logged and counted, then retried, dead-lettered or completed as the
+        application's retry policy says. Thread-safe.
+        """
+        self._resolve_elsewhere(None, exc)
+
+    def _resolve_elsewhere(self, delay_s: float | None, exc: BaseException | None) -> None:
         if threading.get_ident() != self._thread:
-            self._loop.call_soon_threadsafe(self.retry, delay_s)
+            self._loop.call_soon_threadsafe(self._resolve_elsewhere, delay_s, exc)
             return
         if self._done:
             return
         self._done = True
         on_retry, self._on_retry, self._on_complete = self._on_retry, None, None
         if on_retry is not None:
-            on_retry(delay_s)
-        else:  # the processor has not returned yet: the runtime reads this then
+            on_retry(delay_s, exc)
+        elif exc is not None:  # the processor has not returned yet: the runtime reads these
+            self.failure = exc
+        else:
             self.retry_delay_s = -1.0 if delay_s is None else max(0.0, delay_s)
 
     def _attach(
         self,
         on_complete: Callable[[], None],
-        on_retry: Callable[[float | None], None] | None = None,
+        on_retry: Callable[[float | None, BaseException | None], None] | None = None,
     ) -> None:
         # The runtime swaps in the real callbacks once the processor returned.
         self._on_complete = on_complete

@@ -151,8 +151,11 @@ class TaskExecutor:
         if exc is None and completion is None and ctx.retry_delay_s is None:
             partition.finish(record)  # the common case: done
             return
-        if completion is not None and completion.retry_delay_s is not None:
-            ctx.retry_delay_s = completion.retry_delay_s
+        if completion is not None:
+            if completion.retry_delay_s is not None:
+                ctx.retry_delay_s = completion.retry_delay_s
+            if exc is None and completion.failure is not None:
+                exc = completion.failure
         if exc is None and ctx.retry_delay_s is None:
             if completion is None or completion.done:
                 partition.finish(record)
@@ -223,10 +226,10 @@ class TaskExecutor:
             partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
             partition.complete_released(record)
 
-        def retry_later(delay_s: float | None) -> None:
+        def retry_later(delay_s: float | None, exc: BaseException | None) -> None:
             if timer is not None:
                 timer.cancel()
-            self._retry_released(partition, ctx, delay_s)
+            self._retry_released(partition, ctx, delay_s, exc)
 
         completion._attach(completed, retry_later)
         timeout_ms = self._deferred_timeout.value
@@ -254,17 +257,32 @@ class TaskExecutor:
         timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, timed_out)
 
     def _retry_released(
-        self, partition: PartitionProcessor, ctx: ProcessingContext, delay_s: float | None
+        self,
+        partition: PartitionProcessor,
+        ctx: ProcessingContext,
+        delay_s: float | None,
+        exc: BaseException | None,
     ) -> None:
-        # A deferred task asked for a retry after its processor returned: its lane is
-        # gone, so only queue retries apply; otherwise (or when exhausted) dead letter.
+        # A deferred task failed or asked for a retry after its processor returned: its
+        # lane is gone, so only queue retries apply; otherwise (or when exhausted, or for
+        # an exception the policy does not retry) dead letter.
         record = ctx.record
         retry = self._retry
+        if exc is not None:
+            partition.stats.errors += 1
+            ctx.logger.error("deferred task failed", error=_describe(exc), exc_info=exc)
+            if retry is None:
+                partition.complete_released(record)  # Decaton's default: log and go on
+                return
+            if not retry.policy.is_retriable(exc):
+                self._send_dead_letter(partition, ctx, _type(exc), str(exc), exc)
+                return
         attempt = ctx.metadata.retry_count + 1
         if retry is None or retry.mode != "queue" or retry.policy.exhausted(attempt):
             queue = retry is not None and retry.mode == "queue"
             reason = "retries exhausted" if queue else "a deferred task's retry needs queue mode"
-            self._send_dead_letter(partition, ctx, "RetryRequested", reason, None)
+            error_type = _type(exc) if exc is not None else "RetryRequested"
+            self._send_dead_letter(partition, ctx, error_type, str(exc or reason), exc)
             return
         partition.stats.retries += 1
         headers = retry_headers(

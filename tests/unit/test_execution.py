@@ -368,3 +368,50 @@ async def test_batching_by_size_and_linger_with_individual_retry() -> None:
     await until(lambda: proc.committable() == 4)
     assert [s[0] for s in sender.sent] == ["tasks-retry"]
     assert sender.sent[0][1] == b"b"
+
+
+async def test_failed_deferred_task_follows_the_retry_policy() -> None:
+    """completion.fail(exc) after the processor returned is counted, and retried or
+    dead-lettered as the policy says; without retry config it is logged and completed."""
+    sender = FakeSender()
+    completions: dict[int, Any] = {}
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        completions[ctx.offset] = ctx.deferred()
+
+    policy = RetryPolicy(max_attempts=3, no_retry_on=(ValueError,))
+    proc = make(process, sender=sender, retry=RetryConfig(policy))
+    proc.feed(records([b"a", b"b"]))
+    completions[0].fail(TimeoutError("slow db"))
+    completions[1].fail(ValueError("bad data"))
+    await until(lambda: proc.committable() == 2)
+    assert sorted(s[0] for s in sender.sent) == ["tasks-dlq", "tasks-retry"]
+    assert proc.stats.errors == 2
+
+    plain = make(process)
+    plain.feed(records([b"c"], first=2))
+    completions[2].fail(RuntimeError("x"))
+    assert plain.committable() == 3
+    assert plain.stats.errors == 1
+
+
+async def test_failed_kept_task_of_compaction_is_not_retried_when_policy_says_no() -> None:
+    """A kept task that fails with an exception the policy does not retry goes to the
+    dead letter topic, not the retry topic."""
+    sender = FakeSender()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise ValueError("bad")
+
+    def keep(left: CompactedTask[Any], right: CompactedTask[Any]) -> CompactionChoice:
+        return CompactionChoice.PICK_LEFT
+
+    policy = RetryPolicy(max_attempts=3, no_retry_on=(ValueError,))
+    proc = make(
+        CompactingProcessor(process, keep, window_s=0.01),
+        sender=sender,
+        retry=RetryConfig(policy),
+    )
+    proc.feed(records([b"a"]))
+    await until(lambda: proc.committable() == 1)
+    assert [s[0] for s in sender.sent] == ["tasks-dlq"]
