@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
 JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run quickstart test test-unit test-spark lint format clean java
+.PHONY: help install run quickstart bench bench-quick test test-unit test-spark lint format clean java
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
@@ -14,6 +14,8 @@ help:
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
+	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
+	@echo "make bench-quick  the reduced benchmark set (under 2 minutes)"
 	@echo "make format apply ruff formatting and fixes"
 
 $(BIN)/python:
@@ -60,6 +62,18 @@ test-unit: $(STAMP)
 
 test-spark: java $(STAMP)
 	$(BIN)/python -m pytest -m spark
+
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench
+
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python -m bench --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check decaton_aio tests bench spark_jobs examples

@@ -2,6 +2,6 @@
 
 import sys
 
-from bench.run import main
+from bench.cli import main
 
 sys.exit(main())

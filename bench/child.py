@@ -46,6 +46,8 @@ async def _consume(spec: Spec, recorder: Recorder, module: object) -> None:
 def main(argv: list[str]) -> int:
     spec = Spec.from_json(argv[0])
     uvloop = _uvloop()
+    if os.environ.get("BENCH_PRELOAD"):  # experiments: a module that patches things
+        importlib.import_module(os.environ["BENCH_PRELOAD"])
     if os.environ.get("BENCH_GC_THRESHOLD"):  # experiments: e.g. 50000,20,20
         import gc
 

@@ -18,6 +18,7 @@ CPU time is the process's own (``time.process_time``), read when the window open
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ from bench.workload import Spec, Task
 __all__ = ["Recorder", "emit"]
 
 _TICK_S = 0.02
+_SLICE_S = 0.5
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -83,6 +85,11 @@ class Recorder:
         self.others_started = 0
         self.others_expected: int | None = None
         self.extra: dict[str, Any] = {}
+        self.timeline: list[list[float]] = []  # [tasks/s, cpu util] per half second
+        self.gc_s = 0.0  # CPU time in the cyclic garbage collector during the window
+        self.gc_collections = [0, 0, 0]
+        self.gc_s_by_generation = [0.0, 0.0, 0.0]
+        self._gc_started = 0.0
         self._finished = asyncio.Event()  # an Event: several waiters may be cancelled
 
     # ------------------------------------------------------------------ processor
@@ -167,6 +174,7 @@ class Recorder:
         self._opened_cpu = time.process_time()
         self._opened_count = self.completed
         self._end_count = self.completed + self.spec.measured
+        gc.callbacks.append(self._on_gc)
         if self.spec.announce_window:
             emit({"event": "window"})
 
@@ -180,7 +188,19 @@ class Recorder:
         self._closed_at = time.perf_counter()
         self._closed_cpu = time.process_time()
         self._closed_count = self.completed
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self._finished.set()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # CPU time, not wall time: under contention a collection may be preempted.
+        if phase == "start":
+            self._gc_started = time.process_time()
+        else:
+            spent = time.process_time() - self._gc_started
+            self.gc_s += spent
+            self.gc_collections[info["generation"]] += 1
+            self.gc_s_by_generation[info["generation"]] += spent
 
     def others_done(self, expected: int) -> None:
         """Paced runs: production ended with ``expected`` tasks of the ordinary keys."""
@@ -189,11 +209,24 @@ class Recorder:
             self._close()
 
     async def ticker(self) -> None:
-        """Close the window on time limits; run it as a background task."""
+        """Close the window on time limits; run it as a background task.
+
+        Also samples the window's progress every half second (``timeline``: tasks/s and
+        CPU use per slice), to show drift within a window.
+        """
         spec = self.spec
+        last = (time.perf_counter(), time.process_time(), self.completed)
         while not self.closed:
             await asyncio.sleep(_TICK_S)
             now = time.perf_counter()
+            if self.measuring and now - last[0] >= _SLICE_S:
+                cpu = time.process_time()
+                span = now - last[0]
+                rate = (self.completed - last[2]) / span
+                self.timeline.append([round(rate), round((cpu - last[1]) / span, 2)])
+                last = (now, cpu, self.completed)
+            elif not self.measuring:
+                last = (now, time.process_time(), self.completed)
             if self.closed or spec.paced or self.t_first is None:
                 continue
             if not self.measuring and now - self.t_first >= spec.warmup_max_s:
@@ -237,6 +270,10 @@ class Recorder:
             "violation_samples": self.violation_samples,
             "options": self.spec.options,
             "loadavg_1m": round(os.getloadavg()[0], 2),
+            "timeline": self.timeline,
+            "gc_s": round(self.gc_s, 4),
+            "gc_collections": self.gc_collections,
+            "gc_s_by_generation": [round(x, 4) for x in self.gc_s_by_generation],
         }
         if self.spec.paced:
             d50, d99 = _percentiles_ms(self.delivery_others)

@@ -68,6 +68,7 @@ class Spec:
         paced: S6: tasks arrive while consuming; the end comes from the orchestrator.
         drain_s: S6: how long to wait for the last tasks after production ended.
         options: contender settings (concurrency, max pending, ...).
+        attempt: which repetition this is (``--repeat``); each reads the topic anew.
     """
 
     scenario: str
@@ -85,6 +86,12 @@ class Spec:
     paced: bool = False
     drain_s: float = 10.0
     options: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group (faust: the app id): fresh for each attempt on a topic."""
+        return f"bench-{self.topic}-{self.attempt}"
 
     def to_json(self) -> str:
         """Encode for the child's command line."""

@@ -42,7 +42,7 @@ async def main(spec: Spec, recorder: Recorder) -> None:
 
     @broker.subscriber(  # type: ignore[misc]
         spec.topic,
-        group_id=f"bench-{spec.topic}",
+        group_id=spec.group_id,
         auto_offset_reset="earliest",
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),

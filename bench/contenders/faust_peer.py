@@ -26,7 +26,7 @@ def run_blocking(spec: Spec, recorder: Recorder) -> None:
     from faust.worker import Worker
 
     app = faust.App(
-        f"bench-{spec.topic}",
+        spec.group_id,
         broker=f"kafka://{spec.bootstrap}",
         key_serializer="raw",
         value_serializer="raw",

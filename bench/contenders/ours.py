@@ -43,7 +43,7 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
     )
     consumer = ConsumerConfig(
         spec.bootstrap,
-        f"bench-{spec.topic}",
+        spec.group_id,
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
         max_fetch_records=int(opts.get("max_fetch_records", DEFAULT_MAX_FETCH_RECORDS)),

@@ -33,7 +33,7 @@ async def main(spec: Spec, recorder: Recorder) -> None:
     consumer = AIOKafkaConsumer(
         spec.topic,
         bootstrap_servers=spec.bootstrap,
-        group_id=f"bench-{spec.topic}",
+        group_id=spec.group_id,
         enable_auto_commit=mode == "sequential",
         auto_offset_reset="earliest",
         session_timeout_ms=spec.session_timeout_ms,
