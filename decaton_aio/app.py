@@ -41,6 +41,9 @@ class ConsumerConfig:
             produced before the first start are not skipped) or ``latest``.
         max_fetch_records: records taken per fetch call.
         max_partition_fetch_bytes: bytes the broker may return per partition per fetch.
+        fetch_max_wait_ms: how long the broker may hold a fetch with no new records. Short
+            by default: a broker that does not answer early when records arrive adds up to
+            this much to every task's delivery latency.
     """
 
     bootstrap_servers: str
@@ -51,6 +54,7 @@ class ConsumerConfig:
     auto_offset_reset: str = "earliest"
     max_fetch_records: int = DEFAULT_MAX_FETCH_RECORDS
     max_partition_fetch_bytes: int = 1024 * 1024
+    fetch_max_wait_ms: int = 100
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -66,6 +70,8 @@ class ConsumerConfig:
                 "heartbeat_interval_ms must be below session_timeout_ms "
                 f"({self.heartbeat_interval_ms} >= {self.session_timeout_ms})"
             )
+        if self.fetch_max_wait_ms < 0:
+            raise ConfigError(f"fetch_max_wait_ms must be >= 0, got {self.fetch_max_wait_ms}")
         if self.max_fetch_records < 1:
             raise ConfigError(f"max_fetch_records must be >= 1, got {self.max_fetch_records}")
 

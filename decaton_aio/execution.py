@@ -34,7 +34,8 @@ from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
 from decaton_aio.context import ProcessingContext
 from decaton_aio.eager import CoroutineStarter
 from decaton_aio.errors import DecodeError
-from decaton_aio.metadata import scheduled_time_of
+from decaton_aio.metadata import METADATA_HEADER, scheduled_time_of
+from decaton_aio.metadata import native_parse as _native_parse
 from decaton_aio.partition import PartitionProcessor, PartitionState, Record
 from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
@@ -98,8 +99,18 @@ class TaskExecutor:
         attempts = partition.attempts
         attempt = attempts.pop(record.offset, 1) if attempts else 1
         ctx = ProcessingContext(self._subscription_id, record, attempt)
+        headers = record.headers
         try:
-            scheduled = scheduled_time_of(record.headers)
+            # The common case inline: dt_meta is the last header, read by the C parser.
+            # Anything else (no parser, other headers last, a malformed header) takes the
+            # general path, which raises DecodeError with the reason.
+            if headers and headers[-1][0] == METADATA_HEADER and _native_parse is not None:
+                try:
+                    scheduled = _native_parse(headers[-1][1]).scheduled_time_millis
+                except Exception:
+                    scheduled = scheduled_time_of(headers)
+            else:
+                scheduled = scheduled_time_of(headers)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return

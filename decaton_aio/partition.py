@@ -196,6 +196,8 @@ class PartitionProcessor:
         ready = self._ready
         ignore = self._ignore
         hot_keys = self.hot_keys
+        bucket = self._bucket
+        start = self._executor.start
         for record in records:
             if skip is not None and record.offset in skip:
                 continue  # completed before a restart (checkpoint); never run twice
@@ -216,7 +218,12 @@ class PartitionProcessor:
                         queue.append(record)
                     continue
                 lanes[key] = None
-            ready.append(record)
+            if ready or bucket is not None or self._in_flight >= self._limit:
+                ready.append(record)
+            else:
+                # Nothing waits and a slot is free: start it here, skipping the queue.
+                self._in_flight += 1
+                start(self, record)
         self._pump()
 
     def _pump(self) -> None:
@@ -271,7 +278,13 @@ class PartitionProcessor:
                     self._lanes[key] = None
             else:
                 self._lanes.pop(key, None)
-        self._after_change()
+        # _after_change, inlined for the same reason.
+        if self.paused:
+            self._maybe_resume()
+        if self._ready:
+            self._pump()
+        if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
+            self._idle.set()
 
     def release(self, record: Record) -> None:
         """Free the record's slot and lane now; its offset completes later through

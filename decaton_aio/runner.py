@@ -9,6 +9,7 @@ until SIGINT or SIGTERM, and shuts down gracefully. A second signal exits at onc
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ from decaton_aio.properties import Properties
 from decaton_aio.property_sources import FilePropertySource, properties_from_env
 from decaton_aio.subscription import Subscription
 
-__all__ = ["RunOptions", "install_event_loop_policy", "run_application"]
+__all__ = ["RunOptions", "install_event_loop_policy", "run_application", "tune_gc"]
 
 log = structlog.get_logger("decaton_aio.runner")
 
@@ -55,6 +56,22 @@ class RunOptions:
     metrics_port: int | None = None
     metrics_addr: str = DEFAULT_METRICS_ADDR
     environ: Mapping[str, str] | None = None
+
+
+#: Generation-0 threshold set by :func:`tune_gc` (CPython's default is 700).
+GC_GEN0_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Run the cyclic garbage collector less often.
+
+    Every record, task context and future is a container object; with CPython's default
+    thresholds the collector runs every 700 allocations and walks tens of thousands of
+    live pending records each time (a fifth of the CPU of an I/O-bound run, measured with
+    ``bench``). Nothing here builds reference cycles on the hot path, so collecting every
+    50,000 allocations costs little memory and gives the CPU back.
+    """
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 100)
 
 
 def install_event_loop_policy() -> bool:
@@ -89,6 +106,7 @@ async def run_application(
     Raises:
         ConfigError: when a property (from any source) is unknown or invalid.
     """
+    tune_gc()
     environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
     source = FilePropertySource(options.properties_file) if options.properties_file else None
     layers: list[Mapping[str, Any]] = [app.properties]

@@ -185,6 +185,7 @@ class Subscription:
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+            fetch_max_wait_ms=cfg.fetch_max_wait_ms,
         )
         if self._owns_sender:
             await self._sender.start()

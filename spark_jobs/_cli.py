@@ -2,9 +2,9 @@
 
 This module owns the frame around a job's logic: one-line errors with named exit codes
 (the same codes as ``python -m decaton_aio``), the options every job has (bootstrap
-servers, idempotence, master, dry run, ``--summary-json``), the session's lifecycle (and
-making it the thread's active one), and the printing of summaries (aligned tables, JSON). A job supplies a parser and a function ``(spark, args) ->
-summary``; :func:`run_job` does the rest::
+servers, idempotence, master, dry run, ``--summary-json``), the session's lifecycle, and
+the printing of summaries (aligned tables, JSON). A job supplies a parser and a function
+``(spark, args) -> summary``; :func:`run_job` does the rest::
 
     def main(argv=None) -> int:
         return run_job("batch_repair", build_parser(), run, argv)
@@ -40,7 +40,6 @@ __all__ = [
     "EXIT_USAGE",
     "JobParser",
     "UsageError",
-    "activate",
     "add_common_arguments",
     "parse_instant",
     "require_bootstrap",
@@ -102,18 +101,6 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summary-json", type=Path, metavar="PATH", help="also write the summary as JSON here"
     )
-
-
-def activate(spark: SparkSession) -> None:
-    """Make ``spark`` the active session of the calling thread, on the JVM side too.
-
-    Spark looks up Python data sources for a write in the thread's *active* session, and
-    only some PySpark calls set it: a job run from another thread than the one that built
-    the session (``asyncio.to_thread`` in tests, a demo) would not find ``decaton_kafka``.
-    """
-    SparkSession._activeSession = spark
-    jvm_session_class = SparkSession._get_j_spark_session_class(spark._jvm)
-    jvm_session_class.setActiveSession(spark._jsparkSession)
 
 
 def require_bootstrap(args: argparse.Namespace) -> None:

@@ -5,7 +5,9 @@ must run this interpreter (they import aiokafka and this project), the driver st
 loopback, the web UI is off, shuffles are small. :func:`local_session` builds such a session;
 :func:`job_session` is what a job's ``main`` calls, so one job file runs both under
 ``spark-submit`` on a cluster (the session spark-submit configured) and as
-``python -m spark_jobs.<job>`` (a local session).
+``python -m spark_jobs.<job>`` (a local session). :func:`activate` makes a session the
+active one of the calling thread, which Spark needs to find the ``decaton_kafka`` format
+for a write.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCAL_CONFIG",
+    "activate",
     "configure_environment",
     "find_java",
     "job_session",
@@ -123,6 +126,22 @@ def job_session(app_name: str, master: str | None = None) -> SparkSession:
         _register(spark)
         return spark
     return local_session(app_name, master or "local[*]")
+
+
+def activate(spark: SparkSession) -> None:
+    """Make ``spark`` the active session of the calling thread, on the JVM side too.
+
+    Spark looks up Python data sources for a write in the thread's *active* session, and
+    only some PySpark calls set it (``createDataFrame`` does, ``df.write`` does not): a
+    write from another thread than the one that built the session (``asyncio.to_thread``,
+    a demo) would not find ``decaton_kafka``. :func:`spark_jobs.kafka_sink.write_topic`
+    calls this itself.
+    """
+    from pyspark.sql import SparkSession
+
+    SparkSession._activeSession = spark
+    jvm_session_class = SparkSession._get_j_spark_session_class(spark._jvm)
+    jvm_session_class.setActiveSession(spark._jsparkSession)
 
 
 def _register(spark: SparkSession) -> None:

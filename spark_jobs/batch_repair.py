@@ -20,6 +20,9 @@ with non-zero counts for a user without edges, are both inconsistent). Counts re
 processors are writing may look wrong for a moment; the repair task then recounts and finds
 nothing to fix, which is harmless.
 
+Reading the inputs is :mod:`spark_jobs._repair_inputs`; here live the comparison, the
+repair tasks, the run and the command line.
+
 Each repair task is a JSON body ``{"user_id", "expected_followers", "expected_following",
 "stored_followers", "stored_following", "detected_at_ms"}`` keyed by the user id, with a
 ``dt_meta`` header, so any decaton-aio (or Decaton) processor can consume it::
@@ -33,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sqlite3
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,9 +45,7 @@ from typing import Any, Final
 if __package__ in (None, ""):  # spark-submit spark_jobs/batch_repair.py: find the project
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -54,11 +54,11 @@ from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from spark_jobs._cli import (
     JobParser,
     UsageError,
-    activate,
     add_common_arguments,
     require_bootstrap,
     run_job,
 )
+from spark_jobs._repair_inputs import load_parquet, load_sqlite
 from spark_jobs.kafka_sink import write_topic
 
 __all__ = [
@@ -75,8 +75,6 @@ __all__ = [
 
 APPLICATION_ID: Final = "decaton-aio-batch-repair"
 """The source application id written into each repair task's ``dt_meta``."""
-
-_FETCH_ROWS: Final = 50_000
 
 
 @dataclass(frozen=True)
@@ -169,89 +167,6 @@ class RepairReport:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- inputs
-
-
-def _sqlite_tables(conn: sqlite3.Connection, path: str) -> None:
-    names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = sorted({"follow_edges", "follow_counts"} - names)
-    if missing:
-        raise ConfigError(
-            f"{path} has no table {', '.join(missing)}: is it the follow example's database?"
-        )
-
-
-def _fetch_arrow(cursor: sqlite3.Cursor, names: list[str]) -> pa.Table:
-    columns: list[list[int]] = [[] for _ in names]
-    while rows := cursor.fetchmany(_FETCH_ROWS):
-        for i, column in enumerate(zip(*rows, strict=True)):
-            columns[i].extend(column)
-    return pa.table({n: pa.array(c, pa.int64()) for n, c in zip(names, columns, strict=True)})
-
-
-def load_sqlite(spark: SparkSession, path: str) -> tuple[DataFrame, DataFrame]:
-    """Read the active edges and the counts of the example's database, in one snapshot.
-
-    Both tables are read inside one read transaction (WAL: writers keep going meanwhile),
-    so the edges and counts belong to the same moment.
-
-    Returns:
-        ``(edges, counts)``: ``follower, followee`` and ``user_id, followers, following``.
-
-    Raises:
-        ConfigError: when the file or its tables are missing.
-    """
-    if not os.path.isfile(path):
-        raise ConfigError(f"--sqlite {path}: no such file")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
-    try:
-        _sqlite_tables(conn, path)
-        conn.execute("BEGIN")
-        edges = _fetch_arrow(
-            conn.execute("SELECT follower, followee FROM follow_edges WHERE active = 1"),
-            ["follower", "followee"],
-        )
-        counts = _fetch_arrow(
-            conn.execute("SELECT user_id, followers, following FROM follow_counts"),
-            ["user_id", "followers", "following"],
-        )
-        conn.execute("COMMIT")
-    except sqlite3.Error as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    finally:
-        conn.close()
-    return spark.createDataFrame(edges), spark.createDataFrame(counts)
-
-
-def _require_columns(df: DataFrame, columns: list[str], what: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ConfigError(f"{what} lacks column(s) {missing}; it has {df.columns}")
-
-
-def load_parquet(spark: SparkSession, edges: str, counts: str) -> tuple[DataFrame, DataFrame]:
-    """Read edges and counts from Parquet (see the module docstring for the columns).
-
-    Raises:
-        ConfigError: when a path cannot be read or a column is missing.
-    """
-
-    try:
-        edges_df = spark.read.parquet(edges)
-        counts_df = spark.read.parquet(counts)
-    except AnalysisException as exc:
-        raise ConfigError(f"cannot read the Parquet input: {str(exc).splitlines()[0]}") from exc
-    _require_columns(edges_df, ["follower", "followee"], f"--edges {edges}")
-    _require_columns(counts_df, ["user_id", "followers", "following"], f"--counts {counts}")
-    if "active" in edges_df.columns:
-        edges_df = edges_df.where(F.col("active").cast("boolean"))
-    long = "bigint"
-    return (
-        edges_df.select(F.col("follower").cast(long), F.col("followee").cast(long)),
-        counts_df.select(*(F.col(c).cast(long) for c in ("user_id", "followers", "following"))),
-    )
-
-
 # --------------------------------------------------------------------------- the check
 
 
@@ -335,7 +250,6 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
             its own exception type, with this message inside).
     """
 
-    activate(spark)
     started = time.monotonic()
     if options.sqlite is not None:
         edges, counts = load_sqlite(spark, options.sqlite)

@@ -70,6 +70,7 @@ from pyspark.sql.types import (
 )
 
 from decaton_aio.errors import ConfigError, ProducerError
+from spark_jobs._session import activate
 from spark_jobs.kafka_source import FORMAT, int_option, option_value, require_option
 
 if TYPE_CHECKING:
@@ -477,8 +478,9 @@ def write_topic(
 ) -> WriteSummary:
     """Write ``df`` to a topic and return what the broker acknowledged.
 
-    Blocking. The commit runs in a Spark worker, so its counts come back through a
-    temporary summary file on the driver's machine.
+    Blocking; callable from any thread: it makes ``df``'s session the calling thread's
+    active one, where Spark looks the format up. The commit runs in a Spark worker, so its
+    counts come back through a temporary summary file on the driver's machine.
 
     Args:
         df: rows with the columns described in the module docstring.
@@ -491,6 +493,7 @@ def write_topic(
         ConfigError: when an option or column is unusable (raised by Spark as its own
             exception type, with this message inside).
     """
+    activate(df.sparkSession)
     with tempfile.TemporaryDirectory(prefix="decaton-kafka-write-") as tmp:
         summary_path = os.path.join(tmp, "summary.json")
         writer = (

@@ -22,6 +22,10 @@ per ledger at a time. ``--dry-run`` reads the ledger, sends nothing and writes n
 Spools: lines of ``spool-*.jsonl`` and ``spool-*.rejected`` (see :mod:`decaton_aio.spool`)
 whose topic is the dead letter topic, i.e. dead letters the runtime could not deliver.
 Unreadable lines are counted and skipped.
+
+Here live the job's options, the selection of each record's outcome, the records sent and
+the command line. Reading and decoding dead letters is :mod:`spark_jobs._dead_letters`,
+the ledger :mod:`spark_jobs._ledger`, the report :mod:`spark_jobs._backfill_report`.
 """
 
 from __future__ import annotations
@@ -33,36 +37,38 @@ import re
 import sys
 import time
 import uuid
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 if __package__ in (None, ""):  # spark-submit spark_jobs/retry_backfill.py: find the project
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 from pyspark import StorageLevel
-from pyspark.errors import AnalysisException
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 from decaton_aio.errors import ConfigError, DecodeError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
 from decaton_aio.retry import DLQ_HEADERS, ORIGIN_HEADERS, SideTopics
+from spark_jobs._backfill_report import BackfillReport, tally
 from spark_jobs._cli import (
     JobParser,
     UsageError,
-    activate,
     add_common_arguments,
     parse_instant,
     require_bootstrap,
     run_job,
-    table,
 )
+
+# NO_ERROR_TYPE and LEDGER_SCHEMA are re-exported: they were defined here before the split.
+from spark_jobs._dead_letters import NO_ERROR_TYPE as NO_ERROR_TYPE
+from spark_jobs._dead_letters import decode_failures, header, read_dead_letters
+from spark_jobs._ledger import LEDGER_SCHEMA as LEDGER_SCHEMA
+from spark_jobs._ledger import append_run, known_ids
 from spark_jobs.kafka_sink import write_topic
-from spark_jobs.kafka_source import high_watermarks, read_topic
 
 __all__ = [
     "BACKFILL_RUN_HEADER",
@@ -81,23 +87,10 @@ BACKFILL_SOURCE_HEADER: Final = "dt_backfill_source"
 """Added to a re-sent task: where its dead letter was read."""
 BACKFILL_RUN_HEADER: Final = "dt_backfill_run"
 """Added to a re-sent task: the id of the run that sent it."""
-NO_ERROR_TYPE: Final = "(none)"
-"""The error type reported for a record without ``dt_dlq_error_type``."""
 
-LEDGER_SCHEMA: Final = (
-    "source_id string, failure_id string, error_type string, target_topic string, "
-    "backfilled_at_ms long"
-)
 _STRIPPED: Final = sorted(
     {*DLQ_HEADERS, *ORIGIN_HEADERS, METADATA_HEADER, BACKFILL_SOURCE_HEADER, BACKFILL_RUN_HEADER}
 )
-_SPOOL_SCHEMA: Final = (
-    "v int, id string, topic string, key_b64 string, value_b64 string, "
-    "headers array<array<string>>, timestamp_ms long, spooled_at_ms long"
-)
-_SPOOL_PATTERNS: Final = ("spool-*.jsonl", "spool-*.rejected")
-_COUNTED: Final = ("selected", "filtered_out", "already_backfilled", "duplicate", "no_target")
-_TABLE_HEADER: Final = "error type|total|selected|filtered out|sent before|duplicate|no target"
 
 
 @dataclass(frozen=True)
@@ -171,75 +164,6 @@ class BackfillOptions:
     show: int = 5
 
 
-@dataclass
-class BackfillReport:
-    """What a run read, selected and sent.
-
-    Attributes:
-        dlq_topic: the dead letter topic read.
-        run_id: this run's id (its ledger directory and ``dt_backfill_run`` header).
-        dry_run: nothing was sent or written.
-        read: records read per source (``dlq``, ``spool``).
-        spool_unreadable: spool lines that could not be parsed.
-        spool_other_topics: spool entries for topics other than the dead letter topic.
-        by_error_type: per error type, records by outcome: ``total``, ``selected``,
-            ``filtered_out``, ``already_backfilled``, ``duplicate`` (the same failure read
-            twice), ``no_target`` (no origin topic known).
-        selected: records chosen to be sent.
-        sent: records the broker acknowledged (0 in a dry run).
-        per_partition: ``"<topic>:<partition>"`` -> records sent.
-        ledger: the ledger path, or ``None``.
-        ledger_entries: entries this run added to the ledger.
-        sample: the first selected records.
-        seconds: how long the run took.
-    """
-
-    dlq_topic: str
-    run_id: str
-    dry_run: bool
-    read: dict[str, int] = field(default_factory=dict)
-    spool_unreadable: int = 0
-    spool_other_topics: int = 0
-    by_error_type: dict[str, dict[str, int]] = field(default_factory=dict)
-    selected: int = 0
-    sent: int = 0
-    per_partition: dict[str, int] = field(default_factory=dict)
-    ledger: str | None = None
-    ledger_entries: int = 0
-    sample: list[dict[str, Any]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (``--summary-json``)."""
-        return {"job": "retry_backfill", **asdict(self)}
-
-    def render(self) -> str:
-        """The report as the lines the job prints."""
-        title = f"retry backfill of {self.dlq_topic}{' (dry run)' if self.dry_run else ''}"
-        lines = [f"{title}: run {self.run_id}, {self.seconds:.1f}s"]
-        read = ", ".join(f"{n} from the {s}" for s, n in sorted(self.read.items())) or "nothing"
-        lines.append(f"  read        {read}")
-        if self.spool_unreadable or self.spool_other_topics:
-            lines.append(
-                f"  spool       {self.spool_unreadable} unreadable lines skipped, "
-                f"{self.spool_other_topics} entries for other topics ignored"
-            )
-        rows = [(name, c["total"], *(c[k] for k in _COUNTED))
-                for name, c in sorted(self.by_error_type.items())]  # fmt: skip
-        lines += table(_TABLE_HEADER.split("|"), rows)
-        spread = ", ".join(f"{k}={n}" for k, n in sorted(self.per_partition.items()))
-        verb = "would send" if self.dry_run else f"sent {self.sent}"
-        lines.append(f"  selected    {self.selected}: {verb}{f' ({spread})' if spread else ''}")
-        for row in self.sample:
-            lines.append(
-                f"    {row['source_id']} key={row['key']} {row['error_type']} -> {row['target']}"
-            )
-        if self.ledger is not None:
-            added = "unchanged (dry run)" if self.dry_run else f"+{self.ledger_entries} entries"
-            lines.append(f"  ledger      {self.ledger}: {added}")
-        return "\n".join(lines)
-
-
 def reset_metadata(raw: bytes | None, timestamp_ms: int | None) -> bytes:
     """The ``dt_meta`` of a re-sent task: retry count 0, no scheduled time.
 
@@ -258,110 +182,12 @@ def reset_metadata(raw: bytes | None, timestamp_ms: int | None) -> bytes:
     return encode_metadata(msgspec.structs.replace(meta, retry_count=0, scheduled_time_ms=0))
 
 
-# --------------------------------------------------------------------------- reading
-
-
-def _read_topic(spark: SparkSession, options: BackfillOptions) -> DataFrame:
-
-    # Pin the end offsets once: every action of the run then sees the same records.
-    ends = high_watermarks(options.bootstrap_servers, options.dlq_topic)
-    df = read_topic(spark, options.bootstrap_servers, options.dlq_topic, ending_offsets=ends)
-    return df.select(
-        F.lit("dlq").alias("source"),
-        F.concat_ws(":", "topic", "partition", "offset").alias("source_id"),
-        F.col("topic").alias("entry_topic"),
-        F.lit(True).alias("readable"),
-        "key",
-        "value",
-        "headers",
-        "timestamp",
-    )
-
-
-def _read_spools(spark: SparkSession, dirs: tuple[str, ...]) -> DataFrame | None:
-    files = sorted(
-        str(p) for d in dirs for pattern in _SPOOL_PATTERNS for p in Path(d).glob(pattern)
-    )
-    if not files:
-        return None
-    lines = spark.read.text(files).where(F.trim("value") != "")
-    e = F.from_json("value", _SPOOL_SCHEMA).alias("e")
-    parsed = lines.select("value", e)
-    readable = F.coalesce(
-        F.col("e.id").isNotNull() & F.col("e.topic").isNotNull() & (F.col("e.v") == 1),
-        F.lit(False),
-    )
-    headers = F.transform(
-        F.coalesce("e.headers", F.array().cast("array<array<string>>")),
-        lambda h: F.struct(h[0].alias("key"), F.unbase64(h[1]).alias("value")),
-    )
-    return parsed.select(
-        F.lit("spool").alias("source"),
-        F.when(readable, F.concat(F.lit("spool:"), "e.id"))
-        .otherwise(F.concat(F.lit("spool-unreadable:"), F.sha2("value", 256)))
-        .alias("source_id"),
-        F.col("e.topic").alias("entry_topic"),
-        readable.alias("readable"),
-        F.unbase64("e.key_b64").alias("key"),
-        F.unbase64("e.value_b64").alias("value"),
-        F.when(readable, headers).alias("headers"),
-        F.coalesce("e.timestamp_ms", "e.spooled_at_ms").alias("timestamp"),
-    )
-
-
-def _header(name: str, *, text: bool = True) -> Column:
-    # The last header of that name wins, as the runtime reads them.
-    found = F.try_element_at(F.filter("headers", lambda h: h.key == name), F.lit(-1))
-    value = found.getField("value")
-    return value.cast("string") if text else value
-
-
-def _decode(df: DataFrame, options: BackfillOptions) -> DataFrame:
-    """Add the failure columns decoded from the ``dt_dlq_*`` headers."""
-    sides = options.side_topics
-    # The task topic: the origin header with a retry/shaping suffix removed, else the
-    # dead letter topic's name without its suffix.
-    side_suffix = f"({re.escape(sides.retry)}|{re.escape(sides.shaping)})$"
-    origin = F.regexp_replace(_header("dt_dlq_origin_topic"), side_suffix, "")
-    dlq = options.dlq_topic
-    fallback = dlq[: -len(sides.dead_letter)] if dlq.endswith(sides.dead_letter) else None
-    coordinates = [
-        _header("dt_dlq_origin_topic"),
-        _header("dt_dlq_origin_partition"),
-        _header("dt_dlq_origin_offset"),
-        _header("dt_dlq_last_failure_ms"),
-    ]
-    present = coordinates[0].isNotNull()
-    for column in coordinates[1:]:
-        present = present & column.isNotNull()
-    failure = F.when(present, F.concat_ws(":", *coordinates))
-    return df.select(
-        "*",
-        F.coalesce(_header("dt_dlq_error_type"), F.lit(NO_ERROR_TYPE)).alias("error_type"),
-        _header("dt_dlq_error_message").alias("error_message"),
-        F.coalesce(origin, F.lit(fallback)).alias("origin_topic"),
-        _header("dt_dlq_first_failure_ms").try_cast("long").alias("first_failure_ms"),
-        _header("dt_dlq_last_failure_ms").try_cast("long").alias("last_failure_ms"),
-        F.coalesce(failure, F.col("source_id")).alias("failure_id"),
-    )
-
-
-def _ledger_ids(spark: SparkSession, ledger: str | None) -> DataFrame | None:
-    if ledger is None or ("://" not in ledger and not os.path.exists(ledger)):
-        return None
-    try:
-        entries = spark.read.schema(LEDGER_SCHEMA).parquet(ledger)
-    except AnalysisException as exc:
-        if "PATH_NOT_FOUND" in str(exc):
-            return None
-        raise ConfigError(f"cannot read the ledger {ledger}: {str(exc).splitlines()[0]}") from exc
-    ids = entries.select(F.col("source_id").alias("id")).union(entries.select("failure_id"))
-    return ids.where(F.col("id").isNotNull()).distinct()
+# --------------------------------------------------------------------------- selecting
 
 
 def _classify(spark: SparkSession, options: BackfillOptions, df: DataFrame) -> DataFrame:
     """Add ``target`` and ``status`` (one of the outcomes counted in the report)."""
-    ids = _ledger_ids(spark, options.ledger)
+    ids = known_ids(spark, options.ledger)
     if ids is None:
         known = F.lit(False)
     else:
@@ -400,13 +226,13 @@ def _outgoing(selected: DataFrame, run_id: str) -> DataFrame:
     reset = F.udf(reset_metadata, BinaryType(), useArrow=False)
     kept = F.filter("headers", lambda h: ~h.key.isin(_STRIPPED))
 
-    def header(name: str, value: Column) -> Column:
+    def added_header(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), value.alias("value"))
 
     added = F.array(
-        header(METADATA_HEADER, reset(_header(METADATA_HEADER, text=False), "timestamp")),
-        header(BACKFILL_SOURCE_HEADER, F.encode("source_id", "UTF-8")),
-        header(BACKFILL_RUN_HEADER, F.lit(bytearray(run_id.encode()))),
+        added_header(METADATA_HEADER, reset(header(METADATA_HEADER, text=False), "timestamp")),
+        added_header(BACKFILL_SOURCE_HEADER, F.encode("source_id", "UTF-8")),
+        added_header(BACKFILL_RUN_HEADER, F.lit(bytearray(run_id.encode()))),
     )
     return selected.select(
         F.col("target").alias("topic"), "key", "value", F.concat(kept, added).alias("headers")
@@ -414,24 +240,6 @@ def _outgoing(selected: DataFrame, run_id: str) -> DataFrame:
 
 
 # --------------------------------------------------------------------------- the run
-
-
-def _tally(report: BackfillReport, counts: list[Row]) -> None:
-    """Fill the report's counts from rows of ``source, error_type, status, count``."""
-    by_type: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_COUNTED, 0))
-    for row in counts:
-        n = row["count"]
-        report.read[row.source] = report.read.get(row.source, 0) + n
-        if row.status == "unreadable":
-            report.spool_unreadable += n
-        elif row.status == "other_topic":
-            report.spool_other_topics += n
-        else:
-            by_type[row.error_type][row.status] += n
-    for c in by_type.values():
-        c["total"] = sum(c[s] for s in _COUNTED)
-    report.by_error_type = dict(by_type)
-    report.selected = sum(c["selected"] for c in by_type.values())
 
 
 def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillReport:
@@ -445,19 +253,18 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
     """
     if not options.dry_run and options.ledger is None:
         raise ConfigError("a ledger is required to send (or use a dry run)")
-    activate(spark)
     started = time.monotonic()
     now = dt.datetime.now(dt.UTC)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    records = _read_topic(spark, options)
-    spooled = _read_spools(spark, options.spool_dirs)
-    if spooled is not None:
-        records = records.unionByName(spooled)
-    classified = _classify(spark, options, _decode(records, options))
+    records = read_dead_letters(
+        spark, options.bootstrap_servers, options.dlq_topic, options.spool_dirs
+    )
+    decoded = decode_failures(records, options.dlq_topic, options.side_topics)
+    classified = _classify(spark, options, decoded)
     classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         report = BackfillReport(options.dlq_topic, run_id, options.dry_run, ledger=options.ledger)
-        _tally(report, classified.groupBy("source", "error_type", "status").count().collect())
+        tally(report, classified.groupBy("source", "error_type", "status").count().collect())
         selected = classified.where(F.col("status") == "selected")
         sample = selected.orderBy("source", "source_id").limit(options.show).collect()
         report.sample = [
@@ -480,15 +287,7 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
             report.sent, report.per_partition = written.records, written.per_partition
             # Only after every record was acknowledged: a crash before this line re-sends
             # the run's records next time rather than losing them.
-            entries = selected.select(
-                "source_id",
-                "failure_id",
-                "error_type",
-                F.col("target").alias("target_topic"),
-                F.lit(int(now.timestamp() * 1000)).alias("backfilled_at_ms"),
-            )
-            path = f"{options.ledger.rstrip('/')}/run_id={run_id}"
-            entries.coalesce(1).write.mode("errorifexists").parquet(path)
+            append_run(selected, options.ledger, run_id, int(now.timestamp() * 1000))
             report.ledger_entries = report.selected
     finally:
         classified.unpersist()

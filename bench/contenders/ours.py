@@ -15,6 +15,7 @@ from bench.recorder import Recorder, emit
 from bench.workload import Spec, Task
 from decaton_aio.app import DEFAULT_MAX_FETCH_RECORDS, Application, ConsumerConfig
 from decaton_aio.producer import ProducerConfig
+from decaton_aio.runner import tune_gc
 from decaton_aio.serializers import JsonSerializer
 from decaton_aio.subscription import Subscription
 
@@ -55,6 +56,7 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
 
 
 async def main(spec: Spec, recorder: Recorder) -> None:
+    tune_gc()  # as `python -m decaton_aio run` does
     subscription = build_subscription(spec, recorder.processor())
     await subscription.start()
     ticker = asyncio.create_task(recorder.ticker())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,29 @@ class Expected:
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a blocking Spark call off the event loop."""
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def in_new_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a thread of its own, where no Spark call ran before (blocking).
+
+    ``asyncio.to_thread`` reuses its pool's threads, and an earlier Spark call there (such
+    as ``createDataFrame``) may have made the session the thread's active one already.
+    """
+    outcome: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=target, name="spark-caller")
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def rows_of(df: DataFrame) -> list[Row]:
@@ -272,6 +296,35 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
     assert bytes(text_row.key) == b"s-key"
     assert text_row.timestamp == int(when.timestamp() * 1000)
     assert text_row.partition == kafka_partition(b"s-key", 3)
+
+
+@pytest.mark.integration
+async def test_write_and_read_from_a_thread_that_never_used_spark(
+    spark: SparkSession, kafka_broker, topic_factory
+) -> None:
+    """write_topic and read_topic work from any thread, not only the session's.
+
+    Spark looks a Python data source up in the calling thread's active session; the rows
+    are built in one thread, written from a new thread and read back from another new
+    thread, so neither call may rely on an earlier call having activated the session.
+    """
+    topic = await topic_factory(partitions=2)
+    bootstrap = kafka_broker.bootstrap_servers
+    idempotence = kafka_broker.supports_idempotence
+    rows = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(10)]
+    df = await in_thread(spark.createDataFrame, rows, "key binary, value binary")
+
+    def write() -> WriteSummary:
+        return write_topic(df, bootstrap, topic, idempotence=idempotence)
+
+    def read() -> list[Row]:
+        return read_topic(spark, bootstrap, topic).collect()
+
+    summary = await in_thread(in_new_thread, write)
+    read_back = await in_thread(in_new_thread, read)
+
+    assert (summary.committed, summary.records) == (True, 10)
+    assert sorted((bytes(r.key), bytes(r.value)) for r in read_back) == rows
 
 
 # --------------------------------------------------------------------------- bad options
