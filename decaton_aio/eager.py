@@ -56,19 +56,31 @@ class CoroutineStarter:
 
     def start(self, coro: Coroutine[Any, Any, Any], done: Done) -> None:
         """Start ``coro``; ``done(exc_or_none)`` is called exactly once when it ends."""
-        if self._score > _TASK_MODE_ABOVE:
+        score = self._score
+        if score > _TASK_MODE_ABOVE:
             self._count += 1
             if self._count % PROBE_EVERY:
                 # create_task copies the current context itself.
                 task = asyncio.get_running_loop().create_task(coro)
                 self._track(task, done)
                 return
-        suspended = start_eagerly(coro, done, self.tasks)
-        if suspended:
-            if self._score < _SCORE_MAX:
-                self._score += 1
-        elif self._score:
-            self._score -= 1
+        # start_eagerly, inlined: this runs once per task.
+        context = contextvars.copy_context()
+        try:
+            yielded = context.run(coro.send, None)
+        except StopIteration:
+            if score:
+                self._score = score - 1
+            done(None)
+            return
+        except BaseException as exc:  # the processor's own failure is the caller's
+            if score:
+                self._score = score - 1
+            done(exc)
+            return
+        _continue_in_task(coro, yielded, context, done, self.tasks)
+        if score < _SCORE_MAX:
+            self._score = score + 1
 
     def _track(self, task: asyncio.Task[Any], done: Done) -> None:
         tasks = self.tasks
@@ -106,6 +118,17 @@ def start_eagerly(
     except BaseException as exc:  # the processor's own failure is the caller's to report
         done(exc)
         return False
+    _continue_in_task(coro, yielded, context, done, tasks)
+    return True
+
+
+def _continue_in_task(
+    coro: Coroutine[Any, Any, Any],
+    yielded: Any,
+    context: contextvars.Context,
+    done: Done,
+    tasks: set[asyncio.Task[Any]],
+) -> None:
     task = asyncio.get_running_loop().create_task(_resume(coro, yielded), context=context)
     tasks.add(task)
 
@@ -114,7 +137,6 @@ def start_eagerly(
         done(asyncio.CancelledError() if t.cancelled() else t.exception())
 
     task.add_done_callback(finished)
-    return True
 
 
 async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:

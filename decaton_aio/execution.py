@@ -158,7 +158,7 @@ class TaskExecutor:
         stats.process_duration.observe(time.perf_counter() - ctx.started_at)
         stats.processed += 1
         record = ctx.record
-        completion = ctx.completion
+        completion = ctx._completion  # the attribute, not the property: hot path
         if exc is None and completion is None and ctx.retry_delay_s is None:
             partition.finish(record)  # the common case: done
             return
