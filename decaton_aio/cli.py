@@ -189,6 +189,12 @@ def _build_parser() -> _Parser:
         help="watched .json or .properties file (env DECATON_AIO_PROPERTIES_FILE)",
     )
     run.add_argument(
+        "--properties-topic",
+        default=os.environ.get("DECATON_AIO_PROPERTIES_TOPIC"),
+        help="Kafka topic of property changes (key: name, value: JSON), seen by every "
+        "instance (env DECATON_AIO_PROPERTIES_TOPIC)",
+    )
+    run.add_argument(
         "--metrics-port",
         type=int,
         default=_env_int("DECATON_AIO_METRICS_PORT"),

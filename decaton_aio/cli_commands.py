@@ -226,6 +226,7 @@ def run_target(args: argparse.Namespace) -> int:
             ),
             properties=overrides,
             properties_file=args.properties_file,
+            properties_topic=args.properties_topic,
             metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr,
         )

@@ -20,9 +20,10 @@ from typing import Any, Final, Protocol
 
 import msgspec
 import structlog
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio.offsets import topic_partitions
 from decaton_aio.properties import RESET, Properties
 from decaton_aio.source_routines import cancel_and_wait, spawn
 
@@ -150,8 +151,9 @@ class KafkaPropertySource:
         self._task: asyncio.Task[None] | None = None
 
     def _default_consumer(self) -> _Consumer:
+        # Not subscribed: the partitions are assigned by hand once metadata is known, so
+        # the backlog read sees every partition from the first call.
         consumer: _Consumer = AIOKafkaConsumer(
-            self._topic,
             bootstrap_servers=self._bootstrap_servers,
             group_id=None,
             enable_auto_commit=False,
@@ -209,6 +211,10 @@ class KafkaPropertySource:
     async def _read_backlog(self, consumer: _Consumer) -> dict[str, object]:
         """Read from the beginning up to the end offsets seen now; fold latest per name."""
         partitions = list(consumer.assignment())
+        if not partitions and isinstance(consumer, AIOKafkaConsumer):
+            found = await topic_partitions(consumer, self._topic)
+            partitions = [TopicPartition(self._topic, p) for p in found]
+            consumer.assign(partitions)
         pending: dict[str, object] = {}
         if not partitions:
             return pending

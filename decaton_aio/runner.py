@@ -24,7 +24,11 @@ from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR, Metrics
 from decaton_aio.producer import ProducerConfig
 from decaton_aio.properties import Properties
-from decaton_aio.property_sources import FilePropertySource, properties_from_env
+from decaton_aio.property_sources import (
+    FilePropertySource,
+    KafkaPropertySource,
+    properties_from_env,
+)
 from decaton_aio.subscription import Subscription
 
 __all__ = ["RunOptions", "install_event_loop_policy", "run_application", "tune_gc"]
@@ -44,6 +48,7 @@ class RunOptions:
         producer: the retry/dead letter producer settings (see :class:`Subscription`).
         properties: property overrides from the command line (highest precedence).
         properties_file: a watched ``.json`` or ``.properties`` file of properties.
+        properties_topic: a Kafka topic of property changes, read by every instance.
         metrics_port: serve Prometheus metrics on this port (0: a free one; None: off).
         metrics_addr: the address the metrics endpoint listens on.
         environ: where ``DECATON_*`` property variables are read from.
@@ -53,6 +58,7 @@ class RunOptions:
     producer: ProducerConfig | None = None
     properties: Mapping[str, object] = field(default_factory=dict)
     properties_file: Path | None = None
+    properties_topic: str | None = None
     metrics_port: int | None = None
     metrics_addr: str = DEFAULT_METRICS_ADDR
     environ: Mapping[str, str] | None = None
@@ -108,9 +114,14 @@ async def run_application(
     """
     tune_gc()
     environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
-    source = FilePropertySource(options.properties_file) if options.properties_file else None
+    sources: list[FilePropertySource | KafkaPropertySource] = []
+    if options.properties_file:
+        sources.append(FilePropertySource(options.properties_file))
+    if options.properties_topic:
+        servers = options.consumer.bootstrap_servers
+        sources.append(KafkaPropertySource(servers, options.properties_topic))
     layers: list[Mapping[str, Any]] = [app.properties]
-    if source is not None:
+    for source in sources:
         layers.append(await source.load())
     layers += [properties_from_env(environ), options.properties]
     properties = Properties(*layers)
@@ -140,7 +151,7 @@ async def run_application(
             loop.add_signal_handler(signum, on_signal, signum)
     try:
         await subscription.start()
-        if source is not None:
+        for source in sources:
             await source.start(properties)
         if on_started is not None:
             maybe = on_started(subscription)
@@ -150,7 +161,7 @@ async def run_application(
     finally:
         if subscription.state.value != "terminated":
             await subscription.stop()
-        if source is not None:
+        for source in sources:
             await source.stop()
         metrics.stop()
         if install_signal_handlers:
