@@ -15,6 +15,7 @@ from bench.recorder import Recorder, emit
 from bench.workload import Spec, Task
 from decaton_aio.app import DEFAULT_MAX_FETCH_RECORDS, Application, ConsumerConfig
 from decaton_aio.producer import ProducerConfig
+from decaton_aio.properties import PARTITION_CONCURRENCY
 from decaton_aio.runner import tune_gc
 from decaton_aio.serializers import JsonSerializer
 from decaton_aio.subscription import Subscription
@@ -26,7 +27,7 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
     """The subscription a contender run uses, from the spec's options."""
     opts = spec.options
     properties: dict[str, object] = {
-        "decaton.partition.concurrency": int(opts.get("concurrency", 256)),
+        "decaton.partition.concurrency": int(opts.get("concurrency", PARTITION_CONCURRENCY.default)),
         "decaton.max.pending.records": int(opts.get("max_pending", 10_000)),
     }
     extra: dict[str, Any] = {}

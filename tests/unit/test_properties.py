@@ -69,7 +69,7 @@ def test_defaults_are_the_documented_values() -> None:
     """With no layers, every property holds its definition's default."""
     props = Properties()
     assert props.snapshot() == {d.name: d.default for d in BUILTIN_DEFINITIONS}
-    assert props[PARTITION_CONCURRENCY].value == 256
+    assert props[PARTITION_CONCURRENCY].value == 384
     assert props[MAX_PENDING_RECORDS].value == 10000
     assert props[COMMIT_INTERVAL_MS].value == 1000
     assert props["decaton.group.rebalance.timeout.ms"].value == 1000
@@ -336,10 +336,10 @@ def test_listeners_get_old_and_new_after_a_change() -> None:
     seen: list[tuple[int, int]] = []
     prop.subscribe(lambda old, new: seen.append((old, new)))
     prop.set(10)
-    assert seen == [(256, 10)]
+    assert seen == [(384, 10)]
     prop.set(10)
     prop.set("nope")
-    assert seen == [(256, 10)]
+    assert seen == [(384, 10)]
 
 
 def test_a_failing_listener_is_logged_and_others_still_run() -> None:
@@ -403,7 +403,7 @@ def test_markdown_table_has_a_row_for_every_definition() -> None:
     assert len(lines) == 2 + len(BUILTIN_DEFINITIONS)
     for definition in BUILTIN_DEFINITIONS:
         assert f"| `{definition.name}` |" in table
-    assert "| `decaton.partition.concurrency` | `256` | yes |" in table
+    assert "| `decaton.partition.concurrency` | `384` | yes |" in table
     assert "| `decaton.ignore.keys` | (empty) | yes |" in table
     assert "a few KB" in table
 
@@ -591,7 +591,7 @@ async def test_file_source_stop_cancels_the_routine_and_start_twice_fails(tmp_pa
     await source.stop()
     _rewrite(path, json.dumps({"decaton.partition.concurrency": 5}))
     await asyncio.sleep(0.05)
-    assert props[PARTITION_CONCURRENCY].value == 256
+    assert props[PARTITION_CONCURRENCY].value == 384
 
 
 # --- Kafka records ------------------------------------------------------------------------
@@ -726,14 +726,14 @@ async def test_kafka_source_applies_latest_backlog_once_then_live_changes() -> N
     props[PARTITION_CONCURRENCY].subscribe(lambda old, new: seen.append((old, new)))
     await source.start(props)
     try:
-        assert seen == [(256, 30)]
+        assert seen == [(384, 30)]
         assert props[MAX_PENDING_RECORDS].value == 10000
         consumer.arrivals.put_nowait(_record("decaton.partition.concurrency", 40))
         await _until(lambda: props[PARTITION_CONCURRENCY].value == 40)
     finally:
         await source.stop()
     assert consumer.stopped
-    assert seen == [(256, 30), (30, 40)]
+    assert seen == [(384, 30), (30, 40)]
 
 
 async def test_kafka_source_load_returns_latest_values_without_resets() -> None:
