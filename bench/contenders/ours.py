@@ -27,7 +27,9 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
     """The subscription a contender run uses, from the spec's options."""
     opts = spec.options
     properties: dict[str, object] = {
-        "decaton.partition.concurrency": int(opts.get("concurrency", PARTITION_CONCURRENCY.default)),
+        "decaton.partition.concurrency": int(
+            opts.get("concurrency", PARTITION_CONCURRENCY.default)
+        ),
         "decaton.max.pending.records": int(opts.get("max_pending", 10_000)),
     }
     extra: dict[str, Any] = {}
