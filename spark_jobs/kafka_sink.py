@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, UnknownError
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import (
@@ -70,6 +70,8 @@ from pyspark.sql.types import (
 )
 
 from decaton_aio.errors import ConfigError, ProducerError
+from decaton_aio.producer import ProducerConfig
+from decaton_aio.producer_client import start_client
 from spark_jobs._session import activate
 from spark_jobs.kafka_source import FORMAT, int_option, option_value, require_option
 
@@ -94,11 +96,6 @@ _SETTLE_EVERY_BATCHES: Final = 64
 _INTEGER_TYPES: Final = (ByteType, ShortType, IntegerType, LongType)
 _TEXT_TYPES: Final = (BinaryType, StringType)
 _TIMESTAMP_TYPES: Final = (*_INTEGER_TYPES, TimestampType)
-
-_IDEMPOTENCE_HINT: Final = (
-    "the broker refused an idempotent producer (InitProducerId failed). The embedded broker "
-    "(Tansu) does not support aiokafka's idempotent producer: .option('idempotence', 'false')"
-)
 
 
 def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -333,8 +330,6 @@ class _BatchSender:
         sent, self._sent = self._sent, []
         try:
             await asyncio.gather(*(future for future, _, _ in sent))
-        except UnknownError as exc:
-            raise ProducerError(f"the broker did not take a batch: {exc!r}") from exc
         except KafkaError as exc:
             raise ProducerError(f"the broker did not take a batch: {exc!r}") from exc
         for _, where, count in sent:
@@ -369,27 +364,16 @@ class KafkaWriter(DataSourceArrowWriter):
 
     async def _produce(self, batches: Iterable[pa.RecordBatch]) -> KafkaWriteCommit:
         opts = self.options
-        producer = AIOKafkaProducer(
-            bootstrap_servers=opts.bootstrap_servers,
-            acks="all",
-            enable_idempotence=opts.idempotence,
+        config = ProducerConfig(
+            opts.bootstrap_servers,
+            idempotence=opts.idempotence,
             linger_ms=opts.linger_ms,
-            max_batch_size=opts.max_batch_bytes,
+            max_batch_bytes=opts.max_batch_bytes,
             request_timeout_ms=opts.request_timeout_ms,
-            client_id="decaton-aio-spark-sink",
         )
-        try:
-            await producer.start()
-        except UnknownError as exc:
-            await producer.stop()
-            if opts.idempotence:
-                raise ProducerError(_IDEMPOTENCE_HINT) from exc
-            raise ProducerError(f"the producer could not start: {exc!r}") from exc
-        except KafkaError as exc:
-            await producer.stop()
-            raise ProducerError(
-                f"cannot reach the cluster at {opts.bootstrap_servers}: {exc!r}"
-            ) from exc
+        # The runtime's client start: acks=all, and the same errors (a refused idempotent
+        # producer says how to turn idempotence off).
+        producer = await start_client(config, "decaton-aio-spark-sink")
         commit = KafkaWriteCommit()
         sender = _BatchSender(producer, commit)
         try:
