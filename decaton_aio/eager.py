@@ -23,7 +23,7 @@ import contextvars
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-__all__ = ["PROBE_EVERY", "CoroutineStarter", "start_eagerly"]
+__all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
 Done = Callable[[BaseException | None], None]
 
@@ -64,7 +64,7 @@ class CoroutineStarter:
                 task = asyncio.get_running_loop().create_task(coro)
                 self._track(task, done)
                 return
-        # start_eagerly, inlined: this runs once per task.
+        # Eager path: the first step runs here, in a copy of the current context.
         context = contextvars.copy_context()
         try:
             yielded = context.run(coro.send, None)
@@ -78,7 +78,9 @@ class CoroutineStarter:
                 self._score = score - 1
             done(exc)
             return
-        _continue_in_task(coro, yielded, context, done, self.tasks)
+        # It suspended: a task carries on from there, in the same context.
+        loop = asyncio.get_running_loop()
+        self._track(loop.create_task(_resume(coro, yielded), context=context), done)
         if score < _SCORE_MAX:
             self._score = score + 1
 
@@ -91,52 +93,6 @@ class CoroutineStarter:
             done(asyncio.CancelledError() if t.cancelled() else t.exception())
 
         task.add_done_callback(finished)
-
-
-def start_eagerly(
-    coro: Coroutine[Any, Any, Any], done: Done, tasks: set[asyncio.Task[Any]]
-) -> bool:
-    """Run ``coro`` up to its first suspension; finish it in a task only if it suspends.
-
-    Args:
-        coro: the coroutine to run; its result is ignored.
-        done: called exactly once when the coroutine ends: with ``None`` on return, with
-            the exception it raised (``CancelledError`` included) otherwise. It must not
-            raise.
-        tasks: the set the continuation task is added to while it runs (so it can be
-            awaited or cancelled, and is not garbage collected mid-flight).
-
-    Returns:
-        True when the coroutine suspended and goes on in a task.
-    """
-    context = contextvars.copy_context()
-    try:
-        yielded = context.run(coro.send, None)
-    except StopIteration:
-        done(None)
-        return False
-    except BaseException as exc:  # the processor's own failure is the caller's to report
-        done(exc)
-        return False
-    _continue_in_task(coro, yielded, context, done, tasks)
-    return True
-
-
-def _continue_in_task(
-    coro: Coroutine[Any, Any, Any],
-    yielded: Any,
-    context: contextvars.Context,
-    done: Done,
-    tasks: set[asyncio.Task[Any]],
-) -> None:
-    task = asyncio.get_running_loop().create_task(_resume(coro, yielded), context=context)
-    tasks.add(task)
-
-    def finished(t: asyncio.Task[Any]) -> None:
-        tasks.discard(t)
-        done(asyncio.CancelledError() if t.cancelled() else t.exception())
-
-    task.add_done_callback(finished)
 
 
 async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
-from decaton_aio.eager import PROBE_EVERY, CoroutineStarter, start_eagerly
+from decaton_aio.eager import PROBE_EVERY, CoroutineStarter
 
 var: contextvars.ContextVar[int] = contextvars.ContextVar("var", default=0)
 
@@ -28,34 +28,35 @@ async def fails() -> None:
 
 
 async def test_instant_coroutine_finishes_inside_the_call() -> None:
-    """A coroutine that never suspends is done before start_eagerly returns, no task."""
+    """A coroutine that never suspends is done before start returns, with no task."""
     results: list[BaseException | None] = []
-    tasks: set[asyncio.Task[object]] = set()
-    assert start_eagerly(instant(1), results.append, tasks) is False
+    starter = CoroutineStarter()
+    starter.start(instant(1), results.append)
     assert results == [None]
-    assert not tasks
+    assert not starter.tasks
     assert var.get() == 0  # the context variable it set did not leak
 
 
 async def test_suspending_coroutine_goes_on_in_a_task_and_reports_errors() -> None:
     """A coroutine that suspends continues in a tracked task; its exception is reported."""
     results: list[BaseException | None] = []
-    tasks: set[asyncio.Task[object]] = set()
-    assert start_eagerly(waits(2), results.append, tasks) is True
-    assert start_eagerly(fails(), results.append, tasks) is True
-    assert len(tasks) == 2
+    starter = CoroutineStarter()
+    starter.start(waits(2), results.append)
+    starter.start(fails(), results.append)
+    assert len(starter.tasks) == 2
+    assert results == []
     await asyncio.sleep(0.01)
     assert results[0] is None
     assert isinstance(results[1], ValueError)
-    assert not tasks
+    assert not starter.tasks
 
 
 async def test_cancelling_the_continuation_reports_cancellation() -> None:
     """Cancelling a continuation task throws into the coroutine and reports it."""
     results: list[BaseException | None] = []
-    tasks: set[asyncio.Task[object]] = set()
-    start_eagerly(asyncio.sleep(10), results.append, tasks)
-    for task in list(tasks):
+    starter = CoroutineStarter()
+    starter.start(asyncio.sleep(10), results.append)
+    for task in list(starter.tasks):
         task.cancel()
     await asyncio.sleep(0.01)
     assert len(results) == 1
