@@ -276,9 +276,7 @@ class Subscription:
                 if processor is None or not records:
                     continue  # revoked while the batch was in the client
                 processor.feed(records)
-                if not processor.paused and processor.needs_pause:
-                    processor.paused = processor.stats.paused = True
-                    consumer.pause(tp)
+                self._maybe_pause(processor)
                 high = consumer.highwater(tp)
                 if high is not None:
                     processor.stats.high_watermark = high
@@ -297,24 +295,20 @@ class Subscription:
 
     async def _commit(
         self, processors: list[PartitionProcessor] | None = None, *, final: bool = False
-    ) -> bool:
-        """Commit the watermarks that moved; log and keep going on failure.
-
-        Returns:
-            True when there was nothing to commit or the commit succeeded.
-        """
+    ) -> None:
+        """Commit the watermarks that moved; log and keep going on failure."""
         consumer = self._consumer
         if consumer is None:
-            return True
-        offsets: dict[TopicPartition, int] = {}
+            return
+        moved: list[tuple[PartitionProcessor, int]] = []
         for processor in processors if processors is not None else self._partitions.values():
+            processor.stats.pending = processor.pending
             offset = processor.committable()
-            stats = processor.stats
-            stats.pending = processor.pending
             if offset is not None and offset != processor.last_committed:
-                offsets[processor.tp] = offset
-        if not offsets:
-            return True
+                moved.append((processor, offset))
+        if not moved:
+            return
+        offsets = {processor.tp: offset for processor, offset in moved}
         try:
             await consumer.commit(offsets)
         except (KafkaError, AssertionError) as exc:
@@ -324,12 +318,9 @@ class Subscription:
                 error=repr(exc),
                 offsets={f"{tp.topic}-{tp.partition}": o for tp, o in offsets.items()},
             )
-            return False
-        for processor in processors if processors is not None else self._partitions.values():
-            if processor.tp in offsets:
-                processor.last_committed = offsets[processor.tp]
-                processor.stats.committed_offset = offsets[processor.tp]
-        return True
+            return
+        for processor, offset in moved:
+            processor.last_committed = processor.stats.committed_offset = offset
 
     # ------------------------------------------------------------------- rebalance
 
@@ -385,9 +376,7 @@ class Subscription:
             ignore_keys=_key_set(props[IGNORE_KEYS].value),
             hot_keys=hot_keys,
         )
-        if processor.rate_paused and self._consumer is not None:
-            processor.paused = processor.stats.paused = True
-            self._consumer.pause(tp)
+        self._maybe_pause(processor)  # a rate of 0 pauses it from the start
         return processor
 
     def _close_partition(self, tp: TopicPartition, processor: PartitionProcessor) -> None:
