@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -18,7 +18,8 @@ from decaton_aio.metadata import TaskMetadata, metadata_from_headers
 from decaton_aio.metrics import PartitionStats
 
 if TYPE_CHECKING:
-    from aiokafka import ConsumerRecord
+    from decaton_aio.partition import PartitionProcessor
+    from decaton_aio.records import Record
 
 __all__ = ["ProcessingContext"]
 
@@ -30,37 +31,53 @@ def _noop() -> None:
 class ProcessingContext:
     """The record behind a task, and the tools a processor uses while running it.
 
+    Args:
+        subscription_id: the subscription processing the task.
+        partition: the assignment of the partition the record was fetched from.
+        record: the fetched record.
+        attempt: which run of the task this is (in-place retries run it again).
+
     Attributes:
         subscription_id: the subscription processing the task.
-        record: the Kafka record the task came from.
+        record: the Kafka record the task came from (offset, timestamp, key, value,
+            headers; see :class:`~decaton_aio.records.Record`).
+        attempt: 1 for the first run; in-place retries count up.
     """
 
     __slots__ = (
         "_completion",
         "_logger",
         "_metadata",
+        "_partition",
         "attempt",
         "record",
         "retry_delay_s",
         "started_at",
-        "stats",
         "subscription_id",
     )
 
     def __init__(
-        self, subscription_id: str, record: ConsumerRecord[Any, Any], attempt: int = 1
+        self,
+        subscription_id: str,
+        partition: PartitionProcessor,
+        record: Record,
+        attempt: int = 1,
     ) -> None:
         self.subscription_id = subscription_id
+        self._partition = partition
         self.record = record
         self.attempt = attempt
         self.started_at = 0.0
-        #: The counters of the task's partition (processor wrappers add to them).
-        self.stats: PartitionStats | None = None
         #: Set by :meth:`retry`: the requested delay (``-1.0``: the policy's backoff).
         self.retry_delay_s: float | None = None
         self._metadata: TaskMetadata | None = None
         self._logger: structlog.typing.FilteringBoundLogger | None = None
         self._completion: Completion | None = None
+
+    @property
+    def stats(self) -> PartitionStats:
+        """The counters of the task's partition (processor wrappers add to them)."""
+        return self._partition.stats
 
     def retry(self, delay_s: float | None = None) -> None:
         """Ask for this task to be retried once the processor returns.
@@ -93,32 +110,34 @@ class ProcessingContext:
     @property
     def key(self) -> bytes | None:
         """The record key (``None`` for a record without one)."""
-        key: bytes | None = self.record.key
-        return key
+        return self.record.key
 
     @property
     def topic(self) -> str:
         """The topic the task came from."""
-        topic: str = self.record.topic
+        topic: str = self._partition.tp.topic
         return topic
 
     @property
     def partition(self) -> int:
         """The partition the task came from."""
-        partition: int = self.record.partition
+        partition: int = self._partition.tp.partition
         return partition
 
     @property
     def offset(self) -> int:
         """The record's offset in its partition."""
-        offset: int = self.record.offset
-        return offset
+        return self.record.offset
+
+    @property
+    def timestamp(self) -> int:
+        """The record timestamp (epoch milliseconds)."""
+        return self.record.timestamp
 
     @property
     def headers(self) -> Sequence[tuple[str, bytes]]:
         """The record headers, ``dt_meta`` included."""
-        headers: Sequence[tuple[str, bytes]] = self.record.headers
-        return headers
+        return self.record.headers
 
     @property
     def metadata(self) -> TaskMetadata:
@@ -138,8 +157,8 @@ class ProcessingContext:
             key = self.record.key
             self._logger = structlog.get_logger("decaton_aio.task").bind(
                 subscription=self.subscription_id,
-                topic=self.record.topic,
-                partition=self.record.partition,
+                topic=self.topic,
+                partition=self.partition,
                 offset=self.record.offset,
                 key=key.decode(errors="replace") if key is not None else None,
             )
@@ -147,6 +166,6 @@ class ProcessingContext:
 
     def __repr__(self) -> str:
         return (
-            f"ProcessingContext({self.subscription_id!r}, {self.record.topic}-"
-            f"{self.record.partition}@{self.record.offset}, key={self.record.key!r})"
+            f"ProcessingContext({self.subscription_id!r}, {self.topic}-"
+            f"{self.partition}@{self.record.offset}, key={self.record.key!r})"
         )

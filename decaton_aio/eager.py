@@ -25,7 +25,9 @@ from typing import Any
 
 __all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
-Done = Callable[[BaseException | None], None]
+#: ``done(first, second, exc_or_none)``: a callback with its two arguments passed along, so
+#: a start needs no closure or ``functools.partial`` per coroutine.
+Done = Callable[[Any, Any, BaseException | None], None]
 
 #: In task mode, one start in this many still runs eagerly to measure suspension.
 PROBE_EVERY = 32
@@ -54,15 +56,16 @@ class CoroutineStarter:
         """Whether most recent coroutines suspended, so new ones start as plain tasks."""
         return self._score > _TASK_MODE_ABOVE
 
-    def start(self, coro: Coroutine[Any, Any, Any], done: Done) -> None:
-        """Start ``coro``; ``done(exc_or_none)`` is called exactly once when it ends."""
+    def start(self, coro: Coroutine[Any, Any, Any], done: Done, first: Any, second: Any) -> None:
+        """Start ``coro``; ``done(first, second, exc_or_none)`` is called exactly once when
+        it ends."""
         score = self._score
         if score > _TASK_MODE_ABOVE:
             self._count += 1
             if self._count % PROBE_EVERY:
                 # create_task copies the current context itself.
                 task = asyncio.get_running_loop().create_task(coro)
-                self._track(task, done)
+                self._track(task, done, first, second)
                 return
         # Eager path: the first step runs here, in a copy of the current context.
         context = contextvars.copy_context()
@@ -71,26 +74,27 @@ class CoroutineStarter:
         except StopIteration:
             if score:
                 self._score = score - 1
-            done(None)
+            done(first, second, None)
             return
         except BaseException as exc:  # the processor's own failure is the caller's
             if score:
                 self._score = score - 1
-            done(exc)
+            done(first, second, exc)
             return
         # It suspended: a task carries on from there, in the same context.
         loop = asyncio.get_running_loop()
-        self._track(loop.create_task(_resume(coro, yielded), context=context), done)
+        task = loop.create_task(_resume(coro, yielded), context=context)
+        self._track(task, done, first, second)
         if score < _SCORE_MAX:
             self._score = score + 1
 
-    def _track(self, task: asyncio.Task[Any], done: Done) -> None:
+    def _track(self, task: asyncio.Task[Any], done: Done, first: Any, second: Any) -> None:
         tasks = self.tasks
         tasks.add(task)
 
         def finished(t: asyncio.Task[Any]) -> None:
             tasks.discard(t)
-            done(asyncio.CancelledError() if t.cancelled() else t.exception())
+            done(first, second, asyncio.CancelledError() if t.cancelled() else t.exception())
 
         task.add_done_callback(finished)
 

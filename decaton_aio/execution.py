@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from functools import partial
 from typing import Any, Literal
 
 import structlog
@@ -34,10 +33,10 @@ from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
 from decaton_aio.context import ProcessingContext
 from decaton_aio.eager import CoroutineStarter
 from decaton_aio.errors import DecodeError
-from decaton_aio.metadata import METADATA_HEADER, scheduled_time_of
-from decaton_aio.metadata import native_parse as _native_parse
-from decaton_aio.partition import PartitionProcessor, PartitionState, Record
+from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
+from decaton_aio.partition import PartitionProcessor, PartitionState
 from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
+from decaton_aio.records import Record
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
 from decaton_aio.typing import RecordSender
 
@@ -89,6 +88,7 @@ class TaskExecutor:
         self._topics = side_topics or SideTopics()
         self._deferred_policy = deferred_timeout_policy
         self._starter = CoroutineStarter()
+        self._meta = new_native_message()  # the hot path's reusable dt_meta message
         self._tasks = self._starter.tasks  # processor continuations and sends
 
     # ---------------------------------------------------------------------- start
@@ -98,15 +98,18 @@ class TaskExecutor:
         # The per-record hot path: keep attribute lookups and calls to a minimum.
         attempts = partition.attempts
         attempt = attempts.pop(record.offset, 1) if attempts else 1
-        ctx = ProcessingContext(self._subscription_id, record, attempt)
+        ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
         headers = record.headers
         try:
-            # The common case inline: dt_meta is the last header, read by the C parser.
-            # Anything else (no parser, other headers last, a malformed header) takes the
-            # general path, which raises DecodeError with the reason.
-            if headers and headers[-1][0] == METADATA_HEADER and _native_parse is not None:
+            # The common case inline: dt_meta is the last header, read by the C parser
+            # into a message reused for every record. Anything else (no parser, other
+            # headers last, a malformed header) takes the general path, which raises
+            # DecodeError with the reason.
+            meta = self._meta
+            if headers and meta is not None and headers[-1][0] == METADATA_HEADER:
                 try:
-                    scheduled = _native_parse(headers[-1][1]).scheduled_time_millis
+                    meta.ParseFromString(headers[-1][1])
+                    scheduled = meta.scheduled_time_millis
                 except Exception:
                     scheduled = scheduled_time_of(headers)
             else:
@@ -121,19 +124,21 @@ class TaskExecutor:
             partition.postpone(record, scheduled / 1000 - now)
             return
         try:
-            task = self._decode(record.value)
+            value = record.value
+            if value is None:
+                raise DecodeError("body", "the record has no value (a tombstone)")
+            task = self._decode(value)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
-        stats = ctx.stats = partition.stats
-        stats.delivery_latency.observe(now - record.timestamp * 0.001)
+        partition.stats.delivery_latency.observe(now - record.timestamp * 0.001)
         ctx.started_at = time.perf_counter()
         try:
             coro = self._process(ctx, task)
         except Exception as exc:  # a processor that is not a coroutine function
             self._finished(partition, ctx, exc)
             return
-        self._starter.start(coro, partial(self._finished, partition, ctx))
+        self._starter.start(coro, self._finished, partition, ctx)
 
     def shape(self, partition: PartitionProcessor, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
@@ -141,7 +146,7 @@ class TaskExecutor:
         self._send_then_complete(
             partition,
             record,
-            self._topics.shaping_topic(record.topic),
+            self._topics.shaping_topic(partition.tp.topic),
             list(record.headers),
             "shaping",
         )
@@ -215,13 +220,13 @@ class TaskExecutor:
         headers = retry_headers(
             record.headers,
             meta,
-            topic=record.topic,
-            partition=record.partition,
+            topic=partition.tp.topic,
+            partition=partition.tp.partition,
             offset=record.offset,
             delay_s=delay,
         )
         self._send_then_complete(
-            partition, record, self._topics.retry_topic(record.topic), headers, "retry"
+            partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
         )
 
     def _defer(self, partition: PartitionProcessor, ctx: ProcessingContext) -> None:
@@ -299,13 +304,13 @@ class TaskExecutor:
         headers = retry_headers(
             record.headers,
             ctx.metadata,
-            topic=record.topic,
-            partition=record.partition,
+            topic=partition.tp.topic,
+            partition=partition.tp.partition,
             offset=record.offset,
             delay_s=retry.policy.delay_s(attempt) if delay_s is None else delay_s,
         )
         self._send_then_complete(
-            partition, record, self._topics.retry_topic(record.topic), headers, "retry"
+            partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
         )
 
     def _poison_pill(
@@ -348,15 +353,15 @@ class TaskExecutor:
             error_type=error_type,
             message=message,
             exc=exc,
-            topic=record.topic,
-            partition=record.partition,
+            topic=partition.tp.topic,
+            partition=partition.tp.partition,
             offset=record.offset,
             attempts=attempts,
         )
         self._send_then_complete(
             partition,
             record,
-            self._topics.dead_letter_topic(record.topic),
+            self._topics.dead_letter_topic(partition.tp.topic),
             headers,
             "dead letter",
         )
@@ -416,7 +421,7 @@ class TaskExecutor:
                 log.error(
                     f"cannot send the {what} record; the task stays pending",
                     topic=topic,
-                    origin=f"{record.topic}-{record.partition}@{record.offset}",
+                    origin=f"{partition.tp.topic}-{partition.tp.partition}@{record.offset}",
                     error=repr(exc),
                     retry_in_s=round(delay, 3),
                 )

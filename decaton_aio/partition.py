@@ -32,23 +32,21 @@ import contextlib
 import enum
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING
 
 import structlog
 from aiokafka import TopicPartition
 
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.ratelimit import TokenBucket
+from decaton_aio.records import Record
 from decaton_aio.watermark import WatermarkTracker
 
 if TYPE_CHECKING:
     from decaton_aio.execution import TaskExecutor
     from decaton_aio.hotkeys import HotKeyDetector
 
-__all__ = ["PartitionProcessor", "PartitionState", "Record"]
-
-#: An ``aiokafka.ConsumerRecord``; aiokafka ships no type information.
-Record: TypeAlias = Any
+__all__ = ["PartitionProcessor", "PartitionState"]
 
 log = structlog.get_logger("decaton_aio.partition")
 

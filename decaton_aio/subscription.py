@@ -54,6 +54,7 @@ from decaton_aio.properties import (
     SHAPING_RATE_PER_PARTITION,
     Properties,
 )
+from decaton_aio.records import RAW_RECORDS, install_raw_records
 
 __all__ = ["Subscription", "SubscriptionState"]
 
@@ -176,6 +177,7 @@ class Subscription:
         if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
             raise ConfigError("a Subscription can be started once; make a new one")
         cfg = self.consumer_config
+        install_raw_records()
         consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.bootstrap_servers,
             group_id=cfg.group_id,
@@ -186,6 +188,7 @@ class Subscription:
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
             fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+            key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
         )
         if self._owns_sender:
             await self._sender.start()
@@ -303,6 +306,7 @@ class Subscription:
         moved: list[tuple[PartitionProcessor, int]] = []
         for processor in processors if processors is not None else self._partitions.values():
             processor.stats.pending = processor.pending
+            processor.stats.fold()  # keeps the histograms' observation queues short
             offset = processor.committable()
             if offset is not None and offset != processor.last_committed:
                 moved.append((processor, offset))

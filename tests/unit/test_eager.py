@@ -27,12 +27,17 @@ async def fails() -> None:
     raise ValueError("boom")
 
 
+def _append(results: list[BaseException | None], _: object, exc: BaseException | None) -> None:
+    results.append(exc)
+
+
 async def test_instant_coroutine_finishes_inside_the_call() -> None:
-    """A coroutine that never suspends is done before start returns, with no task."""
-    results: list[BaseException | None] = []
+    """A coroutine that never suspends is done before start returns, with no task; the
+    callback gets the two arguments passed along."""
+    calls: list[tuple[object, object, BaseException | None]] = []
     starter = CoroutineStarter()
-    starter.start(instant(1), results.append)
-    assert results == [None]
+    starter.start(instant(1), lambda a, b, exc: calls.append((a, b, exc)), "first", 2)
+    assert calls == [("first", 2, None)]
     assert not starter.tasks
     assert var.get() == 0  # the context variable it set did not leak
 
@@ -41,8 +46,8 @@ async def test_suspending_coroutine_goes_on_in_a_task_and_reports_errors() -> No
     """A coroutine that suspends continues in a tracked task; its exception is reported."""
     results: list[BaseException | None] = []
     starter = CoroutineStarter()
-    starter.start(waits(2), results.append)
-    starter.start(fails(), results.append)
+    starter.start(waits(2), _append, results, None)
+    starter.start(fails(), _append, results, None)
     assert len(starter.tasks) == 2
     assert results == []
     await asyncio.sleep(0.01)
@@ -55,7 +60,7 @@ async def test_cancelling_the_continuation_reports_cancellation() -> None:
     """Cancelling a continuation task throws into the coroutine and reports it."""
     results: list[BaseException | None] = []
     starter = CoroutineStarter()
-    starter.start(asyncio.sleep(10), results.append)
+    starter.start(asyncio.sleep(10), _append, results, None)
     for task in list(starter.tasks):
         task.cancel()
     await asyncio.sleep(0.01)
@@ -69,12 +74,12 @@ async def test_starter_switches_to_tasks_for_waiting_processors_and_back() -> No
     starter = CoroutineStarter()
     done: list[BaseException | None] = []
     for n in range(20):
-        starter.start(waits(n), done.append)
+        starter.start(waits(n), _append, done, None)
     assert starter.task_mode
     await asyncio.sleep(0.01)
     assert done == [None] * 20
     for n in range(PROBE_EVERY * 12):
-        starter.start(instant(n), done.append)
+        starter.start(instant(n), _append, done, None)
     await asyncio.sleep(0.01)
     assert not starter.task_mode
     assert len(done) == 20 + PROBE_EVERY * 12
