@@ -88,6 +88,7 @@ class TaskExecutor:
         self._topics = side_topics or SideTopics()
         self._deferred_policy = deferred_timeout_policy
         self._starter = CoroutineStarter()
+        self._on_finished = self._finished  # bound once, not per task
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
         self._tasks = self._starter.tasks  # processor continuations and sends
 
@@ -138,7 +139,7 @@ class TaskExecutor:
         except Exception as exc:  # a processor that is not a coroutine function
             self._finished(partition, ctx, exc)
             return
-        self._starter.start(coro, self._finished, partition, ctx)
+        self._starter.start(coro, self._on_finished, partition, ctx)
 
     def shape(self, partition: PartitionProcessor, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""

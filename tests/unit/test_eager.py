@@ -42,6 +42,17 @@ async def test_instant_coroutine_finishes_inside_the_call() -> None:
     assert var.get() == 0  # the context variable it set did not leak
 
 
+async def test_instant_coroutine_returning_a_value_finishes_without_error() -> None:
+    """The value a processor returns is ignored; it counts as finished, not failed."""
+    results: list[BaseException | None] = []
+
+    async def returns_value() -> int:
+        return 42
+
+    CoroutineStarter().start(returns_value(), _append, results, None)
+    assert results == [None]
+
+
 async def test_suspending_coroutine_goes_on_in_a_task_and_reports_errors() -> None:
     """A coroutine that suspends continues in a tracked task; its exception is reported."""
     results: list[BaseException | None] = []

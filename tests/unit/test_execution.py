@@ -93,6 +93,26 @@ async def test_non_retriable_exception_goes_straight_to_dead_letter() -> None:
     assert [s[0] for s in sender.sent] == ["tasks-dlq"]
 
 
+async def test_tombstone_is_a_poison_pill_with_the_reason() -> None:
+    """A record without a value cannot be decoded: dead-lettered with the reason, the
+    other records of the batch go on."""
+    sender = FakeSender()
+    seen: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        seen.append(ctx.offset)
+
+    proc = make(process, sender=sender)
+    proc.feed([FakeRecord(0, b"a", None), FakeRecord(1, b"b")])
+    await settle()
+    assert seen == [1]
+    assert [s[0] for s in sender.sent] == ["tasks-dlq"]
+    headers = dict(sender.sent[0][3])
+    assert headers["dt_dlq_error_type"] == b"DecodeError:body"
+    assert b"tombstone" in headers["dt_dlq_error_message"]
+    await until(lambda: proc.committable() == 2)
+
+
 async def test_failed_send_keeps_task_pending_until_it_succeeds() -> None:
     """A retry that cannot be sent is not completed; it is sent again until it works."""
     sender = FakeSender(failures=2)

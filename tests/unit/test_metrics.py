@@ -58,6 +58,28 @@ def test_histogram_bucket_boundaries_are_inclusive_upper_bounds() -> None:
     assert hist.cumulative() == [("1.0", 2.0), ("2.0", 4.0), ("5.0", 5.0), ("+Inf", 5.0)]
 
 
+def test_histogram_folding_from_another_thread_loses_no_observation() -> None:
+    """A scrape thread folds while the loop observes: every observation is counted once,
+    in its bucket, and observations made between folds wait in the queue."""
+    hist = FastHistogram((1.0, 2.0))
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            hist.fold()
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for i in range(200_000):
+            hist.observe((0.5, 1.5, 9.0)[i % 3])
+    finally:
+        stop.set()
+        scraper.join()
+    assert hist.counts == [66_667, 66_667, 66_666]
+    assert hist.sum == pytest.approx(66_667 * 0.5 + 66_667 * 1.5 + 66_666 * 9.0)
+
+
 def test_histogram_overflow_sum_and_count() -> None:
     """Values above every bound go to ``+Inf``; sum and count cover every observation."""
     hist = FastHistogram((1.0, 2.0))

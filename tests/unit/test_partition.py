@@ -25,9 +25,7 @@ TP = TopicPartition("tasks", 0)
 class FakeRecord:
     offset: int
     key: bytes | None
-    value: bytes = b"v"
-    topic: str = "tasks"
-    partition: int = 0
+    value: bytes | None = b"v"
     timestamp: int = 0
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 

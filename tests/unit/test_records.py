@@ -1,0 +1,57 @@
+"""The raw-record hook: marked consumers get aiokafka's own records, others ConsumerRecord."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+from aiokafka.consumer.fetcher import PartitionRecords
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import ConsumerRecord
+
+from decaton_aio.records import RAW_RECORDS, install_raw_records
+
+TP = TopicPartition("tasks", 2)
+
+
+def _fetched(key_deserializer: object) -> list[object]:
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=0, is_transactional=False,
+        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
+    )  # fmt: skip
+    for i in range(3):
+        builder.append(i, timestamp=1_000 + i, key=b"k%d" % i, value=b"v%d" % i,
+                       headers=[("dt_meta", b"\x08\x01")])  # fmt: skip
+    records = MemoryRecords(bytes(builder.build()))
+    fetched = PartitionRecords(
+        TP, records, [], 0, key_deserializer, None, check_crcs=True, isolation_level=0
+    )
+    return list(fetched)
+
+
+def test_marked_consumers_get_the_batch_records_with_the_fields_the_runtime_reads() -> None:
+    assert install_raw_records()
+    assert install_raw_records()  # idempotent: one hook, not two
+    raw = _fetched(RAW_RECORDS)
+    assert not any(isinstance(r, ConsumerRecord) for r in raw)
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in raw] == [  # type: ignore[attr-defined]
+        (0, 1_000, b"k0", b"v0"),
+        (1, 1_001, b"k1", b"v1"),
+        (2, 1_002, b"k2", b"v2"),
+    ]
+    assert [list(r.headers) for r in raw] == [[("dt_meta", b"\x08\x01")]] * 3  # type: ignore[attr-defined]
+
+
+def test_other_consumers_still_get_consumer_records() -> None:
+    install_raw_records()
+    plain = _fetched(None)
+    assert all(isinstance(r, ConsumerRecord) for r in plain)
+    assert [(r.topic, r.partition, r.offset, r.key) for r in plain] == [  # type: ignore[attr-defined]
+        ("tasks", 2, 0, b"k0"),
+        ("tasks", 2, 1, b"k1"),
+        ("tasks", 2, 2, b"k2"),
+    ]
+
+
+def test_the_marker_is_an_identity_key_deserializer() -> None:
+    assert RAW_RECORDS(b"key") == b"key"
+    assert RAW_RECORDS(None) is None
