@@ -57,9 +57,15 @@ class CoroutineStarter:
         """Whether most recent coroutines suspended, so new ones start as plain tasks."""
         return self._score > _TASK_MODE_ABOVE
 
-    def start(self, coro: Coroutine[Any, Any, Any], done: Done, first: Any, second: Any) -> None:
-        """Start ``coro``; ``done(first, second, exc_or_none)`` is called exactly once when
-        it ends."""
+    def start(self, coro: Coroutine[Any, Any, Any], done: Done, first: Any, second: Any) -> bool:
+        """Start ``coro``.
+
+        Returns:
+            ``True`` when the coroutine returned at once without raising (the common case
+            of a processor that never waits): ``done`` is not called, the caller carries
+            on. Otherwise ``False``, and ``done(first, second, exc_or_none)`` is called
+            exactly once when the coroutine ends (before this returns if it raised at once).
+        """
         score = self._score
         if score > _TASK_MODE_ABOVE:
             self._count += 1
@@ -67,7 +73,7 @@ class CoroutineStarter:
                 # create_task copies the current context itself.
                 task = asyncio.get_running_loop().create_task(coro)
                 self._track(task, done, first, second)
-                return
+                return False
         # Eager path: the first step runs here, in a copy of the current context.
         # next() with a default reports the end without raising StopIteration (when the
         # coroutine returns None, nothing is even created): 130 ns less than send(None).
@@ -78,18 +84,18 @@ class CoroutineStarter:
             if score:
                 self._score = score - 1
             done(first, second, exc)
-            return
+            return False
         if yielded is _FINISHED:
             if score:
                 self._score = score - 1
-            done(first, second, None)
-            return
+            return True
         # It suspended: a task carries on from there, in the same context.
         loop = asyncio.get_running_loop()
         task = loop.create_task(_resume(coro, yielded), context=context)
         self._track(task, done, first, second)
         if score < _SCORE_MAX:
             self._score = score + 1
+        return False
 
     def _track(self, task: asyncio.Task[Any], done: Done, first: Any, second: Any) -> None:
         tasks = self.tasks

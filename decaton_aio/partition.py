@@ -196,6 +196,7 @@ class PartitionProcessor:
         hot_keys = self.hot_keys
         bucket = self._bucket
         start = self._executor.start
+        complete = self.tracker.complete
         for record in records:
             if skip is not None and record.offset in skip:
                 continue  # completed before a restart (checkpoint); never run twice
@@ -221,8 +222,18 @@ class PartitionProcessor:
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
-                start(self, record)
-        self._pump()
+                if start(self, record):  # it returned at once: finish() without the call
+                    self._in_flight -= 1
+                    complete(record.offset)
+                    if key is not None:
+                        queue = lanes.get(key)
+                        if queue:
+                            ready.append(queue.popleft())
+                            if not queue:
+                                lanes[key] = None
+                        else:
+                            del lanes[key]
+        self._after_change()
 
     def _pump(self) -> None:
         # Start ready records while slots (and tokens) are free. Re-entrant calls (a task
@@ -243,7 +254,9 @@ class PartitionProcessor:
                         self._pump_later(wait_s)
                         return
                 self._in_flight += 1
-                start(self, ready.popleft())
+                record = ready.popleft()
+                if start(self, record):
+                    self.finish(record)  # it returned at once
         finally:
             self._pumping = False
 

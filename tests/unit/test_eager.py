@@ -32,12 +32,12 @@ def _append(results: list[BaseException | None], _: object, exc: BaseException |
 
 
 async def test_instant_coroutine_finishes_inside_the_call() -> None:
-    """A coroutine that never suspends is done before start returns, with no task; the
-    callback gets the two arguments passed along."""
-    calls: list[tuple[object, object, BaseException | None]] = []
+    """A coroutine that never suspends is done before start returns (which says so), with
+    no task and no callback."""
+    results: list[BaseException | None] = []
     starter = CoroutineStarter()
-    starter.start(instant(1), lambda a, b, exc: calls.append((a, b, exc)), "first", 2)
-    assert calls == [("first", 2, None)]
+    assert starter.start(instant(1), _append, results, None) is True
+    assert results == []
     assert not starter.tasks
     assert var.get() == 0  # the context variable it set did not leak
 
@@ -49,8 +49,22 @@ async def test_instant_coroutine_returning_a_value_finishes_without_error() -> N
     async def returns_value() -> int:
         return 42
 
-    CoroutineStarter().start(returns_value(), _append, results, None)
-    assert results == [None]
+    assert CoroutineStarter().start(returns_value(), _append, results, None) is True
+    assert results == []
+
+
+async def test_coroutine_raising_at_once_is_reported_with_the_arguments() -> None:
+    """An exception in the first step goes to the callback, with the two arguments."""
+    calls: list[tuple[object, object, BaseException | None]] = []
+
+    async def raises() -> None:
+        raise KeyError("x")
+
+    started = CoroutineStarter().start(
+        raises(), lambda a, b, exc: calls.append((a, b, exc)), "first", 2
+    )
+    assert started is False
+    assert [(a, b, type(exc)) for a, b, exc in calls] == [("first", 2, KeyError)]
 
 
 async def test_suspending_coroutine_goes_on_in_a_task_and_reports_errors() -> None:
@@ -89,9 +103,12 @@ async def test_starter_switches_to_tasks_for_waiting_processors_and_back() -> No
     assert starter.task_mode
     await asyncio.sleep(0.01)
     assert done == [None] * 20
+    at_once = 0
     for n in range(PROBE_EVERY * 12):
-        starter.start(instant(n), _append, done, None)
+        at_once += starter.start(instant(n), _append, done, None)
     await asyncio.sleep(0.01)
     assert not starter.task_mode
-    assert len(done) == 20 + PROBE_EVERY * 12
+    # Every coroutine ended exactly once: at once (no callback) or as a task (callback).
+    assert at_once > 0
+    assert at_once + len(done) == 20 + PROBE_EVERY * 12
     assert not starter.tasks
