@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from bench.baselines import DequeFlagsTracker, HeapqTracker
+from bench.tracker import TRACKERS, measure_tracker
 from decaton_aio.watermark import MAX_GAP_SLOTS, WatermarkTracker, completed_offsets
 
 # ---------------------------------------------------------------- reference model
@@ -45,6 +46,16 @@ class Model:
             self.done.add(offset)
             return True
         return False
+
+    def mark(self, offset: int, watermark: int | None) -> bool:
+        """What a queued mark does; ``watermark`` is the tracker's as of its last advance.
+
+        Returns:
+            ``False`` when the mark is invalid (never registered): dropped and counted.
+        """
+        if self.complete(offset) or offset in self.done:
+            return True
+        return watermark is not None and offset < watermark  # stale: let go, no error
 
     def committable(self) -> int | None:
         return min(self.pending) if self.pending else self.end
@@ -418,6 +429,205 @@ def test_import_ignores_offsets_already_registered() -> None:
         tracker.import_completed(-1, b"")
 
 
+# ------------------------------------------------------------------------- mark
+
+
+@pytest.fixture(params=["one_by_one", "vectorized"])
+def make(request: pytest.FixtureRequest) -> Callable[..., WatermarkTracker]:
+    """Build trackers whose queued marks fold one by one, or always vectorized."""
+
+    def factory(*args: Any, **kwargs: Any) -> WatermarkTracker:
+        tracker = WatermarkTracker(*args, **kwargs)
+        # Private knob: the queue length up to which a fold goes through complete().
+        tracker._small_fold = 10**9 if request.param == "one_by_one" else 0
+        return tracker
+
+    return factory
+
+
+def test_marks_are_folded_by_committable(make: Callable[..., WatermarkTracker]) -> None:
+    """Marks take effect at the next read, with the effect complete() would have had."""
+    tracker = make()
+    tracker.register_batch(range(10, 20))
+    for offset in (12, 11, 10, 15):
+        tracker.mark(offset)
+    assert tracker.committable() == 13
+    assert tracker.pending == 6
+    for offset in (13, 14, 16, 17, 18, 19):
+        tracker.mark(offset)
+    assert tracker.committable() == 20
+    assert tracker.pending == 0
+    assert tracker.invalid_marks == 0
+
+
+def test_every_read_folds_queued_marks(make: Callable[..., WatermarkTracker]) -> None:
+    """pending, complete, registration and export all see the marks queued before them."""
+    tracker = make()
+    tracker.register_batch(range(5))
+    tracker.mark(0)
+    assert tracker.pending == 4
+    tracker.mark(1)
+    assert tracker.complete(1) is False  # the mark got there first
+    tracker.mark(3)
+    assert tracker.export_completed() == (2, np.packbits([0, 1]).tobytes())
+    tracker.mark(2)
+    tracker.register(5)
+    assert (tracker.committable(), tracker.pending) == (4, 2)
+
+
+def test_a_big_queue_folds_in_one_go() -> None:
+    """Thousands of shuffled marks, duplicates included, fold into the right watermark."""
+    tracker = WatermarkTracker(initial_capacity=64)
+    tracker.register_batch(range(1000, 11000))
+    order = list(range(1000, 11000))
+    random.Random(5).shuffle(order)
+    for offset in order[:6000] + order[:100]:
+        tracker.mark(offset)
+    done = set(order[:6000])
+    expected = min(o for o in range(1000, 11000) if o not in done)
+    assert tracker.committable() == expected
+    assert tracker.pending == 4000
+    for offset in order[6000:]:
+        tracker.mark(offset)
+    assert (tracker.committable(), tracker.pending, tracker.invalid_marks) == (11000, 0, 0)
+
+
+def test_cached_mark_stays_valid_across_folds_and_resets(
+    make: Callable[..., WatermarkTracker],
+) -> None:
+    """``tracker.mark`` is bound once; a reset discards queued marks, not the binding."""
+    tracker = make()
+    mark = tracker.mark
+    tracker.register_batch(range(100))
+    for offset in range(50):
+        mark(offset)
+    assert tracker.committable() == 50
+    for offset in range(50, 60):
+        mark(offset)
+    assert tracker.committable() == 60
+    mark(60)
+    mark(10**6)  # queued, then discarded by the reset: not applied, not counted
+    tracker.reset(60)
+    assert tracker.mark is mark
+    tracker.register_batch(range(60, 70))
+    assert (tracker.committable(), tracker.pending, tracker.invalid_marks) == (60, 10, 0)
+    for offset in range(60, 70):
+        mark(offset)
+    assert (tracker.committable(), tracker.pending) == (70, 0)
+
+
+def test_duplicate_marks_count_once(make: Callable[..., WatermarkTracker]) -> None:
+    """An offset marked many times in one fold leaves pending one lower, not more."""
+    tracker = make()
+    tracker.register_batch(range(10))
+    for _ in range(40):
+        tracker.mark(3)
+    tracker.mark(0)
+    tracker.mark(0)
+    assert tracker.pending == 8
+    assert tracker.committable() == 1
+    tracker.mark(3)  # already complete: a no-op
+    assert tracker.pending == 8
+    assert tracker.invalid_marks == 0
+
+
+def test_invalid_marks_are_dropped_and_counted(make: Callable[..., WatermarkTracker]) -> None:
+    """Offsets complete() would raise for are counted, not applied; stale ones are not."""
+    tracker = make()
+    tracker.mark(0)  # nothing registered yet
+    assert tracker.invalid_marks == 1
+    tracker.register_batch([10, 11, 13, 14])
+    tracker.mark(10)
+    assert tracker.committable() == 11
+    for offset in (15, 10**9, 2**63, 2**64 - 1):  # beyond the last registered offset
+        tracker.mark(offset)
+    tracker.mark(12)  # a gap above the watermark
+    tracker.mark(10)  # below the watermark: let go, like complete()
+    tracker.mark(3)  # below the first offset: let go too
+    tracker.mark(11)
+    assert tracker.invalid_marks == 6
+    assert (tracker.committable(), tracker.pending) == (13, 2)
+    tracker.mark(12)  # the gap is below the watermark now: stale
+    tracker.mark(15)  # an offset marked before its registration is not applied to it
+    tracker.register(15)
+    assert (tracker.invalid_marks, tracker.pending) == (7, 3)
+    tracker.reset()
+    assert tracker.invalid_marks == 7  # a count over the tracker's life
+
+
+def test_mark_rejects_what_is_not_an_offset() -> None:
+    """The call itself refuses negative numbers and non-integers; nothing is queued."""
+    tracker = WatermarkTracker(0)
+    with pytest.raises(OverflowError):
+        tracker.mark(-1)
+    with pytest.raises(TypeError):
+        tracker.mark(1.0)  # type: ignore[arg-type]
+    assert (tracker.committable(), tracker.invalid_marks) == (0, 0)
+
+
+def test_marks_across_segments(make: Callable[..., WatermarkTracker]) -> None:
+    """Marks reach offsets in every segment; a long gap is invalid until passed, then stale."""
+    tracker = make(0, initial_capacity=8)
+    starts = [0, 10**6, 10**9, 10**12]
+    for start in starts:
+        tracker.register_batch(range(start, start + 4))
+    for start in starts[1:]:
+        for offset in range(start, start + 4):
+            tracker.mark(offset)
+    tracker.mark(500)  # in the long gap after the first segment, above the watermark
+    tracker.mark(10**9 + 10)  # in a later long gap
+    tracker.mark(10**12 + 4)  # beyond the end of the newest segment
+    assert tracker.committable() == 0
+    assert tracker.pending == 4
+    assert tracker.invalid_marks == 3
+    tracker.mark(1)
+    tracker.mark(2)
+    tracker.mark(0)
+    tracker.mark(3)
+    assert (tracker.committable(), tracker.pending) == (10**12 + 4, 0)
+    tracker.mark(500)  # the watermark passed that gap now: stale
+    tracker.mark(10**6 + 2)  # an older segment, complete already
+    assert tracker.invalid_marks == 3
+
+
+def test_mark_in_a_long_gap_that_starts_at_the_watermark(
+    make: Callable[..., WatermarkTracker],
+) -> None:
+    """A jump registered when all is complete leaves its long gap below the watermark."""
+    tracker = make(0)
+    tracker.register(0)
+    tracker.mark(0)
+    assert tracker.committable() == 1
+    tracker.register(10**6)  # the new segment starts at the watermark's slot
+    tracker.mark(500)  # folded by the pending read below, before the watermark moves
+    assert tracker.pending == 1
+    assert tracker.invalid_marks == 0
+    assert tracker.complete(500) is False  # what complete() says about it too
+
+
+def test_marks_in_a_wrapped_window_with_gaps(make: Callable[..., WatermarkTracker]) -> None:
+    """The live window wraps around the ring's end and holds short gaps."""
+    tracker = make(0, initial_capacity=16)
+    tracker.register_batch(range(10))
+    for offset in range(10):
+        tracker.mark(offset)
+    assert tracker.committable() == 10
+    offsets = [10, 12, 13, 17, 18, 20]  # slots 10..20 wrap past slot 15
+    tracker.register_batch(offsets)
+    for offset in (20, 18, 11, 12, 16, 13, 10):  # 11 and 16 are gaps above the watermark
+        tracker.mark(offset)
+    assert tracker.committable() == 17
+    assert (tracker.pending, tracker.invalid_marks) == (1, 2)
+
+
+def test_s4_benchmark_times_the_hot_path() -> None:
+    """The tracker benchmark completes through mark() for ours and checks every cycle."""
+    for name in TRACKERS:
+        result = measure_tracker(name, 2000, 0.0)
+        assert result["cycles"] >= 3
+        assert result["completions_per_s"] > 0
+
+
 # -------------------------------------------------------------------- baselines
 
 
@@ -434,11 +644,24 @@ def test_baselines_agree_with_the_model(factory: Callable[[int], AnyTracker], se
 class TrackerMachine(RuleBasedStateMachine):
     """Random fetches with gaps, completions in any order, misuse, resets and restarts."""
 
-    @initialize(start=st.none() | st.integers(0, 1000))
-    def init(self, start: int | None) -> None:
-        self.tracker = WatermarkTracker(start, initial_capacity=4)
+    @initialize(
+        start=st.none() | st.integers(0, 1000),
+        small_fold=st.sampled_from([0, 2, None]),
+    )
+    def init(self, start: int | None, small_fold: int | None) -> None:
+        # How many queued marks fold one by one: 0 always vectorizes, None is the default.
+        self.small_fold = small_fold
+        self.tracker = self.new_tracker(start)
         self.model = Model(start)
         self.stale: list[tuple[int, int]] = []  # (generation, offset) from before a reset
+        self.invalid = 0  # marks the tracker must have dropped and counted
+
+    def new_tracker(self, start: int | None) -> WatermarkTracker:
+        tracker = WatermarkTracker(start, initial_capacity=4)
+        if self.small_fold is not None:
+            tracker._small_fold = self.small_fold
+        self.mark = tracker.mark  # cached, as the runtime does: must survive resets
+        return tracker
 
     @rule(
         gaps=st.lists(
@@ -448,14 +671,18 @@ class TrackerMachine(RuleBasedStateMachine):
         ),
         batch=st.booleans(),
         first=st.integers(0, 1000),
+        premarked=st.integers(0, 3),
     )
-    def fetch(self, gaps: list[int], batch: bool, first: int) -> None:
+    def fetch(self, gaps: list[int], batch: bool, first: int, premarked: int) -> None:
         offset = first if self.model.end is None else self.model.end
         offsets = []
         for gap in gaps:
             offset += gap
             offsets.append(offset)
             offset += 1
+        for early in offsets[:premarked]:  # marked before registration: invalid, not applied
+            self.mark(early)
+            self.invalid += 1
         if batch:
             hits = self.tracker.register_batch(np.array(offsets)).tolist()
         else:
@@ -495,9 +722,52 @@ class TrackerMachine(RuleBasedStateMachine):
         with pytest.raises(ValueError, match="never registered"):
             self.tracker.complete(self.model.end + ahead)
 
-    @rule(start=st.none() | st.integers(0, 2000))
-    def reset(self, start: int | None) -> None:
+    @precondition(lambda self: self.model.end is not None)
+    @rule(data=st.data())
+    def mark_mixed(self, data: st.DataObject) -> None:
+        """Queued marks mixed with exact completions and commits, in any order."""
+        model = self.model
+        watermark = model.committable()  # the tracker's: the invariant just advanced it
+        marked: list[int] = []
+        marks = ["pending", "pending", "again", "done", "stale", "gap", "beyond"]
+        actions = st.sampled_from([*marks, "complete", "committable", "count"])
+        for action in data.draw(st.lists(actions, min_size=1, max_size=60)):
+            assert model.end is not None
+            if action == "complete":
+                known = sorted(model.pending | model.done)
+                if known:
+                    offset = data.draw(st.sampled_from(known))
+                    assert self.tracker.complete(offset) is model.complete(offset)
+                continue
+            if action == "committable":
+                watermark = model.committable()
+                assert self.tracker.committable() == watermark
+                continue
+            if action == "count":
+                assert self.tracker.pending == len(model.pending)
+                assert self.tracker.invalid_marks == self.invalid
+                continue
+            pool = {
+                "pending": sorted(model.pending),
+                "again": marked,
+                "done": sorted(model.done),
+                "stale": list(range(max(0, (watermark or 0) - 3), watermark or 0)),
+                "gap": model.gaps(),
+                "beyond": [model.end, model.end + 1, model.end + 10**6],
+            }[action]
+            if not pool:
+                continue
+            offset = data.draw(st.sampled_from(pool))
+            self.mark(offset)
+            marked.append(offset)
+            if not model.mark(offset, watermark):
+                self.invalid += 1
+
+    @rule(start=st.none() | st.integers(0, 2000), queued=st.lists(st.integers(0, 3000)))
+    def reset(self, start: int | None, queued: list[int]) -> None:
         self.stale = [(self.tracker.generation, o) for o in self.model.pending]
+        for offset in queued:  # discarded by the reset: neither applied nor counted
+            self.mark(offset)
         self.tracker.reset(start)
         self.model = Model(start)
 
@@ -516,19 +786,20 @@ class TrackerMachine(RuleBasedStateMachine):
         base, bitmap = exported
         again = [o for o in self.model.registered if o >= base]
         again = again[: int(len(again) * share)]
-        tracker, model = WatermarkTracker(base, initial_capacity=4), Model(base)
+        tracker, model = self.new_tracker(base), Model(base)
         tracker.import_completed(base, bitmap)
         bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8)).astype(bool)
         model.preset_base, model.preset = base, bits
         hits = tracker.register_batch(again).tolist()
         assert hits == [o for o in again if model.register(o)]
         assert hits == [o for o in again if o in self.model.done]
-        self.tracker, self.model, self.stale = tracker, model, []
+        self.tracker, self.model, self.stale, self.invalid = tracker, model, [], 0
 
     @invariant()
     def watermark_matches_model(self) -> None:
         assert self.tracker.committable() == self.model.committable()
         assert self.tracker.pending == len(self.model.pending)
+        assert self.tracker.invalid_marks == self.invalid
 
 
 TrackerMachine.TestCase.settings = settings(
