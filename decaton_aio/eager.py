@@ -117,7 +117,7 @@ class _Continue:
 
     The future the coroutine yielded goes up to the task unchanged (with its blocking flag
     set by the coroutine), the task's answer goes back down, and a cancellation thrown into
-    the task is thrown into the coroutine.
+    the task is thrown into the coroutine; closing it closes the coroutine.
     """
 
     __slots__ = ("_coro", "_yielded")
@@ -131,6 +131,9 @@ class _Continue:
         while True:
             try:
                 sent = yield yielded
+            except GeneratorExit:  # closed (e.g. a task destroyed at loop teardown)
+                coro.close()  # as yield from does: close, not throw (a no-op if done)
+                raise
             except BaseException as exc:  # forwarded, as yield from does
                 try:
                     yielded = coro.throw(exc)

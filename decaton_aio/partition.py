@@ -39,7 +39,7 @@ from aiokafka import TopicPartition
 
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.ratelimit import TokenBucket
-from decaton_aio.records import Record
+from decaton_aio.records import Record, queued
 from decaton_aio.watermark import WatermarkTracker
 
 if TYPE_CHECKING:
@@ -92,6 +92,8 @@ class PartitionProcessor:
         self.tp = tp
         self.state = PartitionState.ACTIVE
         self.tracker = WatermarkTracker()
+        self._mark = self.tracker.mark  # completes an offset: one C-level append
+        self._pending = 0  # registered offsets not completed yet (each completes once)
         self.stats = stats
         self.paused = False
         self.last_committed: int | None = None
@@ -124,7 +126,7 @@ class PartitionProcessor:
     @property
     def pending(self) -> int:
         """Records fetched and not yet complete (running, waiting, or being handed off)."""
-        return self.tracker.pending
+        return self._pending
 
     @property
     def limit(self) -> int:
@@ -139,7 +141,7 @@ class PartitionProcessor:
     @property
     def needs_pause(self) -> bool:
         """Whether pending records reached ``max_pending`` (or the rate is 0)."""
-        return self.tracker.pending >= self._max_pending or self.rate_paused
+        return self._pending >= self._max_pending or self.rate_paused
 
     @property
     def rate_paused(self) -> bool:
@@ -189,6 +191,7 @@ class PartitionProcessor:
             return
         done = self.tracker.register_batch([r.offset for r in records])
         skip = set(done.tolist()) if done.size else None
+        self._pending += len(records) - done.size
         self.stats.consumed_offset = records[-1].offset + 1
         lanes = self._lanes
         ready = self._ready
@@ -196,7 +199,7 @@ class PartitionProcessor:
         hot_keys = self.hot_keys
         bucket = self._bucket
         start = self._executor.start
-        complete = self.tracker.complete
+        mark = self._mark
         for record in records:
             if skip is not None and record.offset in skip:
                 continue  # completed before a restart (checkpoint); never run twice
@@ -204,7 +207,8 @@ class PartitionProcessor:
             if key is not None:
                 if ignore and key in ignore:
                     self.stats.discarded += 1
-                    self.tracker.complete(record.offset)
+                    self._pending -= 1
+                    mark(record.offset)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
                     self._executor.shape(self, record)  # hands it off: no slot, no lane
@@ -212,19 +216,20 @@ class PartitionProcessor:
                 if key in lanes:
                     queue = lanes[key]
                     if queue is None:
-                        lanes[key] = deque((record,))
+                        lanes[key] = deque((queued(record),))
                     else:
-                        queue.append(record)
+                        queue.append(queued(record))
                     continue
                 lanes[key] = None
             if ready or bucket is not None or self._in_flight >= self._limit:
-                ready.append(record)
+                ready.append(queued(record))  # waits: compact form
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
                 if start(self, record):  # it returned at once: finish() without the call
                     self._in_flight -= 1
-                    complete(record.offset)
+                    self._pending -= 1
+                    mark(record.offset)
                     if key is not None:
                         queue = lanes.get(key)
                         if queue:
@@ -278,7 +283,8 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return  # outlived its assignment: must not move a watermark we no longer own
         self._in_flight -= 1
-        self.tracker.complete(record.offset)
+        self._pending -= 1
+        self._mark(record.offset)
         key = record.key
         if key is not None:
             # _advance_lane, inlined: this runs once per task.
@@ -318,7 +324,8 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         self._awaiting -= 1
-        self.tracker.complete(record.offset)
+        self._pending -= 1
+        self._mark(record.offset)
         self._after_change()
 
     def postpone(self, record: Record, delay_s: float) -> None:

@@ -18,11 +18,13 @@ alone and the marker behaves as an identity key deserializer: the runtime then r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 
-__all__ = ["RAW_RECORDS", "Record", "install_raw_records"]
+from decaton_aio.metadata import METADATA_HEADER
+
+__all__ = ["RAW_RECORDS", "QueuedRecord", "Record", "install_raw_records", "queued"]
 
 log = structlog.get_logger("decaton_aio.records")
 
@@ -41,6 +43,53 @@ class Record(Protocol):
     @property
     def headers(self) -> Sequence[tuple[str, bytes]]:
         """Header keys and values (Kafka allows a null value; ``dt_meta`` is checked)."""
+
+
+class _Fields(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    packed_headers: bytes | Sequence[tuple[str, bytes]]
+
+
+class QueuedRecord(_Fields):
+    """A record waiting for its turn, in about 60% of the memory of aiokafka's record.
+
+    Most records carry exactly one header, ``dt_meta``; aiokafka keeps it as a list
+    holding a tuple of a new key string and the value (about 230 bytes). A queued record
+    keeps only the value then (``packed_headers`` is the ``bytes``), and any other header
+    list as it is. A partition with 100,000 pending records holds mostly these.
+    """
+
+    __slots__ = ()
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]:
+        """The record headers, as fetched."""
+        packed = self.packed_headers
+        if type(packed) is bytes:
+            return [(METADATA_HEADER, packed)]
+        return packed  # type: ignore[return-value]
+
+
+_new_queued = tuple.__new__  # skips NamedTuple's Python-level __new__
+
+
+def queued(record: Record) -> QueuedRecord:
+    """The compact form of a record that has to wait (in a key lane or the ready queue)."""
+    if type(record) is QueuedRecord:
+        return record
+    headers = record.headers
+    packed: bytes | Sequence[tuple[str, bytes]] = headers
+    if len(headers) == 1:
+        key, value = headers[0]
+        if key == METADATA_HEADER and type(value) is bytes:
+            packed = value
+    elif not headers:
+        packed = ()
+    fields = (record.offset, record.timestamp, record.key, record.value, packed)
+    return _new_queued(QueuedRecord, fields)
 
 
 def RAW_RECORDS(key: bytes | None) -> bytes | None:

@@ -112,3 +112,21 @@ async def test_starter_switches_to_tasks_for_waiting_processors_and_back() -> No
     assert at_once > 0
     assert at_once + len(done) == 20 + PROBE_EVERY * 12
     assert not starter.tasks
+
+
+async def test_closing_a_continuation_closes_the_coroutine_even_if_closed_first() -> None:
+    """Teardown closes coroutines in any order: closing the continuation closes the
+    processor's coroutine, and is quiet when that one was closed already."""
+    for close_inner_first in (False, True):
+        results: list[BaseException | None] = []
+        starter = CoroutineStarter()
+        inner = asyncio.sleep(10)
+        starter.start(inner, _append, results, None)
+        (task,) = starter.tasks
+        await asyncio.sleep(0)  # the continuation runs up to the coroutine's wait
+        if close_inner_first:
+            inner.close()
+        task.get_coro().close()
+        assert inner.cr_frame is None  # closed
+        task.cancel()
+        await asyncio.sleep(0)

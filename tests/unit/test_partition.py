@@ -305,3 +305,16 @@ async def test_wait_idle_after_all_complete(limit: int) -> None:
     proc.feed(records([b"a", b"b", b"a", b"c", None, None]))
     assert await proc.wait_idle(2.0)
     assert proc.pending == 0
+
+
+async def test_pending_count_matches_the_tracker_through_every_path() -> None:
+    """The processor's own pending count (read on every completion while paused) agrees
+    with the tracker's exact one after running, queued, ignored and finished records."""
+    gate = Gate()
+    proc = make(gate, limit=2, ignore_keys=[b"skip"])
+    proc.feed(records([b"a", b"b", b"a", b"skip", b"c", b"d"]))
+    await settle()
+    assert proc.pending == proc.tracker.pending == 5
+    await gate.release(0)
+    await gate.release(1)
+    assert proc.pending == proc.tracker.pending == 3

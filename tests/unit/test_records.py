@@ -8,7 +8,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
-from decaton_aio.records import RAW_RECORDS, install_raw_records
+from decaton_aio.records import RAW_RECORDS, QueuedRecord, install_raw_records, queued
+from tests.unit.test_partition import FakeRecord
 
 TP = TopicPartition("tasks", 2)
 
@@ -55,3 +56,23 @@ def test_other_consumers_still_get_consumer_records() -> None:
 def test_the_marker_is_an_identity_key_deserializer() -> None:
     assert RAW_RECORDS(b"key") == b"key"
     assert RAW_RECORDS(None) is None
+
+
+def test_queued_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> None:
+    """A waiting record is compact but reads the same: a lone dt_meta header is kept as
+    its value only, other header lists as they are."""
+    install_raw_records()
+    (raw, *_) = _fetched(RAW_RECORDS)
+    packed = queued(raw)  # type: ignore[arg-type]
+    assert isinstance(packed, QueuedRecord)
+    assert packed.packed_headers == b"\x08\x01"
+    assert (packed.offset, packed.timestamp, packed.key, packed.value, packed.headers) == (
+        raw.offset, raw.timestamp, raw.key, raw.value, [("dt_meta", b"\x08\x01")],  # type: ignore[attr-defined]
+    )  # fmt: skip
+    assert queued(packed) is packed
+    other = FakeRecord(7, b"k", headers=[("trace", b"t"), ("dt_meta", b"\x08\x01")])
+    assert queued(other).headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
+    assert queued(FakeRecord(8, b"k")).headers == ()
+    assert queued(FakeRecord(9, b"k", headers=[("dt_meta", None)])).headers == [  # type: ignore[list-item]
+        ("dt_meta", None)
+    ]
