@@ -5,7 +5,7 @@ enter in offset order through :meth:`PartitionProcessor.feed`; each is registere
 :class:`~decaton_aio.watermark.WatermarkTracker`, then
 
 - if an earlier record of its key is still outstanding, it waits in that key's lane
-  (a deque created only while the key is busy, so an idle key costs nothing);
+  (created only while the key is busy, so an idle key costs nothing);
 - otherwise it is *ready*: it waits in the ready queue (FIFO) for a slot (fewer than
   ``limit`` tasks running) and, when a rate is set, for a token of the partition's bucket.
 
@@ -32,7 +32,7 @@ import contextlib
 import enum
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
@@ -49,6 +49,19 @@ if TYPE_CHECKING:
 __all__ = ["PartitionProcessor", "PartitionState"]
 
 log = structlog.get_logger("decaton_aio.partition")
+
+
+_Lane: TypeAlias = list[Record] | deque[Record]
+_SHORT_LANE = 32  # a lane turns from a list into a deque at this many waiting records
+
+
+def _next_in_lane(lanes: dict[bytes, _Lane | None], key: bytes, queue: _Lane) -> Record:
+    # Take the first waiting record of a non-empty lane; the key stays busy (its next
+    # record is about to run).
+    nxt = queue.popleft() if isinstance(queue, deque) else queue.pop(0)
+    if not queue:
+        lanes[key] = None
+    return nxt
 
 
 class PartitionState(enum.Enum):
@@ -104,8 +117,9 @@ class PartitionProcessor:
         self._bucket = TokenBucket(rate) if rate != -1 else None
         self._ignore = frozenset(ignore_keys)
         self.hot_keys = hot_keys
-        # key -> None (busy, nothing queued) or a deque of records waiting behind it.
-        self._lanes: dict[bytes, deque[Record] | None] = {}
+        # key -> None (busy, nothing queued) or the records waiting behind it: a list while
+        # short (a deque costs 632 bytes even for one record), a deque once longer.
+        self._lanes: dict[bytes, _Lane | None] = {}
         self._ready: deque[Record] = deque()
         self._in_flight = 0
         self._awaiting = 0  # released records whose offset completes later
@@ -216,13 +230,15 @@ class PartitionProcessor:
                 if key in lanes:
                     queue = lanes[key]
                     if queue is None:
-                        lanes[key] = deque((queued(record),))
-                    else:
-                        queue.append(queued(record))
+                        lanes[key] = [queued(record, key)]
+                    else:  # waiting records of a key share one key object
+                        queue.append(queued(record, queue[0].key))
+                        if len(queue) == _SHORT_LANE and type(queue) is list:
+                            lanes[key] = deque(queue)  # long lanes pop in O(1)
                     continue
                 lanes[key] = None
             if ready or bucket is not None or self._in_flight >= self._limit:
-                ready.append(queued(record))  # waits: compact form
+                ready.append(queued(record, key))  # waits: compact form
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
@@ -233,9 +249,7 @@ class PartitionProcessor:
                     if key is not None:
                         queue = lanes.get(key)
                         if queue:
-                            ready.append(queue.popleft())
-                            if not queue:
-                                lanes[key] = None
+                            ready.append(_next_in_lane(lanes, key, queue))
                         else:
                             del lanes[key]
         self._after_change()
@@ -290,9 +304,7 @@ class PartitionProcessor:
             # _advance_lane, inlined: this runs once per task.
             queue = self._lanes.get(key)
             if queue:
-                self._ready.append(queue.popleft())
-                if not queue:
-                    self._lanes[key] = None
+                self._ready.append(_next_in_lane(self._lanes, key, queue))
             else:
                 self._lanes.pop(key, None)
         # _after_change, inlined for the same reason.
@@ -354,10 +366,7 @@ class PartitionProcessor:
             return
         queue = self._lanes.get(key)
         if queue:
-            nxt = queue.popleft()
-            if not queue:
-                self._lanes[key] = None
-            self._ready.append(nxt)
+            self._ready.append(_next_in_lane(self._lanes, key, queue))
         else:
             self._lanes.pop(key, None)
 

@@ -76,19 +76,25 @@ class QueuedRecord(_Fields):
 _new_queued = tuple.__new__  # skips NamedTuple's Python-level __new__
 
 
-def queued(record: Record) -> QueuedRecord:
-    """The compact form of a record that has to wait (in a key lane or the ready queue)."""
+def queued(record: Record, key: bytes | None) -> QueuedRecord:
+    """The compact form of a record that has to wait (in a key lane or the ready queue).
+
+    Args:
+        record: the fetched record.
+        key: its key (equal to ``record.key``): pass the key object of the records already
+            waiting for the same key, so they all share one.
+    """
     if type(record) is QueuedRecord:
         return record
     headers = record.headers
     packed: bytes | Sequence[tuple[str, bytes]] = headers
     if len(headers) == 1:
-        key, value = headers[0]
-        if key == METADATA_HEADER and type(value) is bytes:
+        name, value = headers[0]
+        if name == METADATA_HEADER and type(value) is bytes:
             packed = value
     elif not headers:
         packed = ()
-    fields = (record.offset, record.timestamp, record.key, record.value, packed)
+    fields = (record.offset, record.timestamp, key, record.value, packed)
     return _new_queued(QueuedRecord, fields)
 
 

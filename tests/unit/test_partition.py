@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,3 +318,25 @@ async def test_pending_count_matches_the_tracker_through_every_path() -> None:
     await gate.release(0)
     await gate.release(1)
     assert proc.pending == proc.tracker.pending == 3
+
+
+async def test_long_lane_keeps_order_when_it_turns_into_a_deque() -> None:
+    """A key with many waiting records (past the short-lane size) still runs them one at
+    a time in offset order; its lane is gone once the key is idle."""
+    order: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        order.append(ctx.offset)
+        await asyncio.sleep(0)
+
+    proc = make(process)
+    keys = [b"hot"] * 100 + [b"other"] * 5 + [b"hot"] * 20
+    proc.feed(records(keys))
+    assert isinstance(proc._lanes[b"hot"], deque)
+    for _ in range(2_000):  # each hot task takes about two loop turns
+        await asyncio.sleep(0)
+    assert proc.committable() == len(keys)
+    hot = [o for o in order if keys[o] == b"hot"]
+    assert hot == sorted(hot)
+    assert len(hot) == 120
+    assert proc.active_keys == 0

@@ -63,16 +63,16 @@ def test_queued_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> No
     its value only, other header lists as they are."""
     install_raw_records()
     (raw, *_) = _fetched(RAW_RECORDS)
-    packed = queued(raw)  # type: ignore[arg-type]
+    packed = queued(raw, raw.key)  # type: ignore[arg-type, attr-defined]
     assert isinstance(packed, QueuedRecord)
     assert packed.packed_headers == b"\x08\x01"
     assert (packed.offset, packed.timestamp, packed.key, packed.value, packed.headers) == (
         raw.offset, raw.timestamp, raw.key, raw.value, [("dt_meta", b"\x08\x01")],  # type: ignore[attr-defined]
     )  # fmt: skip
-    assert queued(packed) is packed
+    assert queued(packed, packed.key) is packed
     other = FakeRecord(7, b"k", headers=[("trace", b"t"), ("dt_meta", b"\x08\x01")])
-    assert queued(other).headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
-    assert queued(FakeRecord(8, b"k")).headers == ()
-    assert queued(FakeRecord(9, b"k", headers=[("dt_meta", None)])).headers == [  # type: ignore[list-item]
+    assert queued(other, b"k").headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
+    assert queued(FakeRecord(8, b"k"), b"k").headers == ()
+    assert queued(FakeRecord(9, b"k", headers=[("dt_meta", None)]), b"k").headers == [  # type: ignore[list-item]
         ("dt_meta", None)
     ]
