@@ -123,7 +123,10 @@ async def read_records(
             message says how many did.
     """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
     )
     await consumer.start()
     records: list[ConsumerRecord[bytes, bytes]] = []
@@ -132,7 +135,10 @@ async def read_records(
             partitions = await topic_partitions(consumer, topic, wait_s=timeout_s)
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        for tp in tps:
+            # Offset 0, not a ListOffsets lookup (the embedded broker can answer it
+            # wrongly); a log whose start moved on resets to its earliest offset.
+            consumer.seek(tp, 0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while len(records) < count:
