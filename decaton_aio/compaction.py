@@ -118,8 +118,7 @@ class CompactingProcessor(Generic[T]):
 
     @staticmethod
     def _count(ctx: ProcessingContext) -> None:
-        if ctx.stats is not None:
-            ctx.stats.compactions += 1
+        ctx.stats.compactions += 1
 
     def _flush(self, slot: tuple[str, int, bytes | None]) -> None:
         held = self._held.pop(slot, None)

@@ -11,8 +11,8 @@ and observes durations into :class:`FastHistogram`. :class:`DecatonCollector` re
 objects only when Prometheus scrapes.
 
 Threads: stats are written by the event loop and read by prometheus_client's HTTP thread.
-Reading an attribute is atomic under the GIL; a scrape may see a histogram's sum one
-observation ahead of its buckets, which is harmless. Registering and retiring a partition
+Reading an attribute is atomic under the GIL; a histogram's queued observations are folded
+under its lock, so none is lost or counted twice. Registering and retiring a partition
 hold the lock a scrape holds while it copies the stats, so a partition is never counted
 twice or missed during a rebalance.
 

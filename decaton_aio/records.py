@@ -8,11 +8,14 @@ the record objects aiokafka's batch reader already made (C extension types) carr
 a consumer made with :data:`RAW_RECORDS` as its key deserializer gets those objects as they
 are. Topic and partition are known from the partition a record was fetched for.
 
-:func:`install_raw_records` adds that choice to aiokafka's ``PartitionRecords`` once per process.
-Consumers without the marker get ``ConsumerRecord`` exactly as before (one identity check
-per record). If aiokafka's internals ever change shape, :func:`install_raw_records` leaves aiokafka
-alone and the marker behaves as an identity key deserializer: the runtime then receives
+:func:`install_raw_records` adds that choice to aiokafka's ``PartitionRecords`` once per
+process. Consumers without the marker get ``ConsumerRecord`` exactly as before (one
+identity check per record). If aiokafka's internals ever change shape, nothing is hooked
+and the marker behaves as an identity key deserializer: the runtime then receives
 ``ConsumerRecord`` objects, which carry the same five fields.
+
+A record that has to wait for its key or for a slot is kept as a :class:`QueuedRecord`
+(:func:`queued`), a compact tuple, so a partition with many pending records stays small.
 """
 
 from __future__ import annotations
