@@ -247,11 +247,9 @@ class PartitionProcessor:
                     self._pending -= 1
                     mark(record.offset)
                     if key is not None:
-                        queue = lanes.get(key)
-                        if queue:
-                            ready.append(_next_in_lane(lanes, key, queue))
-                        else:
-                            del lanes[key]
+                        # Nothing of this key can have queued meanwhile (only feed
+                        # queues, and it is not re-entered): the key is idle again.
+                        lanes.pop(key, None)
         self._after_change()
 
     def _pump(self) -> None:
