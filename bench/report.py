@@ -100,18 +100,11 @@ def evaluate_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     )
 
-    def s4(contender: str, pending: int) -> float | None:
-        for r in results:
-            if (r.get("scenario"), r.get("event"), r.get("contender"), r.get("pending")) == (
-                "S4",
-                "result",
-                contender,
-                pending,
-            ):
-                return float(r["completions_per_s"])
-        return None
+    def s4(contender: str) -> float | None:
+        r = _find(results, "S4", contender, pending=100_000)
+        return float(r["completions_per_s"]) if r else None
 
-    ours_s4, heapq_s4 = s4("ours", 100_000), s4("heapq", 100_000)
+    ours_s4, heapq_s4 = s4("ours"), s4("heapq")
     out.append(_target("S4 ours completions/s >= 2,000,000 at 100k pending", ours_s4, ">=", 2e6))
     out.append(
         _target(
