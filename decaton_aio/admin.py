@@ -1,19 +1,32 @@
 """Topic administration: creating topics for tests and demos, and the side topics
-(retry, dead letter, shaping) a subscription needs."""
+(retry, dead letter, shaping) a subscription needs.
+
+A subscription calls :func:`ensure_side_topics` before it joins its group: a side topic
+that is missing and cannot be created stops the start with an error naming the topic and
+the command that creates it, instead of stalling a partition at its first retry.
+"""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from decaton_aio.app import Application
-from decaton_aio.errors import BrokerError
+from decaton_aio.errors import BrokerError, ConfigError
 
-__all__ = ["TopicAdmin", "ensure_side_topics"]
+__all__ = [
+    "COPIED_TOPIC_CONFIGS",
+    "DEFAULT_SIDE_TOPIC_REPLICATION",
+    "TopicAdmin",
+    "ensure_side_topics",
+    "side_topics_of",
+]
 
 log = structlog.get_logger("decaton_aio.admin")
 
@@ -27,14 +40,22 @@ class TopicAdmin:
         self.created: list[str] = []
 
     async def create(
-        self, partitions: int = 1, *, name: str | None = None, prefix: str = "test"
+        self,
+        partitions: int = 1,
+        *,
+        name: str | None = None,
+        prefix: str = "test",
+        replication_factor: int = 1,
+        configs: dict[str, str] | None = None,
     ) -> str:
-        """Create a topic and wait until its metadata is visible.
+        """Create a topic (an existing one of that name is taken as it is).
 
         Args:
             partitions: how many partitions.
             name: the exact name; ``<prefix>-<random>`` when omitted.
             prefix: the start of a generated name.
+            replication_factor: replicas of each partition.
+            configs: topic settings (``cleanup.policy``, ``retention.ms``, ...).
 
         Returns:
             The topic name.
@@ -43,11 +64,13 @@ class TopicAdmin:
             self._client = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap_servers)
             await self._client.start()
         topic = name or f"{prefix}-{uuid.uuid4().hex[:12]}"
-        response = await self._client.create_topics([NewTopic(topic, partitions, 1)])
+        response = await self._client.create_topics(
+            [NewTopic(topic, partitions, replication_factor, topic_configs=configs or {})]
+        )
         for item in getattr(response, "topic_errors", []):
             code = item[1]
-            if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-                raise BrokerError(f"creating topic {topic!r} failed with error code {code}")
+            if code not in (0, TopicAlreadyExistsError.errno):
+                raise BrokerError(f"creating topic {topic!r} failed: {for_code(code).__name__}")
         self.created.append(topic)
         return topic
 
@@ -65,10 +88,35 @@ class TopicAdmin:
             await client.close()
 
 
-async def ensure_side_topics(bootstrap_servers: str, app: Application) -> None:
-    """Create the retry, dead letter and shaping topics that do not exist yet, with as
-    many partitions as their task topic. Best effort: without the permission to create
-    topics, a warning says which to create."""
+#: Settings of a task topic its side topics copy, so their retention and record size
+#: limits match: a retry or dead letter record is never refused for being too large.
+COPIED_TOPIC_CONFIGS = ("retention.ms", "max.message.bytes")
+
+#: Replication factor of created side topics when not set: this, or fewer brokers.
+DEFAULT_SIDE_TOPIC_REPLICATION = 3
+
+
+@dataclass(frozen=True)
+class _SideTopicPlan:
+    """A side topic to create, shaped after its task topic."""
+
+    name: str
+    origin: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str]
+
+    def command(self) -> str:
+        """The command an operator runs to create it by hand."""
+        configs = "".join(f" --config {k}={v}" for k, v in sorted(self.configs.items()))
+        return (
+            f"kafka-topics.sh --create --topic {self.name} --partitions {self.partitions} "
+            f"--replication-factor {self.replication_factor}{configs}"
+        )
+
+
+def side_topics_of(app: Application) -> dict[str, str]:
+    """The side topics ``app`` writes to or reads, each mapped to its task topic."""
     wanted: dict[str, str] = {}
     for topic in app.topics:
         wanted[app.side_topics.dead_letter_topic(topic)] = topic
@@ -76,29 +124,126 @@ async def ensure_side_topics(bootstrap_servers: str, app: Application) -> None:
             wanted[app.side_topics.retry_topic(topic)] = topic
         if app.shaping:
             wanted[app.side_topics.shaping_topic(topic)] = topic
+    return wanted
+
+
+async def ensure_side_topics(bootstrap_servers: str, app: Application) -> list[str]:
+    """Make sure the retry, dead letter and shaping topics of ``app`` exist.
+
+    A missing side topic is created with as many partitions as its task topic, the task
+    topic's ``retention.ms`` and ``max.message.bytes``, and the replication factor of
+    ``app.side_topics.replication_factor`` (default: 3, or the number of brokers when the
+    cluster has fewer). Every topic's creation result is checked.
+
+    Returns:
+        The side topics created now (empty when all existed).
+
+    Raises:
+        ConfigError: a task topic does not exist, or a side topic is missing and cannot be
+            created (no permission, a policy, too few brokers); the message names the
+            topic and the command to create it by hand. Starting without it would stall
+            a partition at its first retry or dead letter.
+        BrokerError: the cluster could not be asked.
+    """
+    wanted = side_topics_of(app)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
     try:
         await admin.start()
         existing = set(await admin.list_topics())
         missing = {t: o for t, o in wanted.items() if t not in existing}
         if not missing:
-            return
-        described = await admin.describe_topics(list(set(missing.values())))
-        shape = {d["topic"]: _shape_of(d) for d in described}
-        await admin.create_topics([NewTopic(t, *shape.get(o, (1, 1))) for t, o in missing.items()])
-        log.info("created side topics", topics=sorted(missing))
-    except KafkaError as exc:
-        log.warning(
-            "cannot create side topics; create them yourself",
-            topics=sorted(wanted),
-            error=repr(exc),
+            return []
+        absent = sorted({o for o in missing.values() if o not in existing})
+        if absent:
+            raise ConfigError(
+                f"task topic {', '.join(absent)} does not exist: create it before starting "
+                "the subscription (its side topics copy its partition count)"
+            )
+        plans = await _plan(admin, missing, app.side_topics.replication_factor)
+        response = await admin.create_topics(
+            [
+                NewTopic(p.name, p.partitions, p.replication_factor, topic_configs=p.configs)
+                for p in plans
+            ]
         )
+    except KafkaError as exc:
+        raise BrokerError(
+            f"cannot check the side topics {sorted(wanted)} at {bootstrap_servers}: {exc!r}"
+        ) from exc
     finally:
         await admin.close()
+    failures = _creation_failures(response, plans)
+    if failures:
+        raise ConfigError(
+            "cannot create side topics, so the subscription would stall at the first retry "
+            "or dead letter; create them (or let this client create topics) and start "
+            "again: " + "; ".join(failures)
+        )
+    created = sorted(p.name for p in plans)
+    log.info("created side topics", topics=created)
+    return created
 
 
-def _shape_of(description: dict[str, Any]) -> tuple[int, int]:
-    # Side topics copy their task topic: same partitions, same replication factor.
-    partitions = description.get("partitions") or []
-    replicas = len(partitions[0].get("replicas") or [1]) if partitions else 1
-    return max(1, len(partitions)), max(1, replicas)
+async def _plan(
+    admin: AIOKafkaAdminClient, missing: dict[str, str], replication_factor: int | None
+) -> list[_SideTopicPlan]:
+    origins = sorted(set(missing.values()))
+    described = {d["topic"]: d for d in await admin.describe_topics(origins)}
+    configs = await _topic_configs(admin, origins)
+    if replication_factor is None:
+        brokers = len((await admin.describe_cluster()).get("brokers") or []) or 1
+        replication_factor = min(DEFAULT_SIDE_TOPIC_REPLICATION, brokers)
+    return [
+        _SideTopicPlan(
+            name,
+            origin,
+            max(1, len(described.get(origin, {}).get("partitions") or [])),
+            replication_factor,
+            configs.get(origin, {}),
+        )
+        for name, origin in sorted(missing.items())
+    ]
+
+
+async def _topic_configs(
+    admin: AIOKafkaAdminClient, topics: list[str]
+) -> dict[str, dict[str, str]]:
+    # The effective values, defaults included: a side topic keeps the task topic's limits
+    # even if the broker defaults change later.
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(COPIED_TOPIC_CONFIGS))
+        for t in topics
+    ]
+    found: dict[str, dict[str, str]] = {}
+    try:
+        responses = await admin.describe_configs(resources)
+    except KafkaError as exc:
+        # Copying is a courtesy: without DescribeConfigs the cluster defaults apply.
+        log.warning("cannot read the task topics' settings", topics=topics, error=repr(exc))
+        return found
+    for response in responses:
+        for resource in response.resources:
+            error_code, _message, _type, name, entries = resource[:5]
+            if error_code:
+                continue  # a broker that cannot tell: create with the cluster defaults
+            found[name] = {
+                entry[0]: entry[1]
+                for entry in entries
+                if entry[0] in COPIED_TOPIC_CONFIGS and entry[1] is not None
+            }
+    return found
+
+
+def _creation_failures(response: Any, plans: list[_SideTopicPlan]) -> list[str]:
+    by_name = {p.name: p for p in plans}
+    failures = []
+    for item in getattr(response, "topic_errors", []):
+        name, code = item[0], item[1]
+        message = item[2] if len(item) > 2 and item[2] else ""
+        if code in (0, TopicAlreadyExistsError.errno):  # another instance was faster
+            continue
+        error = for_code(code).__name__
+        plan = by_name.get(name)
+        fix = f"; run: {plan.command()}" if plan is not None else ""
+        failures.append(f"{name}: {error}{(' ' + message) if message else ''}{fix}")
+    return failures

@@ -15,6 +15,7 @@ from typing import Any
 
 from decaton_aio.errors import ConfigError
 from decaton_aio.execution import DeferredTimeoutPolicy, TaskFunction
+from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.serializers import BytesSerializer
 from decaton_aio.typing import Serializer
@@ -44,6 +45,9 @@ class ConsumerConfig:
         fetch_max_wait_ms: how long the broker may hold a fetch with no new records. Short
             by default: a broker that does not answer early when records arrive adds up to
             this much to every task's delivery latency.
+        isolation_level: ``read_uncommitted`` (the default) hands over every record;
+            ``read_committed`` only records of committed transactions (records of aborted
+            ones are never processed; transaction markers do not hold the commit back).
     """
 
     bootstrap_servers: str
@@ -55,6 +59,7 @@ class ConsumerConfig:
     max_fetch_records: int = DEFAULT_MAX_FETCH_RECORDS
     max_partition_fetch_bytes: int = 1024 * 1024
     fetch_max_wait_ms: int = 100
+    isolation_level: str = "read_uncommitted"
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -64,6 +69,10 @@ class ConsumerConfig:
         if self.auto_offset_reset not in _OFFSET_RESETS:
             raise ConfigError(
                 f"auto_offset_reset must be one of {_OFFSET_RESETS}, got {self.auto_offset_reset!r}"
+            )
+        if self.isolation_level not in ISOLATION_LEVELS:
+            raise ConfigError(
+                f"isolation_level must be one of {ISOLATION_LEVELS}, got {self.isolation_level!r}"
             )
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ConfigError(

@@ -20,6 +20,7 @@ from decaton_aio import __version__
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR
+from decaton_aio.offsets import ISOLATION_LEVELS
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -152,6 +153,7 @@ def _build_parser() -> _Parser:
         "pending records and paused state per partition",
     )
     inspect.add_argument("--json", action="store_true", help="print JSON lines")
+    _add_isolation_level(inspect, "the lag counts to the end such a reader reaches")
 
     run = commands.add_parser(
         "run",
@@ -222,7 +224,25 @@ def _build_parser() -> _Parser:
     run.add_argument("--session-timeout-ms", type=int, default=10_000)
     run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)
     run.add_argument("--auto-offset-reset", choices=("earliest", "latest"), default="earliest")
+    _add_isolation_level(run, "read_committed: records of aborted transactions are never processed")
+    run.add_argument(
+        "--side-topic-replication-factor",
+        type=int,
+        default=_env_int("DECATON_AIO_SIDE_TOPIC_REPLICATION_FACTOR"),
+        metavar="N",
+        help="replicas of the retry/dead letter/shaping topics the subscription creates "
+        "(default: 3, or fewer brokers; env DECATON_AIO_SIDE_TOPIC_REPLICATION_FACTOR)",
+    )
     return parser
+
+
+def _add_isolation_level(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--isolation-level",
+        choices=ISOLATION_LEVELS,
+        default=os.environ.get("DECATON_AIO_ISOLATION_LEVEL", "read_uncommitted"),
+        help=f"{what} (default read_uncommitted; env DECATON_AIO_ISOLATION_LEVEL)",
+    )
 
 
 def _env_list(name: str) -> list[str] | None:

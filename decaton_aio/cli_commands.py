@@ -125,7 +125,10 @@ async def inspect(args: argparse.Namespace) -> int:
     live = _scrape(args.metrics_url) if args.metrics_url else {}
     rows = []
     for topic in args.topic:
-        for pos in await group_positions(args.bootstrap_servers, args.group, topic):
+        positions = await group_positions(
+            args.bootstrap_servers, args.group, topic, isolation_level=args.isolation_level
+        )
+        for pos in positions:
             pending, paused = live.get((topic, pos.partition), (None, None))
             rows.append(
                 {
@@ -191,6 +194,10 @@ def _application(args: argparse.Namespace) -> Application:
         changes["group_id"] = args.group
     if args.subscription_id:
         changes["subscription_id"] = args.subscription_id
+    if args.side_topic_replication_factor is not None:
+        changes["side_topics"] = dataclasses.replace(
+            app.side_topics, replication_factor=args.side_topic_replication_factor
+        )
     app = dataclasses.replace(app, **changes) if changes else app
     if not app.topics:
         raise ConfigError(f"{args.target} names no topics: pass --topic")
@@ -217,6 +224,7 @@ def run_target(args: argparse.Namespace) -> int:
                 session_timeout_ms=args.session_timeout_ms,
                 heartbeat_interval_ms=args.heartbeat_interval_ms,
                 auto_offset_reset=args.auto_offset_reset,
+                isolation_level=args.isolation_level,
             ),
             producer=ProducerConfig(
                 servers,

@@ -166,6 +166,7 @@ class TaskExecutor:
             self._topics.shaping_topic(partition.tp.topic),
             list(record.headers),
             "shaping",
+            timestamp_ms=record.timestamp,  # the same record, delayed: its time stays
         )
 
     # ------------------------------------------------------------------- outcomes
@@ -386,6 +387,7 @@ class TaskExecutor:
             partition=partition.tp.partition,
             offset=record.offset,
             attempts=attempts,
+            timestamp_ms=record.timestamp,
         )
         self._send_then_complete(
             partition,
@@ -404,11 +406,15 @@ class TaskExecutor:
         topic: str,
         headers: Sequence[tuple[str, bytes]],
         what: str,
+        *,
+        timestamp_ms: int | None = None,
     ) -> None:
         # The record was released (or handed off) by the caller; its offset completes
-        # when the replacement record is durable.
+        # when the replacement record is durable. Retry and dead letter records are
+        # stamped with the time they are sent (timestamp_ms None), so time-based retention
+        # of their topic counts from the failure; the task's own time is in its dt_meta.
         task = asyncio.get_running_loop().create_task(
-            self._send_routine(partition, record, topic, headers, what)
+            self._send_routine(partition, record, topic, headers, what, timestamp_ms)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -420,6 +426,7 @@ class TaskExecutor:
         topic: str,
         headers: Sequence[tuple[str, bytes]],
         what: str,
+        timestamp_ms: int | None,
     ) -> None:
         sender = self._sender
         if sender is None or (record.key is None and record.value is None):
@@ -436,7 +443,7 @@ class TaskExecutor:
                     record.value,
                     key=record.key,
                     headers=headers,
-                    timestamp_ms=record.timestamp,
+                    timestamp_ms=timestamp_ms,
                 )
             except Exception as exc:
                 attempt += 1

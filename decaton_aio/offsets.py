@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 from decaton_aio.errors import BrokerError, ConfigError
 
 __all__ = [
+    "ISOLATION_LEVELS",
     "PartitionExtent",
     "PartitionPosition",
     "committed_offsets",
@@ -28,12 +29,22 @@ __all__ = [
 ]
 
 _FETCH_MAX_WAIT_MS = 100
+
+#: What a reader sees: every record, or only records of committed transactions.
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 _UNKNOWN_TOPIC_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionExtent:
-    """Where a partition's log starts and ends."""
+    """Where a partition's log starts and where a reader's view of it ends.
+
+    Attributes:
+        log_start: the first offset still in the log.
+        high_watermark: the offset the next record will get; for a ``read_committed``
+            reader, the last stable offset (where the first open transaction starts),
+            since such a reader cannot go further.
+    """
 
     log_start: int
     high_watermark: int
@@ -46,8 +57,9 @@ class PartitionPosition:
     Attributes:
         partition: the partition number.
         committed: the committed offset (the next to process), ``None`` if none.
-        high_watermark: the offset the next record will get.
-        lag: records between the committed offset (or the log start) and the end.
+        high_watermark: the offset the next record will get (the last stable offset for
+            ``read_committed``).
+        lag: offsets between the committed offset (or the log start) and the end.
     """
 
     partition: int
@@ -77,9 +89,15 @@ async def topic_partitions(
 
 
 async def partition_extents(
-    bootstrap_servers: str, topic: str, *, timeout_s: float = 30.0
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    timeout_s: float = 30.0,
+    isolation_level: str = "read_uncommitted",
 ) -> dict[int, PartitionExtent]:
     """The log start and high watermark of every partition of ``topic``.
+
+    With ``isolation_level="read_committed"`` the end is the last stable offset.
 
     Raises:
         ConfigError: when the topic does not exist.
@@ -92,7 +110,10 @@ async def partition_extents(
         auto_offset_reset="earliest",
         fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
         client_id="decaton-aio-offsets",
+        isolation_level=isolation_level,
     )
+    committed_only = isolation_level == "read_committed"
+    end_of = consumer.last_stable_offset if committed_only else consumer.highwater
     try:
         await consumer.start()
     except KafkaError as exc:
@@ -107,15 +128,15 @@ async def partition_extents(
             consumer.seek(tp, max(log_starts[tp], hints[tp]))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while any(consumer.highwater(tp) is None for tp in tps):
+        while any(end_of(tp) is None for tp in tps):
             if loop.time() > deadline:
-                missing = [tp.partition for tp in tps if consumer.highwater(tp) is None]
+                missing = [tp.partition for tp in tps if end_of(tp) is None]
                 raise BrokerError(
                     f"no fetch response for {topic} partitions {missing} within {timeout_s}s"
                 )
             # A fetch response sets the high watermark whether or not it holds records.
             await consumer.getmany(timeout_ms=_FETCH_MAX_WAIT_MS, max_records=1)
-        return {tp.partition: PartitionExtent(log_starts[tp], consumer.highwater(tp)) for tp in tps}
+        return {tp.partition: PartitionExtent(log_starts[tp], end_of(tp)) for tp in tps}
     finally:
         await consumer.stop()
 
@@ -139,15 +160,21 @@ async def committed_offsets(
 
 
 async def group_positions(
-    bootstrap_servers: str, group_id: str, topic: str
+    bootstrap_servers: str,
+    group_id: str,
+    topic: str,
+    *,
+    isolation_level: str = "read_uncommitted",
 ) -> list[PartitionPosition]:
     """Where ``group_id`` stands in every partition of ``topic``, with its lag.
+
+    The lag is counted to the end a reader of ``isolation_level`` reaches.
 
     Raises:
         ConfigError: when the topic does not exist.
         BrokerError: when the cluster cannot be reached.
     """
-    extents = await partition_extents(bootstrap_servers, topic)
+    extents = await partition_extents(bootstrap_servers, topic, isolation_level=isolation_level)
     committed = await committed_offsets(bootstrap_servers, group_id, topic, extents)
     positions = []
     for partition, extent in sorted(extents.items()):

@@ -166,6 +166,17 @@ class PartitionProcessor:
         """The offset to commit for this partition, or ``None`` if there is none yet."""
         return self.tracker.committable()
 
+    def skip_to(self, position: int) -> bool:
+        """Let the watermark pass offsets the consumer skipped, when nothing is pending.
+
+        Caller: the subscription at commit time, with the consumer's fetch position.
+        Affects: :meth:`committable` (see ``WatermarkTracker.skip_to``).
+
+        Returns:
+            Whether the watermark moved.
+        """
+        return self._pending == 0 and self.tracker.skip_to(position)
+
     # ---------------------------------------------------------------- live settings
 
     def set_limit(self, limit: int) -> None:

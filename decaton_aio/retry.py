@@ -10,6 +10,9 @@ This module owns the naming of the side topics and the records written to them:
   job;
 - a *shaping* record (``<topic>-shaping``) is the original record, unchanged.
 
+Retry and dead letter records are stamped with the time they are sent, so retention on
+their topics counts from the failure; when the task was produced stays in ``dt_meta``.
+
 Retries of a retry go to the same retry topic: names are derived from the *origin* topic,
 with a known suffix stripped.
 """
@@ -84,22 +87,31 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class SideTopics:
-    """Suffixes of the side topics of a task topic.
+    """Names and shape of the side topics of a task topic.
 
     Attributes:
         retry: the retry topic is the origin topic plus this.
         dead_letter: the dead letter topic is the origin topic plus this.
         shaping: the shaping topic (hot keys over their quota) is the origin plus this.
+        replication_factor: replicas of a side topic the subscription creates; ``None``:
+            3, or the number of brokers when the cluster has fewer. Partition count,
+            ``retention.ms`` and ``max.message.bytes`` are copied from the task topic.
     """
 
     retry: str = "-retry"
     dead_letter: str = "-dlq"
     shaping: str = "-shaping"
+    replication_factor: int | None = None
 
     def __post_init__(self) -> None:
         suffixes = (self.retry, self.dead_letter, self.shaping)
         if any(not s for s in suffixes) or len(set(suffixes)) != 3:
             raise ConfigError(f"side topic suffixes must be distinct and non-empty: {suffixes}")
+        if self.replication_factor is not None and self.replication_factor < 1:
+            raise ConfigError(
+                f"side topic replication_factor must be >= 1 (or None for up to 3), "
+                f"got {self.replication_factor}"
+            )
 
     def origin(self, topic: str) -> str:
         """The task topic a (possibly side) topic belongs to."""
@@ -197,6 +209,7 @@ def dead_letter_headers(
     partition: int,
     offset: int,
     attempts: int,
+    timestamp_ms: int,
     now_ms: int | None = None,
 ) -> Headers:
     """The headers of the dead letter record of a task.
@@ -210,11 +223,14 @@ def dead_letter_headers(
         partition: its partition.
         offset: its offset.
         attempts: how many times it was processed.
+        timestamp_ms: the record's timestamp. The dead letter record is stamped with the
+            time it is sent, so a record without ``dt_meta`` gets one holding this time:
+            when the task was produced stays readable.
         now_ms: the time of the last failure (for tests).
 
     Returns:
         The original headers (without DLQ headers from an earlier dead-lettering) plus
-        :data:`DLQ_HEADERS`.
+        :data:`DLQ_HEADERS`, and a ``dt_meta`` if the record had none.
     """
     now = _now_ms() if now_ms is None else now_ms
     origin_topic = _header(headers, "dt_origin_topic") or topic.encode()
@@ -225,6 +241,8 @@ def dead_letter_headers(
     if exc is not None:
         trace = "".join(traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES))
     out = _without(headers, DLQ_HEADERS)
+    if _header(headers, METADATA_HEADER) is None:
+        out.append((METADATA_HEADER, encode_metadata(TaskMetadata(timestamp_ms))))
     out += [
         ("dt_dlq_error_type", error_type.encode()),
         ("dt_dlq_error_message", message[:_MAX_MESSAGE].encode(errors="replace")),

@@ -171,36 +171,45 @@ class Subscription:
         """Connect, join the group and start fetching.
 
         Raises:
-            ConfigError: when started twice.
+            ConfigError: when started twice, or when a side topic is missing and cannot be
+                created (the message names it).
+            BrokerError: when the side topics cannot be checked.
             KafkaError: when the cluster cannot be reached.
         """
         if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
             raise ConfigError("a Subscription can be started once; make a new one")
         cfg = self.consumer_config
         install_raw_records()
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
-            group_id=cfg.group_id,
-            client_id=cfg.client_id,
-            enable_auto_commit=False,
-            auto_offset_reset=cfg.auto_offset_reset,
-            session_timeout_ms=cfg.session_timeout_ms,
-            heartbeat_interval_ms=cfg.heartbeat_interval_ms,
-            max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
-            fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-            key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
-        )
         if self._owns_sender:
             await self._sender.start()
         try:
-            await consumer.start()
+            # Before joining the group: a side topic that cannot exist stops the start
+            # here, not a partition at its first retry.
+            await ensure_side_topics(cfg.bootstrap_servers, self.app)
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=cfg.bootstrap_servers,
+                group_id=cfg.group_id,
+                client_id=cfg.client_id,
+                enable_auto_commit=False,
+                auto_offset_reset=cfg.auto_offset_reset,
+                session_timeout_ms=cfg.session_timeout_ms,
+                heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+                fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+                isolation_level=cfg.isolation_level,
+                key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
+            )
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
         except BaseException:
             if self._owns_sender:
                 await self._sender.stop()
             raise
         self._consumer = consumer
         topics = list(self.app.subscribed_topics)
-        await ensure_side_topics(cfg.bootstrap_servers, self.app)
         consumer.subscribe(topics, listener=_Listener(self))
         self._watch_properties()
         self._set_state(SubscriptionState.RUNNING)
@@ -272,6 +281,11 @@ class Subscription:
         assert consumer is not None
         max_records = self.consumer_config.max_fetch_records
         partitions = self._partitions
+        # The end a reader of this isolation level reaches, for the lag.
+        if self.consumer_config.isolation_level == "read_committed":
+            end_of = consumer.last_stable_offset
+        else:
+            end_of = consumer.highwater
         while True:
             batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
             for tp, records in batches.items():
@@ -280,7 +294,7 @@ class Subscription:
                     continue  # revoked while the batch was in the client
                 processor.feed(records)
                 self._maybe_pause(processor)
-                high = consumer.highwater(tp)
+                high = end_of(tp)
                 if high is not None:
                     processor.stats.high_watermark = high
 
@@ -304,10 +318,14 @@ class Subscription:
         if consumer is None:
             return
         moved: list[tuple[PartitionProcessor, int]] = []
-        for processor in processors if processors is not None else self._partitions.values():
+        if processors is None:
+            processors = list(self._partitions.values())  # the loop below may await
+        for processor in processors:
             processor.stats.pending = processor.pending
             processor.stats.fold()  # keeps the histograms' observation queues short
             offset = processor.committable()
+            if offset is not None and processor.pending == 0:
+                offset = await self._past_skipped(consumer, processor, offset)
             if offset is not None and offset != processor.last_committed:
                 moved.append((processor, offset))
         if not moved:
@@ -325,6 +343,24 @@ class Subscription:
             return
         for processor, offset in moved:
             processor.last_committed = processor.stats.committed_offset = offset
+
+    async def _past_skipped(
+        self, consumer: AIOKafkaConsumer, processor: PartitionProcessor, offset: int
+    ) -> int:
+        # An idle partition whose fetch position is past its watermark skipped offsets it
+        # was never handed (transaction markers, aborted records under read_committed):
+        # commit the position, or the group's lag would never reach zero. Only asked when
+        # the broker holds more than the watermark, so a quiet partition costs nothing.
+        high = consumer.highwater(processor.tp)
+        if high is None or high <= offset:
+            return offset
+        try:
+            position = int(await asyncio.wait_for(consumer.position(processor.tp), 1.0))
+        except (KafkaError, TimeoutError):
+            return offset  # revoked or resetting meanwhile: next interval
+        if processor.skip_to(position):
+            return position
+        return offset
 
     # ------------------------------------------------------------------- rebalance
 

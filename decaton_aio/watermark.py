@@ -341,6 +341,38 @@ class WatermarkTracker:
         self._last_shift = offset - self._end_v
         self._end = offset
 
+    def skip_to(self, offset: int) -> bool:
+        """Move the window to ``offset`` when nothing is pending.
+
+        A consumer's fetch position can pass offsets it never hands out: transaction
+        markers, records of aborted transactions under ``read_committed``. With nothing
+        pending they need no processing, and without this the watermark would wait below
+        them until the next record arrives (a lag that never reaches zero).
+
+        Caller: the partition's owner, with the consumer's fetch position, only when no
+        record it was handed is unfinished. Affects: :meth:`committable` returns
+        ``offset``; later registrations must be at or above it.
+
+        Args:
+            offset: the fetch position: every offset below it was handed out or skipped.
+
+        Returns:
+            Whether the window moved (``False`` when something is pending or ``offset`` is
+            not beyond the window's end).
+
+        Raises:
+            ValueError: ``offset`` is negative.
+        """
+        if offset < 0:
+            raise ValueError(f"offsets are non-negative, got {offset}")
+        if not self._started:
+            self._begin(offset)
+            return True
+        if offset <= self._end or self.pending:
+            return False
+        self._jump(offset)
+        return True
+
     # ------------------------------------------------------------------ completion
 
     def complete(self, offset: int, generation: int | None = None) -> bool:

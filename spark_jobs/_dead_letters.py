@@ -40,23 +40,39 @@ _SPOOL_PATTERNS: Final = ("spool-*.jsonl", "spool-*.rejected")
 
 
 def read_dead_letters(
-    spark: SparkSession, bootstrap_servers: str, dlq_topic: str, spool_dirs: Sequence[str] = ()
+    spark: SparkSession,
+    bootstrap_servers: str,
+    dlq_topic: str,
+    spool_dirs: Sequence[str] = (),
+    *,
+    isolation_level: str = "read_uncommitted",
 ) -> DataFrame:
     """The dead letter topic's records, and the spools' lines, as rows of one shape.
+
+    ``isolation_level="read_committed"`` skips records of aborted transactions (a dead
+    letter topic written by a transactional producer).
 
     Raises:
         ConfigError: when the dead letter topic does not exist.
         BrokerError: when the cluster cannot be reached.
     """
-    records = _read_topic(spark, bootstrap_servers, dlq_topic)
+    records = _read_topic(spark, bootstrap_servers, dlq_topic, isolation_level)
     spooled = _read_spools(spark, spool_dirs)
     return records if spooled is None else records.unionByName(spooled)
 
 
-def _read_topic(spark: SparkSession, bootstrap_servers: str, dlq_topic: str) -> DataFrame:
+def _read_topic(
+    spark: SparkSession, bootstrap_servers: str, dlq_topic: str, isolation_level: str
+) -> DataFrame:
     # Pin the end offsets once: every action of the run then sees the same records.
-    ends = high_watermarks(bootstrap_servers, dlq_topic)
-    df = read_topic(spark, bootstrap_servers, dlq_topic, ending_offsets=ends)
+    ends = high_watermarks(bootstrap_servers, dlq_topic, isolation_level=isolation_level)
+    df = read_topic(
+        spark,
+        bootstrap_servers,
+        dlq_topic,
+        ending_offsets=ends,
+        isolationLevel=isolation_level,
+    )
     return df.select(
         F.lit("dlq").alias("source"),
         F.concat_ws(":", "topic", "partition", "offset").alias("source_id"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from decaton_aio.errors import ConfigError
+from decaton_aio.offsets import ISOLATION_LEVELS
 
 __all__ = [
     "DEFAULT_MAX_POLL_RECORDS",
@@ -154,6 +155,7 @@ class KafkaReadOptions:
         ending_by_partition: exclusive end bounds of named partitions.
         max_poll_records: records per poll in a Spark task.
         poll_timeout_ms: how long a partition read may stall before failing.
+        isolation_level: ``read_uncommitted`` or ``read_committed``.
     """
 
     bootstrap_servers: str
@@ -164,6 +166,7 @@ class KafkaReadOptions:
     ending_by_partition: Mapping[int, int] | None = None
     max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    isolation_level: str = "read_uncommitted"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaReadOptions:
@@ -188,6 +191,11 @@ class KafkaReadOptions:
                 raise ConfigError(
                     f"partition {partition}: startingOffsets {start} is after endingOffsets {end}"
                 )
+        isolation = option_value(options, "isolationLevel") or "read_uncommitted"
+        if isolation not in ISOLATION_LEVELS:
+            raise ConfigError(
+                f"option 'isolationLevel' must be one of {ISOLATION_LEVELS}, got {isolation!r}"
+            )
         return cls(
             bootstrap_servers=bootstrap,
             topic=topic,
@@ -197,6 +205,7 @@ class KafkaReadOptions:
             ending_by_partition=ending_by,
             max_poll_records=int_option(options, "maxPollRecords", DEFAULT_MAX_POLL_RECORDS),
             poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS),
+            isolation_level=isolation,
         )
 
     def start_bound(self, partition: int) -> int:

@@ -33,6 +33,8 @@ Read options (names are case-insensitive, values are strings):
   broker ignores fetch byte limits, so batches are bounded by count.
 - ``pollTimeoutMs``: how long a partition read may make no progress before the task fails
   (default 30000).
+- ``isolationLevel``: ``read_uncommitted`` (default) or ``read_committed``: only records
+  of committed transactions, read up to the last stable offset.
 
 Schema (fixed; see :data:`SCHEMA_DDL`): ``topic`` string, ``partition`` int, ``offset``
 long, ``timestamp`` long (epoch milliseconds as the record carries it: exact, free of time
@@ -117,7 +119,9 @@ class KafkaInputPartition(InputPartition):
         self.end = end
 
 
-def _consumer(bootstrap_servers: str, *, reset: str) -> AIOKafkaConsumer:
+def _consumer(
+    bootstrap_servers: str, *, reset: str, isolation_level: str = "read_uncommitted"
+) -> AIOKafkaConsumer:
     # No group: partitions are assigned by hand and nothing is committed.
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers,
@@ -126,11 +130,16 @@ def _consumer(bootstrap_servers: str, *, reset: str) -> AIOKafkaConsumer:
         auto_offset_reset=reset,
         fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
         client_id="decaton-aio-spark-source",
+        isolation_level=isolation_level,
     )
 
 
 def high_watermarks(
-    bootstrap_servers: str, topic: str, *, timeout_s: float = _PLAN_TIMEOUT_S
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    timeout_s: float = _PLAN_TIMEOUT_S,
+    isolation_level: str = "read_uncommitted",
 ) -> dict[int, int]:
     """The current end of every partition, as fetch responses report it.
 
@@ -138,13 +147,18 @@ def high_watermarks(
     several queries. Blocking; call it from synchronous code, not inside an event loop.
 
     Returns:
-        partition -> high watermark (the offset the next record will get).
+        partition -> high watermark (the offset the next record will get), or the last
+        stable offset with ``isolation_level="read_committed"``.
 
     Raises:
         ConfigError: when the topic does not exist.
         BrokerError: when the cluster cannot be reached or does not answer.
     """
-    extents = asyncio.run(partition_extents(bootstrap_servers, topic, timeout_s=timeout_s))
+    extents = asyncio.run(
+        partition_extents(
+            bootstrap_servers, topic, timeout_s=timeout_s, isolation_level=isolation_level
+        )
+    )
     return {p: e.high_watermark for p, e in extents.items()}
 
 
@@ -213,7 +227,9 @@ async def _open_reader(
     options: KafkaReadOptions, tp: TopicPartition, start: int
 ) -> AIOKafkaConsumer:
     # Created inside the loop: aiokafka binds to the running loop when it starts.
-    consumer = _consumer(options.bootstrap_servers, reset="none")
+    consumer = _consumer(
+        options.bootstrap_servers, reset="none", isolation_level=options.isolation_level
+    )
     try:
         await consumer.start()
     except KafkaError as exc:
@@ -288,7 +304,10 @@ class _KafkaReader(DataSourceReader):
         """Fix the offsets to read, once per query (runs on the driver side)."""
         extents = asyncio.run(
             partition_extents(
-                self.options.bootstrap_servers, self.options.topic, timeout_s=_PLAN_TIMEOUT_S
+                self.options.bootstrap_servers,
+                self.options.topic,
+                timeout_s=_PLAN_TIMEOUT_S,
+                isolation_level=self.options.isolation_level,
             )
         )
         return plan_partitions(self.options, extents)

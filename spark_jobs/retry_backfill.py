@@ -52,6 +52,7 @@ from pyspark.sql.types import BinaryType
 
 from decaton_aio.errors import ConfigError, DecodeError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
+from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import DLQ_HEADERS, ORIGIN_HEADERS, SideTopics
 from spark_jobs._backfill_report import BackfillReport, tally
 from spark_jobs._cli import (
@@ -149,6 +150,8 @@ class BackfillOptions:
         idempotence: the producer's idempotence (off for the embedded broker).
         side_topics: the runtime's side topic suffixes.
         show: how many selected records the report lists.
+        isolation_level: how the dead letter topic is read (``read_committed`` skips
+            records of aborted transactions).
     """
 
     bootstrap_servers: str
@@ -162,6 +165,7 @@ class BackfillOptions:
     idempotence: bool = True
     side_topics: SideTopics = field(default_factory=SideTopics)
     show: int = 5
+    isolation_level: str = "read_uncommitted"
 
 
 def reset_metadata(raw: bytes | None, timestamp_ms: int | None) -> bytes:
@@ -257,7 +261,11 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
     now = dt.datetime.now(dt.UTC)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     records = read_dead_letters(
-        spark, options.bootstrap_servers, options.dlq_topic, options.spool_dirs
+        spark,
+        options.bootstrap_servers,
+        options.dlq_topic,
+        options.spool_dirs,
+        isolation_level=options.isolation_level,
     )
     decoded = decode_failures(records, options.dlq_topic, options.side_topics)
     classified = _classify(spark, options, decoded)
@@ -333,6 +341,10 @@ def build_parser() -> JobParser:
         "--to-retry-topic", action="store_true", help="send to the origin's retry topic"
     )
     parser.add_argument("--show", type=int, default=5, metavar="N", help="list N selected records")
+    parser.add_argument(
+        "--isolation-level", choices=ISOLATION_LEVELS, default="read_uncommitted",
+        help="read_committed: skip dead letters of aborted transactions",
+    )  # fmt: skip
     return parser
 
 
@@ -370,6 +382,7 @@ def _options(args: argparse.Namespace) -> BackfillOptions:
         dry_run=args.dry_run,
         idempotence=args.idempotence,
         show=args.show,
+        isolation_level=args.isolation_level,
     )
 
 

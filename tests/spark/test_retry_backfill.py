@@ -65,6 +65,7 @@ def dlq_headers(origin: str, index: int, error_type: str, second: int) -> list[t
         partition=index % 3,
         offset=index,
         attempts=3,
+        timestamp_ms=ORIGINAL_META.timestamp_ms,
         now_ms=BASE_MS + second * 1000,
     )
 

@@ -60,6 +60,12 @@ class Model:
     def committable(self) -> int | None:
         return min(self.pending) if self.pending else self.end
 
+    def skip_to(self, offset: int) -> bool:
+        if self.pending or (self.end is not None and offset <= self.end):
+            return False
+        self.end = offset
+        return True
+
     def gaps(self) -> list[int]:
         """A few offsets between the first and last registered ones that were skipped."""
         out: list[int] = []
@@ -777,6 +783,11 @@ class TrackerMachine(RuleBasedStateMachine):
         for generation, offset in self.stale:
             assert self.tracker.complete(offset, generation=generation) is False
 
+    @rule(ahead=st.integers(-3, 2 * MAX_GAP_SLOTS))
+    def skip_to_position(self, ahead: int) -> None:
+        offset = max(0, (self.model.end or 0) + ahead)
+        assert self.tracker.skip_to(offset) is self.model.skip_to(offset)
+
     @rule(share=st.floats(0.0, 1.0))
     def restart_from_checkpoint(self, share: float) -> None:
         exported = self.tracker.export_completed()
@@ -809,3 +820,35 @@ TrackerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_tracker_matches_model = TrackerMachine.TestCase
+
+
+# ------------------------------------------------------- skipping to the fetch position
+
+
+def test_skip_to_moves_an_idle_window_past_offsets_never_handed_out() -> None:
+    """Given records 0..2 all complete and a fetch position of 5 (a transaction marker and
+    aborted records were skipped), the watermark moves to 5 and 5 registers next."""
+    tracker = WatermarkTracker()
+    tracker.register_batch([0, 1, 2])
+    for offset in (0, 1, 2):
+        tracker.complete(offset)
+    assert tracker.skip_to(5) is True
+    assert tracker.committable() == 5
+    tracker.register(5)
+    assert tracker.committable() == 5
+
+
+def test_skip_to_never_passes_a_pending_record() -> None:
+    tracker = WatermarkTracker()
+    tracker.register_batch([0, 1, 2])
+    tracker.complete(0)
+    tracker.mark(2)
+    assert tracker.skip_to(10) is False
+    assert tracker.committable() == 1
+
+
+def test_skip_to_does_not_move_back() -> None:
+    tracker = WatermarkTracker(7)
+    assert tracker.skip_to(7) is False
+    assert tracker.skip_to(3) is False
+    assert tracker.committable() == 7
