@@ -69,6 +69,16 @@ class BrokerHandle:
         return self.embedded is not None
 
     @property
+    def flavor(self) -> str:
+        """``"tansu"`` for the embedded broker, ``"external"`` for a cluster of the user's."""
+        return "tansu" if self.embedded is not None else "external"
+
+    @property
+    def hides_aborted_transactions(self) -> bool:
+        """Whether ``read_committed`` consumers are kept from aborted records (not Tansu)."""
+        return self.embedded is None
+
+    @property
     def supports_idempotence(self) -> bool:
         """Whether aiokafka's idempotent producer works here (not on the embedded broker)."""
         return self.embedded is None

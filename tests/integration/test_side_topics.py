@@ -65,7 +65,7 @@ async def test_side_topics_copy_the_task_topic(
     for name in created:
         partitions, replicas, configs = shapes[name]
         assert (partitions, replicas) == (3, min(3, brokers)), name
-        if kafka_broker.flavor == "apache":  # Tansu stores settings but echoes defaults
+        if kafka_broker.flavor != "tansu":  # Tansu stores settings but echoes defaults
             assert configs["retention.ms"] == "3600000", name
             assert configs["max.message.bytes"] == "2000000", name
     # A second instance finds them and creates nothing.
@@ -77,7 +77,7 @@ async def test_a_side_topic_that_cannot_be_created_stops_the_start(
 ) -> None:
     """Asking for more replicas than there are brokers: the subscription refuses to start
     with an error naming the side topic and the command that creates it."""
-    if kafka_broker.flavor != "apache":
+    if kafka_broker.flavor == "tansu":
         pytest.skip("Tansu accepts any replication factor")
     topic = await topic_factory(partitions=1)
     brokers = len(kafka_broker.bootstrap_servers.split(","))
