@@ -6,13 +6,15 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
 JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run quickstart bench bench-quick test test-unit test-spark lint format clean java
+.PHONY: help install run quickstart bench bench-quick test test-unit test-spark test-tansu lint \
+	format clean java install-java maven install-maven kafka
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
 	@echo "           compaction and retries, Spark batch repair, repair processor"
 	@echo "make quickstart  a short demo: produce tasks and process them"
-	@echo "make test   set up and run the whole test suite"
+	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
+	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (under 2 minutes)"
@@ -27,40 +29,63 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-# Spark needs a JVM (Java 17). Installs it with apt-get when missing and allowed (root, or
-# password-less sudo); otherwise says how, and the Spark tests skip with that reason.
+# The embedded Apache Kafka and Spark need a JVM (Java 17), and Kafka's jars are resolved
+# by Maven. Each is installed with apt-get when missing and allowed (root, or password-less
+# sudo); otherwise the target says how.
+define apt_install
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: $(2) is missing and there is no apt-get here: install it yourself"; exit 1; \
+	elif [ "$$SUDO" = none ]; then \
+	  echo "make: $(2) is missing: run as root: apt-get update && apt-get install -y $(1)"; exit 1; \
+	else \
+	  echo "make: installing $(1) for $(2)"; \
+	  $$SUDO mkdir -p /usr/share/man/man1 && \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(1); \
+	fi
+endef
+
 java:
 	@if command -v java >/dev/null 2>&1 || [ -x "$${JAVA_HOME:-/nonexistent}/bin/java" ]; then \
 	  :; \
-	elif ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "make: Spark needs Java 17 and there is no apt-get here: install a JDK/JRE 17 and set JAVA_HOME"; \
 	else \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
-	  if [ "$$SUDO" = none ]; then \
-	    echo "make: Spark needs Java 17: run as root: apt-get update && apt-get install -y $(JAVA_PACKAGE)"; \
-	  else \
-	    echo "make: installing $(JAVA_PACKAGE) for Spark"; \
-	    $$SUDO mkdir -p /usr/share/man/man1 && \
-	    $$SUDO apt-get update -qq && \
-	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(JAVA_PACKAGE); \
-	  fi; \
+	  $(MAKE) --no-print-directory install-java; \
 	fi
 
-install: java $(STAMP)
+install-java:
+	$(call apt_install,$(JAVA_PACKAGE),Java 17 (Apache Kafka and Spark))
 
-run: java $(STAMP)
+maven: java
+	@command -v mvn >/dev/null 2>&1 || $(MAKE) --no-print-directory install-maven
+
+install-maven:
+	$(call apt_install,maven,Maven (resolves Apache Kafka from Maven Central))
+
+# Apache Kafka's jars, resolved once into the user's cache directory.
+kafka: maven $(STAMP)
+	$(BIN)/python -m decaton_aio broker --resolve-only
+
+install: kafka $(STAMP)
+
+run: kafka
 	$(BIN)/python examples/follow/demo.py
 
-quickstart: $(STAMP)
+quickstart: kafka
 	$(BIN)/python examples/quickstart.py
 
-test: java $(STAMP)
+# The whole suite on the embedded Apache Kafka.
+test: kafka
 	$(BIN)/python -m pytest
+
+# The integration suite again on Tansu, the Java-free broker.
+test-tansu: $(STAMP)
+	DECATON_AIO_BROKER=tansu $(BIN)/python -m pytest -m integration
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
-test-spark: java $(STAMP)
+test-spark: kafka
 	$(BIN)/python -m pytest -m spark
 
 BENCH_STAMP := $(VENV)/.bench-installed
@@ -69,10 +94,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
 	@touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: kafka $(BENCH_STAMP)
 	$(BIN)/python -m bench
 
-bench-quick: $(BENCH_STAMP)
+bench-quick: kafka $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
 
 lint: $(STAMP)

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from decaton_aio import __version__
+from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR
 from decaton_aio.offsets import ISOLATION_LEVELS
+from decaton_aio.producer import COMPRESSION_TYPES, Idempotence
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -30,6 +32,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
+    "add_producer_arguments",
     "import_object",
     "main",
 ]
@@ -118,8 +121,23 @@ def _build_parser() -> _Parser:
     broker = commands.add_parser(
         "broker", help="run an embedded broker until interrupted, printing its address"
     )
+    broker.add_argument(
+        "--flavor",
+        choices=FLAVORS,
+        default=os.environ.get(FLAVOR_ENV_VAR) or "apache",
+        help=f"apache: Apache Kafka {KAFKA_VERSION} (Java, Maven); tansu: a static binary, "
+        f"no JVM (default apache; env {FLAVOR_ENV_VAR})",
+    )
+    broker.add_argument(
+        "--nodes", type=int, choices=(1, 3), default=1, help="3: an Apache Kafka cluster"
+    )
     broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
     broker.add_argument("--log-file", type=Path, help="broker log file (default: a temp file)")
+    broker.add_argument(
+        "--resolve-only",
+        action="store_true",
+        help="download Apache Kafka's jars into the cache, print where, and exit",
+    )
 
     produce = commands.add_parser(
         "produce",
@@ -132,12 +150,7 @@ def _build_parser() -> _Parser:
     produce.add_argument("--topic", required=True)
     produce.add_argument("--file", type=Path, help="JSON lines file (default: standard input)")
     produce.add_argument("--application-id", default="decaton-aio-cli")
-    produce.add_argument(
-        "--idempotence",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="idempotent producer (default on; the embedded broker needs --no-idempotence)",
-    )
+    add_producer_arguments(produce)
 
     inspect = commands.add_parser(
         "inspect",
@@ -207,13 +220,7 @@ def _build_parser() -> _Parser:
         default=os.environ.get("DECATON_AIO_METRICS_ADDR", DEFAULT_METRICS_ADDR),
         help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
     )
-    run.add_argument(
-        "--idempotence",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="idempotent producer for retry/dead letter records (default on; off with the "
-        "embedded broker)",
-    )
+    add_producer_arguments(run)
     run.add_argument(
         "--spool-dir",
         type=Path,
@@ -234,6 +241,42 @@ def _build_parser() -> _Parser:
         "(default: 3, or fewer brokers; env DECATON_AIO_SIDE_TOPIC_REPLICATION_FACTOR)",
     )
     return parser
+
+
+_IDEMPOTENCE_CHOICES: dict[str, Idempotence] = {"auto": "auto", "on": True, "off": False}
+
+
+def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--idempotence auto|on|off`` (and ``--no-idempotence``) and
+    ``--compression-type``, parsed into :class:`~decaton_aio.ProducerConfig` values."""
+    parser.add_argument(
+        "--idempotence",
+        type=_idempotence,
+        default=os.environ.get("DECATON_AIO_IDEMPOTENCE", "auto"),  # parsed by argparse
+        metavar="auto|on|off",
+        help="idempotent producer: auto (default) where the cluster grants it, on requires "
+        "it, off never (env DECATON_AIO_IDEMPOTENCE)",
+    )
+    parser.add_argument(
+        "--no-idempotence",
+        dest="idempotence",
+        action="store_const",
+        const=False,
+        help="the same as --idempotence off",
+    )
+    parser.add_argument(
+        "--compression-type",
+        choices=COMPRESSION_TYPES,
+        default=os.environ.get("DECATON_AIO_COMPRESSION_TYPE") or None,
+        help="compress produced batches (default none; env DECATON_AIO_COMPRESSION_TYPE)",
+    )
+
+
+def _idempotence(text: str) -> Idempotence:
+    try:
+        return _IDEMPOTENCE_CHOICES[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of auto, on, off") from None
 
 
 def _add_isolation_level(parser: argparse.ArgumentParser, what: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.cli import EXIT_FAILURE, EXIT_OK, import_object
@@ -81,6 +82,7 @@ async def produce(args: argparse.Namespace) -> int:
     config = ProducerConfig(
         bootstrap_servers=args.bootstrap_servers,
         idempotence=args.idempotence,
+        compression_type=args.compression_type,
         application_id=args.application_id,
     )
     serializer: JsonSerializer[Any] = JsonSerializer(Any)
@@ -102,7 +104,13 @@ async def produce(args: argparse.Namespace) -> int:
 
 
 def run_broker(args: argparse.Namespace) -> int:
-    broker = EmbeddedBroker(port=args.port, log_path=args.log_file)
+    if args.resolve_only:
+        resolve_kafka_classpath()
+        print(f"Apache Kafka {KAFKA_VERSION}: {kafka_cache_dir()}", flush=True)
+        return EXIT_OK
+    broker = EmbeddedBroker(
+        flavor=args.flavor, nodes=args.nodes, port=args.port, log_path=args.log_file
+    )
 
     def _interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -210,9 +218,7 @@ def run_target(args: argparse.Namespace) -> int:
     install_event_loop_policy()
     with contextlib.ExitStack() as stack:
         servers = args.bootstrap_servers
-        idempotence = args.idempotence
         if not servers:
-            idempotence = False
             broker = stack.enter_context(EmbeddedBroker())
             servers = broker.bootstrap_servers
             print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
@@ -228,7 +234,8 @@ def run_target(args: argparse.Namespace) -> int:
             ),
             producer=ProducerConfig(
                 servers,
-                idempotence=True if idempotence is None else idempotence,
+                idempotence=args.idempotence,
+                compression_type=args.compression_type,
                 application_id=app.subscription_id,
                 spool_dir=args.spool_dir,
             ),

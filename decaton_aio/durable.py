@@ -58,6 +58,7 @@ from decaton_aio.errors import ProducerError
 from decaton_aio.inflight import InFlightRecords, PendingRecord, RecordLocation, Settlement
 from decaton_aio.producer_client import (
     UnreachableError,
+    is_idempotent,
     is_spoolable,
     producer_error,
     start_client,
@@ -142,6 +143,12 @@ class DurableSender:
     def spool_dir(self) -> Path | None:
         """The spool directory, or ``None`` when the sender has no spool."""
         return self._spool.directory if self._spool is not None else None
+
+    @property
+    def idempotent(self) -> bool:
+        """Whether the connected client is an idempotent producer (``False`` while none is
+        connected): with ``idempotence="auto"`` it tells what the cluster granted."""
+        return self._client is not None and is_idempotent(self._client)
 
     @property
     def spool_size(self) -> int:
@@ -285,7 +292,7 @@ class DurableSender:
                 self._spool_item(item)
                 return item.result
             self._settlement.settle_one()
-            raise producer_error(exc, topic, idempotence=self.config.idempotence) from exc
+            raise producer_error(exc, topic, idempotence=self.config.idempotence is True) from exc
         except BaseException:
             # Cancelled while waiting for buffer space: the record was never taken.
             self._settlement.settle_one()
@@ -356,7 +363,7 @@ class DurableSender:
             self._enter_spooling(error)
             self._spool_item(item)
         else:
-            failure = producer_error(error, item.topic, idempotence=self.config.idempotence)
+            failure = producer_error(error, item.topic, idempotence=self.config.idempotence is True)
             self._settlement.fail(item, failure, error)
 
     def _spool_item(self, item: PendingRecord) -> None:

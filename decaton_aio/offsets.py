@@ -82,9 +82,14 @@ async def topic_partitions(
         found = consumer.partitions_for_topic(topic)
         if found:
             return sorted(found)
+        # The consumer tracks only the topics it subscribed to; a Metadata request
+        # for all topics sees the others without creating ``topic`` by accident.
+        cluster = await consumer._client.fetch_all_metadata()
+        found = cluster.partitions_for_topic(topic)
+        if found:
+            return sorted(found)
         if loop.time() > deadline:
             raise ConfigError(f"topic {topic!r} does not exist")
-        await consumer.topics()  # refreshes the cluster metadata
         await asyncio.sleep(0.05)
 
 

@@ -21,16 +21,22 @@ import socket
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from decaton_aio.durable import DurableSender, RecordLocation
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.typing import Serializer
 
-__all__ = ["ProducerConfig", "RecordLocation", "TaskProducer"]
+__all__ = ["COMPRESSION_TYPES", "Idempotence", "ProducerConfig", "RecordLocation", "TaskProducer"]
 
 T = TypeVar("T")
+
+#: ``"auto"``: idempotent where the cluster grants it; ``True``: required; ``False``: off.
+Idempotence = bool | Literal["auto"]
+
+#: Codecs a producer can compress batches with (every one is installed with the package).
+COMPRESSION_TYPES = ("gzip", "snappy", "lz4", "zstd")
 
 DEFAULT_LINGER_MS = 5
 DEFAULT_MAX_BATCH_BYTES = 256 * 1024
@@ -49,8 +55,12 @@ class ProducerConfig:
 
     Attributes:
         bootstrap_servers: ``host:port[,host:port]`` of the cluster.
-        idempotence: use the idempotent producer (no duplicates from client retries). On
-            for real Kafka; the embedded broker needs it off.
+        idempotence: use the idempotent producer (no duplicates from client retries):
+            ``"auto"`` (the default) where the cluster grants it, else a plain producer
+            and one warning; ``True`` requires it (the start fails where the cluster
+            refuses); ``False`` never.
+        compression_type: the codec of produced batches: ``None`` (uncompressed),
+            ``"gzip"``, ``"snappy"``, ``"lz4"`` or ``"zstd"``.
         application_id: written to ``dt_meta`` as the source application id.
         instance_id: written to ``dt_meta`` as the source instance id (host-pid default).
         linger_ms: how long the client waits to fill a batch.
@@ -71,7 +81,8 @@ class ProducerConfig:
     """
 
     bootstrap_servers: str
-    idempotence: bool = True
+    idempotence: Idempotence = "auto"
+    compression_type: str | None = None
     application_id: str = "decaton-aio"
     instance_id: str = field(default_factory=_default_instance_id)
     linger_ms: int = DEFAULT_LINGER_MS
@@ -85,6 +96,15 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
             raise ConfigError("bootstrap_servers is empty: give host:port of the cluster")
+        if self.idempotence not in (True, False, "auto"):
+            raise ConfigError(
+                f"idempotence must be 'auto', True or False, got {self.idempotence!r}"
+            )
+        if self.compression_type is not None and self.compression_type not in COMPRESSION_TYPES:
+            raise ConfigError(
+                f"compression_type must be None or one of {COMPRESSION_TYPES}, "
+                f"got {self.compression_type!r}"
+            )
         if self.linger_ms < 0:
             raise ConfigError(f"linger_ms must be >= 0, got {self.linger_ms}")
         if self.max_batch_bytes < 1024:

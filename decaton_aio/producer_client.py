@@ -2,7 +2,9 @@
 
 :class:`~decaton_aio.durable.DurableSender` and its :class:`~decaton_aio.replay.Replayer`
 share one ``acks=all`` client. This module starts it (:func:`start_client`, telling an
-unreachable cluster apart from a refused producer), stops it without hanging on a broker
+unreachable cluster apart from a refused producer and an authorization failure, and
+turning idempotence off with one warning where the cluster refuses it and the settings
+leave it to the cluster), stops it without hanging on a broker
 that is gone (:func:`stop_client`), and sorts the client's errors: the cluster's fault, so
 the record can be spooled and sent later (:func:`is_spoolable`); the record's own fault, so
 sending it again can never work (:data:`RECORD_ERRORS`); or an error the caller gets
@@ -14,9 +16,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Final
 
+import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
     CorruptRecordException,
+    GroupAuthorizationFailedError,
     InvalidTimestampError,
     InvalidTopicError,
     KafkaError,
@@ -24,6 +30,9 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
     UnknownError,
 )
 
@@ -33,20 +42,42 @@ if TYPE_CHECKING:
     from decaton_aio.producer import ProducerConfig
 
 __all__ = [
+    "ACCESS_ERRORS",
     "IDEMPOTENCE_HINT",
     "RECORD_ERRORS",
+    "AccessDeniedError",
     "UnreachableError",
+    "is_idempotent",
     "is_spoolable",
     "producer_error",
     "start_client",
     "stop_client",
 ]
 
+log = structlog.get_logger("decaton_aio.producer")
+
 IDEMPOTENCE_HINT: Final = (
-    "the broker refused an idempotent producer (InitProducerId failed). The embedded "
-    "broker (Tansu) does not support aiokafka's idempotent producer: "
-    "set ProducerConfig(idempotence=False), or pass --no-idempotence on the command line"
+    "the cluster refused an idempotent producer (InitProducerId failed: Tansu does not "
+    "support aiokafka's, and a secured cluster may not grant IdempotentWrite): leave "
+    "ProducerConfig(idempotence='auto') to fall back to a plain producer, or set "
+    "idempotence=False (--idempotence off)"
 )
+
+ACCESS_ERRORS: Final = (
+    AuthenticationFailedError,
+    SaslAuthenticationFailed,
+    ClusterAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+"""The cluster answered and said no: wrong credentials or a missing ACL. Never spooled
+(sending again cannot help until someone changes the cluster) and never reported as an
+unreachable cluster."""
+
+# Clusters already warned about falling back to a plain producer: one warning per
+# process, not one per reconnect.
+_WARNED_NO_IDEMPOTENCE: set[str] = set()
 
 RECORD_ERRORS: Final = (
     CorruptRecordException,
@@ -64,11 +95,29 @@ class UnreachableError(ProducerError):
     """No broker answered: the sender can start in spooling mode."""
 
 
+class AccessDeniedError(ProducerError):
+    """The cluster refused this client's credentials or permissions."""
+
+
+def access_denied(exc: BaseException, what: str) -> AccessDeniedError:
+    """The error for an authentication or authorization failure while doing ``what``."""
+    if isinstance(exc, AuthenticationFailedError | SaslAuthenticationFailed):
+        reason = "authentication failed: check the SASL mechanism, user name and password"
+    else:
+        reason = (
+            f"not authorized ({type(exc).__name__}): grant this principal the ACL it needs "
+            "(WRITE on the topic, IdempotentWrite on the cluster for an idempotent producer)"
+        )
+    return AccessDeniedError(f"{what}: {reason}")
+
+
 def is_spoolable(exc: BaseException) -> bool:
     """Whether the client gave up on a record for the cluster's sake, not the record's."""
     # The client's own retries are over and the cause is the cluster, not the record.
     if isinstance(exc, KafkaTimeoutError):
         return True
+    if isinstance(exc, ACCESS_ERRORS):
+        return False
     return isinstance(exc, KafkaError) and bool(exc.retriable)
 
 
@@ -78,23 +127,59 @@ def producer_error(exc: BaseException, topic: str, *, idempotence: bool) -> Prod
         return ProducerError(IDEMPOTENCE_HINT)
     if isinstance(exc, ProducerError):
         return exc
+    if isinstance(exc, ACCESS_ERRORS):
+        return access_denied(exc, f"the cluster did not take a record for {topic}")
     return ProducerError(f"the broker did not take a record for {topic}: {exc!r}")
 
 
 async def start_client(config: ProducerConfig, client_id: str) -> Any:
     """Start an ``acks=all`` client for ``config``.
 
+    With ``idempotence="auto"`` the client is idempotent where the cluster grants it; where
+    the cluster refuses (Tansu, or no IdempotentWrite permission) a plain client is
+    started instead, with one warning per cluster and process.
+
     Returns:
         The started ``AIOKafkaProducer`` (typed ``Any``: aiokafka ships no types).
 
     Raises:
         UnreachableError: no broker answered.
-        ProducerError: the cluster refused the producer (e.g. idempotence unsupported).
+        AccessDeniedError: the cluster refused the credentials or permissions.
+        ProducerError: the cluster refused the producer (``idempotence=True`` where it is
+            not supported).
     """
+    if config.idempotence != "auto":
+        return await _start(config, client_id, idempotent=bool(config.idempotence))
+    try:
+        return await _start(config, client_id, idempotent=True)
+    except _IdempotenceRefused as refused:
+        if config.bootstrap_servers not in _WARNED_NO_IDEMPOTENCE:
+            _WARNED_NO_IDEMPOTENCE.add(config.bootstrap_servers)
+            log.warning(
+                "the cluster refused an idempotent producer; producing without idempotence "
+                "(a client retry can write a record twice); set idempotence=True to require it",
+                cluster=config.bootstrap_servers,
+                reason=repr(refused.__cause__),
+            )
+        return await _start(config, client_id, idempotent=False)
+
+
+def is_idempotent(client: Any) -> bool:
+    """Whether a started client produces idempotently (it holds a producer id)."""
+    # aiokafka keeps no public flag; its transaction manager exists only when idempotent.
+    return getattr(client, "_txn_manager", None) is not None
+
+
+class _IdempotenceRefused(ProducerError):
+    """InitProducerId failed: the cluster will not run an idempotent producer for us."""
+
+
+async def _start(config: ProducerConfig, client_id: str, *, idempotent: bool) -> Any:
     client = AIOKafkaProducer(
         bootstrap_servers=config.bootstrap_servers,
         acks="all",
-        enable_idempotence=config.idempotence,
+        enable_idempotence=idempotent,
+        compression_type=config.compression_type,
         linger_ms=config.linger_ms,
         max_batch_size=config.max_batch_bytes,
         request_timeout_ms=config.request_timeout_ms,
@@ -106,11 +191,16 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
         # stop() while connecting in the background: close what was opened.
         await client.stop()
         raise
-    except UnknownError as exc:
+    except (UnknownError, ClusterAuthorizationFailedError) as exc:
         await client.stop()
-        if config.idempotence:
-            raise ProducerError(IDEMPOTENCE_HINT) from exc
+        if idempotent:
+            raise _IdempotenceRefused(IDEMPOTENCE_HINT) from exc
+        if isinstance(exc, ClusterAuthorizationFailedError):
+            raise access_denied(exc, "the producer could not start") from exc
         raise ProducerError(f"the producer could not start: {exc!r}") from exc
+    except ACCESS_ERRORS as exc:
+        await client.stop()
+        raise access_denied(exc, "the producer could not start") from exc
     except KafkaError as exc:
         await client.stop()
         raise UnreachableError(

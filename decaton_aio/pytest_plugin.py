@@ -3,12 +3,15 @@
 Fixtures:
 
 - ``kafka_broker``: a session-wide :class:`~decaton_aio.testing.BrokerHandle`; the embedded
-  broker, or the cluster named by ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
+  broker (Apache Kafka, or Tansu with ``DECATON_AIO_BROKER=tansu``; three nodes with
+  ``DECATON_AIO_BROKER_NODES=3``), or the cluster named by
+  ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
 - ``topic_factory``: ``await topic_factory(partitions=3)`` creates a fresh topic for this
-  test and deletes it afterwards.
+  test (replication factor from ``$DECATON_AIO_REPLICATION_FACTOR``, see
+  :class:`~decaton_aio.testing.BrokerHandle`) and deletes it afterwards.
 - ``task_producer``: ``await task_producer(topic, serializer)`` gives a started
   :class:`~decaton_aio.producer.TaskProducer`, stopped after the test; idempotence is on
-  unless the broker is the embedded one.
+  unless the broker is Tansu.
 
 A failed test that used the embedded broker shows the tail of the broker log.
 """
@@ -46,8 +49,13 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
 async def topic_factory(kafka_broker: BrokerHandle) -> AsyncIterator[TopicFactory]:
     """Create fresh topics for one test: ``await topic_factory(partitions=3)``."""
     admin = TopicAdmin(kafka_broker.bootstrap_servers)
+
+    async def create(partitions: int = 1, **options: Any) -> str:
+        options.setdefault("replication_factor", kafka_broker.replication_factor)
+        return await admin.create(partitions, **options)
+
     try:
-        yield admin.create
+        yield create
     finally:
         await admin.close()
 

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +21,17 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.context import ProcessingContext
-from decaton_aio.embedded import EmbeddedBroker
-from decaton_aio.errors import ProcessingError
+from decaton_aio.embedded import FLAVOR_ENV_VAR, EmbeddedBroker
+from decaton_aio.errors import ConfigError, ProcessingError
 from decaton_aio.offsets import committed_offsets, topic_partitions
 from decaton_aio.producer import ProducerConfig, RecordLocation
 from decaton_aio.subscription import Subscription
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
+    "BROKER_ENV_VAR",
+    "NODES_ENV_VAR",
+    "REPLICATION_ENV_VAR",
     "TEST_CONSUMER_SETTINGS",
     "BrokerHandle",
     "DrainResult",
@@ -43,8 +46,19 @@ __all__ = [
 #: Set it to run the same tests against an existing cluster instead of the embedded broker.
 BOOTSTRAP_ENV_VAR = "DECATON_AIO_BOOTSTRAP_SERVERS"
 
-#: Consumer group settings for tests: the embedded broker completes a new group's join
-#: only after half the session timeout, so a short one keeps each consumer start quick.
+#: The embedded broker's flavor, ``apache`` (default) or ``tansu``.
+BROKER_ENV_VAR = FLAVOR_ENV_VAR
+
+#: Nodes of the embedded Apache Kafka: 1 (default) or 3.
+NODES_ENV_VAR = "DECATON_AIO_BROKER_NODES"
+
+#: Replication factor of the topics tests create (default: 3 on a three-node embedded
+#: cluster, else 1). Set it for a cluster of your own with ``min.insync.replicas`` > 1.
+REPLICATION_ENV_VAR = "DECATON_AIO_REPLICATION_FACTOR"
+
+#: Consumer group settings for tests: a member that dies is noticed within seconds, and
+#: Tansu completes a new group's join only after half the session timeout, so a short one
+#: keeps each consumer start quick there too.
 TEST_CONSUMER_SETTINGS: dict[str, Any] = {
     "session_timeout_ms": 6000,
     "heartbeat_interval_ms": 500,
@@ -58,34 +72,45 @@ class BrokerHandle:
     Attributes:
         bootstrap_servers: where clients connect.
         embedded: the embedded broker when the project started one, else ``None``.
+        replication_factor: the replication factor of topics the tests create.
     """
 
     bootstrap_servers: str
     embedded: EmbeddedBroker | None = None
-
-    @property
-    def is_embedded(self) -> bool:
-        """True when the broker is the embedded Tansu, with its known gaps."""
-        return self.embedded is not None
+    replication_factor: int = 1
 
     @property
     def flavor(self) -> str:
-        """``"tansu"`` for the embedded broker, ``"external"`` for a cluster of the user's."""
-        return "tansu" if self.embedded is not None else "external"
+        """``"apache"`` or ``"tansu"`` for the embedded broker, ``"external"`` otherwise."""
+        return self.embedded.flavor if self.embedded is not None else "external"
+
+    @property
+    def is_embedded(self) -> bool:
+        """True when the project started the broker."""
+        return self.embedded is not None
+
+    @property
+    def supports_idempotence(self) -> bool:
+        """Whether aiokafka's idempotent producer works here (not on Tansu)."""
+        return self.flavor != "tansu"
 
     @property
     def hides_aborted_transactions(self) -> bool:
         """Whether ``read_committed`` consumers are kept from aborted records (not Tansu)."""
-        return self.embedded is None
+        return self.flavor != "tansu"
 
     @property
-    def supports_idempotence(self) -> bool:
-        """Whether aiokafka's idempotent producer works here (not on the embedded broker)."""
-        return self.embedded is None
+    def keeps_commit_metadata(self) -> bool:
+        """Whether committed offsets keep their metadata string (Tansu drops it)."""
+        return self.flavor != "tansu"
+
+    @property
+    def compacts_topics(self) -> bool:
+        """Whether ``cleanup.policy=compact`` and retention are applied (not on Tansu)."""
+        return self.flavor != "tansu"
 
     def producer_config(self, **settings: Any) -> ProducerConfig:
-        """Producer settings for this broker (idempotence off on the embedded one)."""
-        settings.setdefault("idempotence", self.supports_idempotence)
+        """Producer settings for this broker (idempotence ``"auto"`` unless given)."""
         return ProducerConfig(self.bootstrap_servers, **settings)
 
     def subscription(
@@ -100,19 +125,43 @@ class BrokerHandle:
         return Subscription(app, config, producer=self.producer_config())
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> BrokerHandle:
-        """The external cluster named by the environment, or a started embedded broker."""
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BrokerHandle:
+        """The external cluster named by the environment, or a started embedded broker.
+
+        ``$DECATON_AIO_BOOTSTRAP_SERVERS`` names an external cluster; otherwise the embedded
+        broker of ``$DECATON_AIO_BROKER`` (``apache`` by default) is started, with
+        ``$DECATON_AIO_BROKER_NODES`` nodes.
+
+        Raises:
+            ConfigError: when a variable holds a value that cannot be used.
+        """
         env = os.environ if environ is None else environ
         servers = env.get(BOOTSTRAP_ENV_VAR, "").strip()
         if servers:
-            return cls(servers)
-        broker = EmbeddedBroker().start()
-        return cls(broker.bootstrap_servers, broker)
+            return cls(servers, replication_factor=_env_int(env, REPLICATION_ENV_VAR, 1))
+        nodes = _env_int(env, NODES_ENV_VAR, 1)
+        flavor = env.get(BROKER_ENV_VAR, "").strip() or "apache"
+        broker = EmbeddedBroker(flavor=flavor, nodes=nodes).start()
+        replication = _env_int(env, REPLICATION_ENV_VAR, min(3, nodes))
+        return cls(broker.bootstrap_servers, broker, replication)
 
     def close(self) -> None:
         """Stop the embedded broker, if this handle started one."""
         if self.embedded is not None:
             self.embedded.stop()
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r} must be a positive integer")
+    return value
 
 
 async def read_records(
@@ -245,8 +294,7 @@ async def drain(
         expected: how many task completions (successful or failed) to wait for.
         timeout_s: give up after this long.
         group_id: the consumer group; a fresh one when omitted.
-        producer: settings of the retry/dead letter producer (idempotence off when
-            omitted, which every broker accepts).
+        producer: settings of the retry/dead letter producer (the defaults when omitted).
         raise_failures: raise :class:`ProcessingError` if any processor call failed.
 
     Raises:
@@ -278,7 +326,7 @@ async def drain(
     subscription = Subscription(
         wrapped,
         consumer,
-        producer=producer or ProducerConfig(bootstrap_servers, idempotence=False),
+        producer=producer or ProducerConfig(bootstrap_servers),
     )
     await subscription.start()
     try:

@@ -51,7 +51,7 @@ async def demo(bootstrap_servers: str) -> int:
     admin = TopicAdmin(bootstrap_servers)
     topic = await admin.create(PARTITIONS, name="quickstart-page-views")
     serializer = JsonSerializer(PageView)
-    config = ProducerConfig(bootstrap_servers, idempotence=False, application_id="quickstart")
+    config = ProducerConfig(bootstrap_servers, application_id="quickstart")
     print(f"producing {TASKS} tasks over {KEYS} keys to {topic} ({PARTITIONS} partitions)")
     started = time.perf_counter()
     async with TaskProducer(config, topic, serializer) as producer:
@@ -81,7 +81,7 @@ async def demo(bootstrap_servers: str) -> int:
 
     app = Application(process, topics=(topic,), serializer=serializer, subscription_id="quickstart")
     consumer = ConsumerConfig(bootstrap_servers, "quickstart", **TEST_CONSUMER_SETTINGS)
-    producer_config = ProducerConfig(bootstrap_servers, idempotence=False)
+    producer_config = ProducerConfig(bootstrap_servers)
     async with Subscription(app, consumer, producer=producer_config) as sub:
         started = time.perf_counter()
         while done < TASKS:

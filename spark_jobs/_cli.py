@@ -2,9 +2,9 @@
 
 This module owns the frame around a job's logic: one-line errors with named exit codes
 (the same codes as ``python -m decaton_aio``), the options every job has (bootstrap
-servers, idempotence, master, dry run, ``--summary-json``), the session's lifecycle, and
-the printing of summaries (aligned tables, JSON). A job supplies a parser and a function
-``(spark, args) -> summary``; :func:`run_job` does the rest::
+servers, idempotence and compression, master, dry run, ``--summary-json``), the session's
+lifecycle, and the printing of summaries (aligned tables, JSON). A job supplies a parser
+and a function ``(spark, args) -> summary``; :func:`run_job` does the rest::
 
     def main(argv=None) -> int:
         return run_job("batch_repair", build_parser(), run, argv)
@@ -29,6 +29,7 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from decaton_aio.cli import add_producer_arguments
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from spark_jobs._session import job_session
 
@@ -85,12 +86,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR})",
     )
-    parser.add_argument(
-        "--idempotence",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="idempotent producer (default on; the embedded broker needs --no-idempotence)",
-    )
+    add_producer_arguments(parser)
     parser.add_argument(
         "--master",
         help="Spark master, e.g. local[2] (default: spark-submit's, else local[*])",

@@ -51,6 +51,7 @@ from pyspark.sql import functions as F
 
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
+from decaton_aio.producer import Idempotence
 from spark_jobs._cli import (
     JobParser,
     UsageError,
@@ -88,7 +89,8 @@ class RepairOptions:
         edges: Parquet of ``follower, followee[, active]``.
         counts: Parquet of ``user_id, followers, following``.
         dry_run: find and report, send nothing.
-        idempotence: the producer's idempotence (off for the embedded broker).
+        idempotence: the producer's idempotence (``"auto"``, ``True`` or ``False``).
+        compression_type: the codec of produced batches, or ``None``.
         show: how many inconsistent users the report lists.
     """
 
@@ -98,7 +100,8 @@ class RepairOptions:
     edges: str | None = None
     counts: str | None = None
     dry_run: bool = False
-    idempotence: bool = True
+    idempotence: Idempotence = "auto"
+    compression_type: str | None = None
     show: int = 10
 
 
@@ -297,6 +300,7 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
                 options.bootstrap_servers,
                 options.repair_topic,
                 idempotence=options.idempotence,
+                compression_type=options.compression_type,
             )
             report.repair_tasks_sent = written.records
             report.per_partition = written.per_partition
@@ -352,6 +356,7 @@ def _run(spark: SparkSession, args: argparse.Namespace) -> RepairReport:
         counts=args.counts,
         dry_run=args.dry_run,
         idempotence=args.idempotence,
+        compression_type=args.compression_type,
         show=args.show,
     )
     return run_repair(spark, options)

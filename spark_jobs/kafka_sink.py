@@ -8,7 +8,6 @@ is registered by :mod:`spark_jobs.kafka_source`::
         df.write.format("decaton_kafka")
         .option("bootstrap.servers", "127.0.0.1:9092")
         .option("topic", "orders")
-        .option("idempotence", "false")  # the embedded broker needs it off
         .mode("append")
         .save()
     )
@@ -27,8 +26,9 @@ Options (names are case-insensitive, values are strings):
 
 - ``bootstrap.servers`` (required): ``host:port[,host:port]``.
 - ``topic`` (required unless the rows carry a ``topic`` column): the topic to write.
-- ``idempotence``: ``true`` (default) or ``false``; the embedded broker cannot run
-  aiokafka's idempotent producer, so set ``false`` there.
+- ``idempotence``: ``auto`` (default: idempotent where the cluster grants it), ``true``
+  (required) or ``false``.
+- ``compressionType``: ``gzip``, ``snappy``, ``lz4`` or ``zstd`` (default: none).
 - ``lingerMs`` (default 5), ``maxBatchBytes`` (default 262144), ``requestTimeoutMs``
   (default 30000): producer tuning.
 - ``summaryPath``: a file where the driver-side commit writes a JSON
@@ -70,7 +70,7 @@ from pyspark.sql.types import (
 )
 
 from decaton_aio.errors import ConfigError, ProducerError
-from decaton_aio.producer import ProducerConfig
+from decaton_aio.producer import Idempotence, ProducerConfig
 from decaton_aio.producer_client import start_client
 from spark_jobs._session import activate
 from spark_jobs.kafka_source import FORMAT, int_option, option_value, require_option
@@ -98,15 +98,15 @@ _TEXT_TYPES: Final = (BinaryType, StringType)
 _TIMESTAMP_TYPES: Final = (*_INTEGER_TYPES, TimestampType)
 
 
-def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = option_value(options, name)
-    if raw is None:
-        return default
-    if raw.lower() in ("true", "1", "yes"):
+def _idempotence_option(options: Mapping[str, str]) -> Idempotence:
+    raw = option_value(options, "idempotence")
+    if raw is None or raw.lower() == "auto":
+        return "auto"
+    if raw.lower() in ("true", "1", "yes", "on"):
         return True
-    if raw.lower() in ("false", "0", "no"):
+    if raw.lower() in ("false", "0", "no", "off"):
         return False
-    raise ConfigError(f"option {name!r} must be 'true' or 'false', got {raw!r}")
+    raise ConfigError(f"option 'idempotence' must be 'auto', 'true' or 'false', got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ class KafkaWriteOptions:
     Attributes:
         bootstrap_servers: where the cluster is.
         topic: the target topic, or ``None`` when each row names its own.
-        idempotence: use the idempotent producer.
+        idempotence: ``"auto"``, ``True`` or ``False`` (see ``ProducerConfig``).
+        compression_type: the codec of produced batches, or ``None``.
         linger_ms: how long the client waits to fill a batch.
         max_batch_bytes: the largest batch the client sends per partition.
         request_timeout_ms: how long a produce request may take before it is retried.
@@ -125,7 +126,8 @@ class KafkaWriteOptions:
 
     bootstrap_servers: str
     topic: str | None
-    idempotence: bool = True
+    idempotence: Idempotence = "auto"
+    compression_type: str | None = None
     linger_ms: int = DEFAULT_LINGER_MS
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
@@ -143,7 +145,8 @@ class KafkaWriteOptions:
                 options, "bootstrap.servers", "host:port of the cluster"
             ),
             topic=option_value(options, "topic"),
-            idempotence=_bool_option(options, "idempotence", True),
+            idempotence=_idempotence_option(options),
+            compression_type=option_value(options, "compressionType"),
             linger_ms=int_option(options, "lingerMs", DEFAULT_LINGER_MS, minimum=0),
             max_batch_bytes=int_option(
                 options, "maxBatchBytes", DEFAULT_MAX_BATCH_BYTES, minimum=1024
@@ -367,12 +370,13 @@ class KafkaWriter(DataSourceArrowWriter):
         config = ProducerConfig(
             opts.bootstrap_servers,
             idempotence=opts.idempotence,
+            compression_type=opts.compression_type,
             linger_ms=opts.linger_ms,
             max_batch_bytes=opts.max_batch_bytes,
             request_timeout_ms=opts.request_timeout_ms,
         )
-        # The runtime's client start: acks=all, and the same errors (a refused idempotent
-        # producer says how to turn idempotence off).
+        # The runtime's client start: acks=all, idempotence "auto" falling back where the
+        # cluster refuses it, and the same errors.
         producer = await start_client(config, "decaton-aio-spark-sink")
         commit = KafkaWriteCommit()
         sender = _BatchSender(producer, commit)
@@ -457,7 +461,8 @@ def write_topic(
     bootstrap_servers: str,
     topic: str | None,
     *,
-    idempotence: bool = True,
+    idempotence: Idempotence = "auto",
+    compression_type: str | None = None,
     **options: str,
 ) -> WriteSummary:
     """Write ``df`` to a topic and return what the broker acknowledged.
@@ -470,7 +475,9 @@ def write_topic(
         df: rows with the columns described in the module docstring.
         bootstrap_servers: where the cluster is.
         topic: the target topic, or ``None`` to use each row's ``topic`` column.
-        idempotence: use the idempotent producer (turn it off for the embedded broker).
+        idempotence: ``"auto"`` (idempotent where the cluster grants it), ``True`` or
+            ``False``.
+        compression_type: ``"gzip"``, ``"snappy"``, ``"lz4"``, ``"zstd"`` or ``None``.
         options: further sink options, e.g. ``lingerMs="20"``.
 
     Raises:
@@ -484,11 +491,13 @@ def write_topic(
             df.write.format(FORMAT)
             .mode("append")
             .option("bootstrap.servers", bootstrap_servers)
-            .option("idempotence", str(idempotence).lower())
+            .option("idempotence", str(idempotence).lower())  # "auto", "true" or "false"
             .option("summaryPath", summary_path)
         )
         if topic is not None:
             writer = writer.option("topic", topic)
+        if compression_type is not None:
+            writer = writer.option("compressionType", compression_type)
         for name, value in options.items():
             writer = writer.option(name, value)
         writer.save()

@@ -53,6 +53,7 @@ from pyspark.sql.types import BinaryType
 from decaton_aio.errors import ConfigError, DecodeError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
 from decaton_aio.offsets import ISOLATION_LEVELS
+from decaton_aio.producer import Idempotence
 from decaton_aio.retry import DLQ_HEADERS, ORIGIN_HEADERS, SideTopics
 from spark_jobs._backfill_report import BackfillReport, tally
 from spark_jobs._cli import (
@@ -147,7 +148,8 @@ class BackfillOptions:
         to_topic: send everything here instead of the origin topics.
         to_retry_topic: send to the origin's retry topic (``<origin>-retry``).
         dry_run: report only.
-        idempotence: the producer's idempotence (off for the embedded broker).
+        idempotence: the producer's idempotence (``"auto"``, ``True`` or ``False``).
+        compression_type: the codec of produced batches, or ``None``.
         side_topics: the runtime's side topic suffixes.
         show: how many selected records the report lists.
         isolation_level: how the dead letter topic is read (``read_committed`` skips
@@ -162,7 +164,8 @@ class BackfillOptions:
     to_topic: str | None = None
     to_retry_topic: bool = False
     dry_run: bool = False
-    idempotence: bool = True
+    idempotence: Idempotence = "auto"
+    compression_type: str | None = None
     side_topics: SideTopics = field(default_factory=SideTopics)
     show: int = 5
     isolation_level: str = "read_uncommitted"
@@ -291,6 +294,7 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
                 options.bootstrap_servers,
                 None,
                 idempotence=options.idempotence,
+                compression_type=options.compression_type,
             )
             report.sent, report.per_partition = written.records, written.per_partition
             # Only after every record was acknowledged: a crash before this line re-sends
@@ -381,6 +385,7 @@ def _options(args: argparse.Namespace) -> BackfillOptions:
         to_retry_topic=args.to_retry_topic,
         dry_run=args.dry_run,
         idempotence=args.idempotence,
+        compression_type=args.compression_type,
         show=args.show,
         isolation_level=args.isolation_level,
     )

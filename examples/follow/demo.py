@@ -209,7 +209,7 @@ async def process_events(bootstrap: str, db: Path, events: list[FollowEvent]) ->
     await admin.create(PARTITIONS, name=REPAIR_TOPIC)
     await admin.close(delete=False)
     hot = sum(1 for e in events if e.followee in HOT_USERS)
-    config = ProducerConfig(bootstrap, idempotence=False, application_id="follow-platform")
+    config = ProducerConfig(bootstrap, application_id="follow-platform")
     started = time.monotonic()
     async with TaskProducer(config, FOLLOW_TOPIC, JsonSerializer(FollowEvent)) as producer:
         await produce_events(producer, events)
@@ -241,7 +241,7 @@ async def process_events(bootstrap: str, db: Path, events: list[FollowEvent]) ->
 @contextlib.asynccontextmanager
 async def _subscription(app: Application, bootstrap: str) -> AsyncIterator[Subscription]:
     consumer = ConsumerConfig(bootstrap, app.group, **TEST_CONSUMER_SETTINGS)
-    producer = ProducerConfig(bootstrap, idempotence=False, application_id=app.subscription_id)
+    producer = ProducerConfig(bootstrap, application_id=app.subscription_id)
     async with Subscription(app, consumer, producer=producer) as sub:
         yield sub
 
@@ -312,7 +312,7 @@ def batch_repair(bootstrap: str, db: Path, work: Path) -> int:
         spark.sparkContext.setLogLevel("ERROR")
     _say(f"  Spark {spark.version} local[2] up in {time.monotonic() - started:.1f}s")
     try:
-        options = RepairOptions(bootstrap, REPAIR_TOPIC, sqlite=str(db), idempotence=False, show=3)
+        options = RepairOptions(bootstrap, REPAIR_TOPIC, sqlite=str(db), show=3)
         report = run_repair(spark, options)
     finally:
         spark.stop()

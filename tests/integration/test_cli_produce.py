@@ -30,8 +30,6 @@ async def test_produce_from_stdin_writes_dt_meta(kafka_broker: BrokerHandle, top
     ]
     argv = [sys.executable, "-m", "decaton_aio", "produce", "--topic", topic]
     argv += ["--bootstrap-servers", kafka_broker.bootstrap_servers, "--application-id", "cli-test"]
-    if not kafka_broker.supports_idempotence:
-        argv.append("--no-idempotence")
     stdin = "".join(json.dumps(line) + "\n" for line in lines)
     done = await asyncio.to_thread(
         subprocess.run, argv, input=stdin, capture_output=True, text=True, timeout=60, check=False

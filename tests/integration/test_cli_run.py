@@ -43,8 +43,6 @@ async def start(
     argv = [sys.executable, "-m", "decaton_aio", "--log-format", "json", "run", "cli_app:app"]
     argv += ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--group", group]
     argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500", *extra]
-    if not broker.supports_idempotence:
-        argv.append("--no-idempotence")
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=tmp_path,

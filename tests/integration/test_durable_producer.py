@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from decaton_aio import METADATA_HEADER, BytesSerializer, ProducerError, decode_metadata
 from decaton_aio.durable import DurableSender, SenderMode
 from decaton_aio.embedded import EmbeddedBroker, find_free_port
+from decaton_aio.offsets import topic_partitions
 from decaton_aio.producer import ProducerConfig, RecordLocation, TaskProducer
 from decaton_aio.testing import BOOTSTRAP_ENV_VAR, BrokerHandle, TopicAdmin, read_records
 
@@ -81,9 +82,7 @@ async def read_all(
     await consumer.start()
     records: list[ConsumerRecord[bytes, bytes]] = []
     try:
-        await consumer.topics()
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         loop = asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""The embedded broker starts, answers, logs, and never outlives its owner."""
+"""The embedded broker starts, answers, logs, and never outlives its owner: both flavors."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from decaton_aio import embedded
-from decaton_aio.embedded import EmbeddedBroker, _metadata_probe, resolve_tansu_binary
-from decaton_aio.errors import BrokerError
+from decaton_aio import _apache_kafka, embedded
+from decaton_aio.embedded import FLAVORS, EmbeddedBroker, _metadata_probe, resolve_tansu_binary
+from decaton_aio.errors import BrokerError, ConfigError
+
+every_flavor = pytest.mark.parametrize("flavor", FLAVORS)
+
+
+def _answers(flavor: str, host: str, port: int) -> bool:
+    # Apache Kafka 4 answers Metadata from version 4 on; Tansu from version 0.
+    return _metadata_probe(host, port, timeout_s=1.0, version=4 if flavor == "apache" else 0)
 
 
 def _alive(pid: int) -> bool:
@@ -39,27 +46,54 @@ def _wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def test_start_answers_metadata_and_stop_kills_it() -> None:
+@every_flavor
+def test_start_answers_metadata_and_stop_kills_it(flavor: str) -> None:
     """A started broker answers a Metadata request; stop() ends its process."""
-    broker = EmbeddedBroker().start()
-    pid = broker.pid
-    assert pid is not None
+    broker = EmbeddedBroker(flavor=flavor).start()
+    pids = broker.pids
+    assert len(pids) == 1
     try:
-        assert _metadata_probe(broker.host, broker.port, timeout_s=1.0)
+        assert _answers(flavor, broker.host, broker.port)
         assert broker.bootstrap_servers == f"127.0.0.1:{broker.port}"
     finally:
         broker.stop()
-    assert _wait_dead(pid)
+    assert all(_wait_dead(pid) for pid in pids)
     assert broker.pid is None
+    assert not _answers(flavor, broker.host, broker.port)
     broker.stop()  # idempotent
 
 
-def test_log_file_keeps_broker_output(tmp_path: Path) -> None:
+@every_flavor
+def test_log_file_keeps_broker_output(flavor: str, tmp_path: Path) -> None:
     """The broker's own output lands in the log file, which outlives the broker."""
     log = tmp_path / "broker.log"
-    with EmbeddedBroker(log_path=log) as broker:
+    with EmbeddedBroker(flavor=flavor, log_path=log) as broker:
         port = broker.port
-    assert f"127.0.0.1:{port}" in broker.log_tail()
+    assert f"127.0.0.1:{port}" in log.read_text()
+
+
+def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Java, starting Apache Kafka is one error naming the package and Tansu."""
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(BrokerError, match=r"(?s)Java 17.*openjdk-17-jre-headless.*tansu"):
+        EmbeddedBroker(flavor="apache").start()
+
+
+def test_missing_maven_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With an empty cache and no Maven, the error says to install Maven."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(BrokerError, match=r"(?s)apt-get install maven.*tansu"):
+        _apache_kafka.resolve_kafka_classpath()
+    assert not _apache_kafka.kafka_cache_dir().exists()  # nothing half-made
+
+
+def test_unknown_flavor_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"one of \('apache', 'tansu'\)"):
+        EmbeddedBroker(flavor="redpanda")
 
 
 def _script(tmp_path: Path, body: str) -> str:
@@ -73,7 +107,7 @@ def test_broker_exiting_at_start_reports_its_log(tmp_path: Path) -> None:
     """A broker that exits at start is an error carrying its exit code and last output."""
     binary = _script(tmp_path, "echo 'address already in use'; exit 3")
     with pytest.raises(BrokerError, match=r"(?s)exited with code 3.*address already in use"):
-        EmbeddedBroker(binary=binary).start()
+        EmbeddedBroker(flavor="tansu", binary=binary).start()
 
 
 def test_broker_that_never_answers_is_stopped(tmp_path: Path) -> None:
@@ -81,7 +115,7 @@ def test_broker_that_never_answers_is_stopped(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     binary = _script(tmp_path, f"echo $$ > {pid_file}; exec sleep 60")
     with pytest.raises(BrokerError, match="did not answer"):
-        EmbeddedBroker(binary=binary, startup_timeout_s=0.5).start()
+        EmbeddedBroker(flavor="tansu", binary=binary, startup_timeout_s=0.5).start()
     assert _wait_dead(int(pid_file.read_text()))
 
 
@@ -105,31 +139,33 @@ _OWNER = textwrap.dedent(
     """
     import sys, time
     from decaton_aio.embedded import EmbeddedBroker
-    broker = EmbeddedBroker().start()
+    broker = EmbeddedBroker(flavor=sys.argv[1]).start()
     print(broker.pid, flush=True)
     time.sleep(120)
     """
 )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_broker_dies_with_its_owner(sig: signal.Signals) -> None:
-    """Killing the owning process, even with SIGKILL, leaves no broker behind."""
+@every_flavor
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_broker_dies_with_its_owner(flavor: str, sig: signal.Signals) -> None:
+    """Killing the owning process (Ctrl-C, SIGTERM, even SIGKILL) leaves no broker behind."""
     with subprocess.Popen(
-        [sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _OWNER, flavor], stdout=subprocess.PIPE, text=True
     ) as owner:
         assert owner.stdout is not None
         pid = int(owner.stdout.readline())
         assert _alive(pid)
         owner.send_signal(sig)
-        owner.wait(timeout=10)
-    assert _wait_dead(pid), f"broker {pid} outlived its owner after {sig.name}"
+        owner.wait(timeout=20)
+    assert _wait_dead(pid, timeout_s=20), f"broker {pid} outlived its owner after {sig.name}"
 
 
-def test_cli_broker_prints_address_and_stops_on_ctrl_c() -> None:
+@every_flavor
+def test_cli_broker_prints_address_and_stops_on_ctrl_c(flavor: str) -> None:
     """`python -m decaton_aio broker` prints its address, serves, and stops on SIGINT."""
     with subprocess.Popen(
-        [sys.executable, "-m", "decaton_aio", "broker"],
+        [sys.executable, "-m", "decaton_aio", "broker", "--flavor", flavor],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -138,11 +174,11 @@ def test_cli_broker_prints_address_and_stops_on_ctrl_c() -> None:
         line = proc.stdout.readline()
         assert line.startswith("bootstrap servers: 127.0.0.1:"), line
         host, port = line.split()[-1].split(":")
-        assert _metadata_probe(host, int(port), timeout_s=1.0)
+        assert _answers(flavor, host, int(port))
         children = _children(proc.pid)
         assert children, "the broker process was not found"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=30) == 0
     for pid in children:
         assert _wait_dead(pid)
 

@@ -39,8 +39,6 @@ async def start_processor(
     argv += ["run", "examples.follow.processor:app", "--bootstrap-servers"]
     argv += [broker.bootstrap_servers, "--topic", topic, "--group", group]
     argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500", *extra]
-    if not broker.supports_idempotence:
-        argv.append("--no-idempotence")
     with log.open("ab") as out:
         return await asyncio.create_subprocess_exec(
             *argv, cwd=ROOT, env={**os.environ, "FOLLOW_DB": str(db)}, stdout=out, stderr=out

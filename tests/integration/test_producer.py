@@ -7,6 +7,7 @@ import re
 
 import msgspec
 import pytest
+import structlog.testing
 
 from decaton_aio import (
     METADATA_HEADER,
@@ -14,6 +15,7 @@ from decaton_aio import (
     ProducerConfig,
     ProducerError,
     TaskProducer,
+    producer_client,
 )
 from decaton_aio.testing import BrokerHandle, read_records
 from tests.unit.protobuf_helpers import task_metadata_proto_class
@@ -106,17 +108,45 @@ async def test_put_before_start_is_a_clear_error(kafka_broker: BrokerHandle) -> 
         await producer.put("k", Order(1, "x"))
 
 
-async def test_idempotence_on_embedded_broker_says_how_to_fix(
+async def test_idempotence_auto_takes_what_the_cluster_grants(
+    kafka_broker: BrokerHandle, topic_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default "auto" the producer is idempotent where the cluster grants it;
+    where it does not (Tansu), two producers go on without it after one warning."""
+    monkeypatch.setattr(producer_client, "_WARNED_NO_IDEMPOTENCE", set())
+    topic = await topic_factory(partitions=1)
+    config = ProducerConfig(kafka_broker.bootstrap_servers)
+    granted = []
+    with structlog.testing.capture_logs() as logs:
+        for n in range(2):
+            async with TaskProducer(config, topic, JsonSerializer(Order)) as producer:
+                await producer.put("k", Order(n, "x"))
+                assert producer.sender is not None
+                granted.append(producer.sender.idempotent)
+    warnings = [e for e in logs if "refused an idempotent producer" in e["event"]]
+    assert len(await read_records(kafka_broker.bootstrap_servers, topic, 2)) == 2
+    if kafka_broker.supports_idempotence:
+        assert (granted, warnings) == ([True, True], [])
+    else:
+        assert granted == [False, False]
+        assert [w["log_level"] for w in warnings] == ["warning"]
+
+
+async def test_idempotence_required_fails_where_refused(
     kafka_broker: BrokerHandle, topic_factory
 ) -> None:
-    """On the embedded broker an idempotent producer fails with a message naming the fix."""
-    if not kafka_broker.is_embedded:
-        pytest.skip("real Apache Kafka supports idempotent producers; nothing to report")
+    """idempotence=True is an idempotent producer, or a start failure naming the fix."""
     topic = await topic_factory(partitions=1)
     config = ProducerConfig(kafka_broker.bootstrap_servers, idempotence=True)
-    with pytest.raises(ProducerError, match="idempotence=False"):
-        async with TaskProducer(config, topic, JsonSerializer(Order)) as producer:
+    producer = TaskProducer(config, topic, JsonSerializer(Order))
+    if kafka_broker.supports_idempotence:
+        async with producer:
             await producer.put("k", Order(1, "x"))
+            assert producer.sender is not None
+            assert producer.sender.idempotent
+    else:
+        with pytest.raises(ProducerError, match=r"idempotence='auto'.*idempotence=False"):
+            await producer.start()
 
 
 async def test_unreachable_cluster_is_a_producer_error() -> None:

@@ -60,9 +60,7 @@ async def test_one_repair_task_per_corrupted_user_then_every_count_is_right(
     conn.close()
     topic = await topic_factory(partitions=3)
     bootstrap = kafka_broker.bootstrap_servers
-    options = RepairOptions(
-        bootstrap, topic, sqlite=str(db), idempotence=kafka_broker.supports_idempotence
-    )
+    options = RepairOptions(bootstrap, topic, sqlite=str(db))
 
     report = await asyncio.to_thread(run_repair, spark, options)
 

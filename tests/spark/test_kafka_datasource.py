@@ -251,7 +251,6 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
     """
     topic = await topic_factory(partitions=3)
     bootstrap = kafka_broker.bootstrap_servers
-    idempotence = kafka_broker.supports_idempotence
     rows = []
     for i in range(60):
         headers = [("n", str(i).encode()), ("n", b"again")] if i % 2 else []
@@ -266,12 +265,12 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
             "key binary, value binary, headers array<struct<key: string, value: binary>>, "
             "partition int, timestamp long",
         ).repartition(2)
-        summary = write_topic(df, bootstrap, topic, idempotence=idempotence)
+        summary = write_topic(df, bootstrap, topic)
         text = spark.createDataFrame(
             [("s-key", "s-value", when, topic)],
             "key string, value string, timestamp timestamp, topic string",
         )
-        text_summary = write_topic(text, bootstrap, None, idempotence=idempotence)
+        text_summary = write_topic(text, bootstrap, None)
         return summary, text_summary, read_topic(spark, bootstrap, topic).collect()
 
     summary, text_summary, read = await in_thread(write_and_read)
@@ -310,12 +309,11 @@ async def test_write_and_read_from_a_thread_that_never_used_spark(
     """
     topic = await topic_factory(partitions=2)
     bootstrap = kafka_broker.bootstrap_servers
-    idempotence = kafka_broker.supports_idempotence
     rows = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(10)]
     df = await in_thread(spark.createDataFrame, rows, "key binary, value binary")
 
     def write() -> WriteSummary:
-        return write_topic(df, bootstrap, topic, idempotence=idempotence)
+        return write_topic(df, bootstrap, topic)
 
     def read() -> list[Row]:
         return read_topic(spark, bootstrap, topic).collect()

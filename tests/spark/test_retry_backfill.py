@@ -130,7 +130,6 @@ async def test_filter_selects_exactly_the_expected_records_and_reruns_send_nothi
         dlq,
         str(ledger),
         wanted,
-        idempotence=kafka_broker.supports_idempotence,
     )
 
     first = await asyncio.to_thread(run_backfill, spark, options)
@@ -237,8 +236,6 @@ async def test_runtime_dead_letters_and_spools_go_to_the_retry_topic_and_run_aga
     argv = ["--bootstrap-servers", bootstrap, "--dlq-topic", dlq, "--spool-dir", str(spool)]
     argv += ["--to-retry-topic", "--ledger", str(tmp_path / "ledger")]
     argv += ["--summary-json", str(summary)]
-    if not kafka_broker.supports_idempotence:
-        argv.append("--no-idempotence")
 
     assert await asyncio.to_thread(main, argv, spark=spark) == 0
 

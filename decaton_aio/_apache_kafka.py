@@ -1,0 +1,364 @@
+"""Apache Kafka for the embedded broker: its jars, its configuration, its processes.
+
+The broker is the real one, resolved from Maven Central by Maven through the pom shipped
+in ``decaton_aio/_kafka`` and cached per version in the user's cache directory
+(``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/kafka-<version>``). Each node runs
+in KRaft combined mode (broker and controller in one JVM) on free loopback ports, with
+storage formatted in a fresh temporary directory. :class:`KafkaCluster` starts one node or
+three, waits until every broker answers a Metadata request listing them all, and stops
+them by PID; :mod:`decaton_aio.embedded` is the public face.
+
+Caller: :class:`~decaton_aio.embedded.EmbeddedBroker`, from one thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from decaton_aio.errors import BrokerError
+
+__all__ = [
+    "KAFKA_VERSION",
+    "KafkaCluster",
+    "java_executable",
+    "kafka_cache_dir",
+    "resolve_kafka_classpath",
+]
+
+#: The Apache Kafka release the embedded broker runs.
+KAFKA_VERSION = "4.1.1"
+
+_PACKAGE_DIR = Path(__file__).parent / "_kafka"
+_POM = _PACKAGE_DIR / "pom.xml"
+_LOG_CONFIG = _PACKAGE_DIR / "log4j2.properties"
+_COMPLETE = ".complete"
+_HEAP = "-Xmx512m"
+_STOP_GRACE_S = 10.0
+_TANSU_HINT = "or use the Java-free Tansu broker (--flavor tansu, DECATON_AIO_BROKER=tansu)"
+
+
+def kafka_cache_dir(version: str = KAFKA_VERSION) -> Path:
+    """Where the jars of ``version`` are cached."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "decaton-aio" / f"kafka-{version}"
+
+
+def java_executable() -> str:
+    """The ``java`` to run Kafka with: ``$JAVA_HOME/bin/java``, else ``java`` on ``PATH``.
+
+    Raises:
+        BrokerError: when there is none; the message says what to install.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = os.path.join(home, "bin", "java")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("java")
+    if found:
+        return found
+    raise BrokerError(
+        "the embedded Apache Kafka needs Java 17 or newer: install a JRE (Debian: apt-get "
+        "install openjdk-17-jre-headless; or run 'make install') and set JAVA_HOME, " + _TANSU_HINT
+    )
+
+
+def resolve_kafka_classpath(version: str = KAFKA_VERSION) -> str:
+    """The classpath of the Kafka broker and tools, resolved with Maven on first use.
+
+    The jars are copied into :func:`kafka_cache_dir` by ``mvn dependency:copy-dependencies``
+    and the directory is renamed into place only when complete, so an interrupted download
+    never leaves half a cache behind.
+
+    Returns:
+        A ``java -cp`` argument (``<cache>/lib/*``).
+
+    Raises:
+        BrokerError: when Maven is missing or cannot resolve the artifacts.
+    """
+    cache = kafka_cache_dir(version)
+    lib = cache / "lib"
+    if not (cache / _COMPLETE).exists():
+        _download(version, cache)
+    return str(lib / "*")
+
+
+def _download(version: str, cache: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise BrokerError(
+            "the embedded Apache Kafka is resolved from Maven Central by Maven, which is "
+            "missing: install it (Debian: apt-get install maven; or run 'make install'), "
+            + _TANSU_HINT
+        )
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=cache.parent))
+    try:
+        result = subprocess.run(
+            [
+                mvn,
+                "--batch-mode",
+                "--quiet",
+                "--file",
+                str(_POM),
+                "dependency:copy-dependencies",
+                f"-Dkafka.version={version}",
+                f"-DoutputDirectory={staging / 'lib'}",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
+            raise BrokerError(
+                f"Maven could not resolve Apache Kafka {version} from Maven Central "
+                f"(exit {result.returncode}):\n{tail}"
+            )
+        (staging / _COMPLETE).write_text(version)
+        if cache.exists():  # another process finished first, or a stale partial copy
+            shutil.rmtree(cache, ignore_errors=True)
+        try:
+            staging.rename(cache)
+        except OSError:
+            if not (cache / _COMPLETE).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass
+class _Node:
+    """One KRaft node (broker and controller in one JVM)."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    config: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class KafkaCluster:
+    """The processes of an embedded Apache Kafka: one node, or three.
+
+    Args:
+        host: the loopback address every listener binds to.
+        ports: one client port per node.
+        controller_ports: one controller port per node.
+        log_path: the broker log; with several nodes, node ``n`` logs to ``<stem>-n<suffix>``.
+        settings: extra or overriding ``server.properties`` entries for every node.
+        preexec: runs in each child before ``exec`` (dies with its parent).
+    """
+
+    host: str
+    ports: list[int]
+    controller_ports: list[int]
+    log_path: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    preexec: Callable[[], None] | None = None
+    nodes: list[_Node] = field(default_factory=list)
+    workdir: Path | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{self.host}:{port}" for port in self.ports)
+
+    def start(self, timeout_s: float, probe: Callable[[str, int, int], bool]) -> None:
+        """Format storage, start every node and wait until each lists all brokers.
+
+        Raises:
+            BrokerError: a node exits early or the cluster is not ready in time.
+        """
+        java = java_executable()
+        classpath = resolve_kafka_classpath()
+        self.workdir = Path(tempfile.mkdtemp(prefix="decaton-aio-kafka-"))
+        cluster_id = _cluster_id()
+        count = len(self.ports)
+        voters = ",".join(
+            f"{i + 1}@{self.host}:{port}" for i, port in enumerate(self.controller_ports)
+        )
+        for i, (port, controller) in enumerate(zip(self.ports, self.controller_ports, strict=True)):
+            node_id = i + 1
+            config = self.workdir / f"server-{node_id}.properties"
+            properties = _server_properties(
+                node_id,
+                self.host,
+                port,
+                controller,
+                voters,
+                self.workdir / f"data-{node_id}",
+                count,
+            )
+            properties.update(self.settings)
+            config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+            log = self.log_path if count == 1 else _node_log(self.log_path, node_id)
+            self.nodes.append(_Node(node_id, port, controller, config, log))
+            self._format(java, classpath, cluster_id, config)
+        for node in self.nodes:
+            self._spawn(java, classpath, node)
+        self.wait_ready(timeout_s, probe)
+
+    def _format(self, java: str, classpath: str, cluster_id: str, config: Path) -> None:
+        result = subprocess.run(
+            [java, "-cp", classpath, f"-Dlog4j2.configurationFile={_LOG_CONFIG}",
+             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise BrokerError(
+                f"formatting Kafka storage failed (exit {result.returncode}):\n"
+                + (result.stdout + result.stderr)[-2000:]
+            )
+
+    def _spawn(self, java: str, classpath: str, node: _Node) -> None:
+        with open(node.log_path, "ab") as log:
+            log.write(
+                f"decaton-aio: starting Apache Kafka {KAFKA_VERSION} node {node.node_id} on "
+                f"{self.host}:{node.port} (controller port {node.controller_port}), "
+                f"config {node.config}\n".encode()
+            )
+            log.flush()
+            node.process = subprocess.Popen(
+                [java, _HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                 f"-Dlog4j2.configurationFile={_LOG_CONFIG}", "-cp", classpath,
+                 "kafka.Kafka", str(node.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=self.preexec,
+            )  # fmt: skip
+
+    def wait_ready(self, timeout_s: float, probe: Callable[[str, int, int], bool]) -> None:
+        """Wait until every live node answers a Metadata request listing the live brokers."""
+        deadline = time.monotonic() + timeout_s
+        live = [n for n in self.nodes if n.process is not None]
+        while time.monotonic() < deadline:
+            for node in live:
+                if not node.alive():
+                    assert node.process is not None
+                    raise BrokerError(
+                        f"Kafka node {node.node_id} exited with code {node.process.returncode} "
+                        f"at start; log {node.log_path}:\n" + tail(node.log_path, 20)
+                    )
+            if all(probe(self.host, node.port, len(live)) for node in live):
+                return
+            time.sleep(0.05)
+        raise BrokerError(
+            f"Apache Kafka did not become ready on {self.bootstrap_servers} within "
+            f"{timeout_s}s; log {self.nodes[0].log_path}:\n" + tail(self.nodes[0].log_path, 20)
+        )
+
+    def node(self, node_id: int) -> _Node:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise BrokerError(f"no node {node_id}: nodes are 1..{len(self.nodes)}")
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one node; its data stays for :meth:`restart_node`."""
+        node = self.node(node_id)
+        if node.process is not None and node.alive():
+            node.process.send_signal(signal.SIGKILL)
+            node.process.wait()
+        node.process = None
+
+    def restart_node(
+        self, node_id: int, timeout_s: float, probe: Callable[[str, int, int], bool]
+    ) -> None:
+        """Start a stopped node again on its ports and data, and wait for the cluster."""
+        node = self.node(node_id)
+        if node.alive():
+            raise BrokerError(f"node {node_id} is running: kill it first")
+        self._spawn(java_executable(), resolve_kafka_classpath(), node)
+        self.wait_ready(timeout_s, probe)
+
+    def stop(self) -> None:
+        """SIGTERM every node, SIGKILL what is left after a grace period, remove the data."""
+        running = [n.process for n in self.nodes if n.process is not None and n.alive()]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for node in self.nodes:
+            node.process = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def pids(self) -> list[int]:
+        return [n.process.pid for n in self.nodes if n.process is not None and n.alive()]
+
+
+def _server_properties(
+    node_id: int, host: str, port: int, controller: int, voters: str, data: Path, count: int
+) -> dict[str, str]:
+    replicas = str(min(3, count))
+    min_isr = "2" if count >= 3 else "1"
+    return {
+        "process.roles": "broker,controller",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+        "auto.create.topics.enable": "true" if count == 1 else "false",
+        # Internal topics: as replicated as the cluster allows, few partitions (a quick
+        # start; a test cluster has few groups and transactional producers).
+        "offsets.topic.replication.factor": replicas,
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
+        "transaction.state.log.num.partitions": "5",
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
+        # A new group starts at once instead of waiting for more members to join.
+        "group.initial.rebalance.delay.ms": "0",
+        # Deleted topics and their files go at once: tests create and delete many.
+        "log.segment.delete.delay.ms": "0",
+        "file.delete.delay.ms": "0",
+    }
+
+
+def _node_log(log_path: Path, node_id: int) -> Path:
+    return log_path.with_name(f"{log_path.stem}-n{node_id}{log_path.suffix}")
+
+
+def tail(path: Path, max_lines: int) -> str:
+    """The last lines of a log file ("" when it does not exist)."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-max_lines:])
