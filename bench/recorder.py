@@ -11,7 +11,7 @@ so the measuring costs the same everywhere. It records:
 
 The measured window opens after ``warmup`` completions (or ``warmup_max_s`` after the first
 one) and closes after ``measured`` more (or ``measure_max_s``), so the group join (which the
-embedded broker delays by half the session timeout) and the first fetches are not measured.
+Tansu delays by half the session timeout) and the first fetches are not measured.
 CPU time is the process's own (``time.process_time``), read when the window opens and closes.
 """
 

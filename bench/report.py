@@ -48,9 +48,22 @@ def _target(
     }
 
 
+def brokers_of(results: list[dict[str, Any]]) -> list[str]:
+    """The broker flavors of a run's results, in the order they ran."""
+    return list(dict.fromkeys(r["broker"] for r in results if r.get("broker")))
+
+
+def on_broker(results: list[dict[str, Any]], flavor: str | None) -> list[dict[str, Any]]:
+    """The results measured on ``flavor``, with those that involve no broker (S4) and the
+    published figures."""
+    return [r for r in results if r.get("broker") in (None, flavor)]
+
+
 def evaluate_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Check the targets of the benchmark issue against a run's results."""
+    """Check the targets of the benchmark issue against a run's results (on the first
+    broker the run used)."""
     out: list[dict[str, Any]] = []
+    results = on_broker(results, next(iter(brokers_of(results)), None))
 
     def tps(r: dict[str, Any] | None) -> float | None:
         return r.get("tasks_per_s") if r else None
@@ -194,12 +207,19 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
     ]
     if chart_name:
         lines += [f"![chart]({chart_name})", ""]
-    for scenario in ("S1", "S2", "S3"):
-        rows = [r for r in results if r.get("scenario") == scenario]
+    brokers = brokers_of(results)
+    described = m.get("brokers", {})
+    primary = brokers[0] if brokers else None
+    sections = [(s, flavor) for flavor in brokers or [None] for s in ("S1", "S2", "S3")]
+    for scenario, flavor in sections:
+        rows = [r for r in on_broker(results, flavor) if r.get("scenario") == scenario]
+        if flavor != primary:  # the published figures once, with the first broker
+            rows = [r for r in rows if not r.get("published")]
         if not rows:
             continue
+        title = f"{scenario} on {described.get(flavor, flavor)}" if flavor else scenario
         lines += [
-            f"## {scenario}",
+            f"## {title}",
             "",
             "| contender | tasks/s | measured | CPU s / 1000 | CPU use | GC share | "
             "peak RSS MB | p50 ms | p99 ms | order viol. | key overlaps |",
@@ -230,6 +250,7 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
                 f"{_fmt(r['key_overlaps'])} |"
             )
         lines.append("")
+    results = on_broker(results, primary)  # S4 to S6 on the first broker
     s4 = [r for r in results if r.get("scenario") == "S4" and r.get("event") == "result"]
     if s4:
         lines += [
@@ -309,6 +330,7 @@ def render_chart(results: list[dict[str, Any]], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    results = on_broker(results, next(iter(brokers_of(results)), None))
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     for ax, scenario in zip(axes[0], ("S1", "S2", "S3"), strict=True):
         rows = [

@@ -68,6 +68,7 @@ class Run:
             "git": self.facts["git"].get("commit"),
         }
         self.results: list[dict[str, Any]] = []
+        self.broker: str | None = None  # the flavor of the scenario running now
         self._unavailable: dict[str, str | None] = {}
 
     # ----------------------------------------------------------------- helpers
@@ -75,6 +76,8 @@ class Run:
     def record(self, result: dict[str, Any]) -> None:
         result.setdefault("mode", self.mode)
         result["machine"] = self.compact_facts
+        if self.broker is not None:
+            result.setdefault("broker", self.broker)
         label = CONTENDERS.get(result.get("contender", ""))
         if label is not None:
             result.setdefault("label", label.label)
@@ -212,15 +215,19 @@ class Run:
 
     # --------------------------------------------------------------- scenarios
 
-    async def scenario(self, scn: Scenario) -> None:
+    async def scenario(self, scn: Scenario, flavor: str) -> None:
         from decaton_aio.embedded import EmbeddedBroker
         from decaton_aio.testing import TopicAdmin
 
-        say(f"{scn.name}: {scn.title}")
         if scn.name == "S4":
+            say(f"{scn.name}: {scn.title}")
+            self.broker = None
             await self._tracker(scn)
             return
-        broker = EmbeddedBroker(log_path=self.logs / f"broker-{scn.name}.log").start()
+        say(f"{scn.name} on {flavor}: {scn.title}")
+        self.broker = flavor
+        log = self.logs / f"broker-{flavor}-{scn.name}.log"
+        broker = EmbeddedBroker(flavor=flavor, log_path=log).start()
         admin = TopicAdmin(broker.bootstrap_servers)
         try:
             for contender in scn.contenders:

@@ -63,7 +63,7 @@ class Spec:
         warmup_max_s: the warm-up ends after this many seconds from the first task.
         measure_max_s: the measured window closes after this many seconds.
         announce_window: emit ``{"event": "window"}`` when the window opens (profiling).
-        session_timeout_ms: consumer group session timeout (the embedded broker completes
+        session_timeout_ms: consumer group session timeout (Tansu completes
             a join after half of it).
         paced: S6: tasks arrive while consuming; the end comes from the orchestrator.
         drain_s: S6: how long to wait for the last tasks after production ended.

@@ -13,6 +13,7 @@ from decaton_aio.context import ProcessingContext
 from decaton_aio.durable import DurableSender
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import (
+    AccessDeniedError,
     BrokerError,
     ConfigError,
     DecatonError,
@@ -41,6 +42,7 @@ from decaton_aio.typing import Serializer
 
 __all__ = [
     "METADATA_HEADER",
+    "AccessDeniedError",
     "Application",
     "BrokerError",
     "BytesSerializer",

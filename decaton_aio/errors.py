@@ -16,6 +16,7 @@ Control flow (asking for a retry, skipping a record) is not an error and lives e
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "BrokerError",
     "ConfigError",
     "DecatonError",
@@ -57,6 +58,13 @@ class ProducerError(DecatonError):
     """Raised when a task could not be delivered to the broker."""
 
     retriable = True
+
+
+class AccessDeniedError(ProducerError):
+    """The cluster refused this client's credentials or permissions (not retriable until
+    someone changes them)."""
+
+    retriable = False
 
 
 class ProcessingError(DecatonError):

@@ -36,7 +36,7 @@ from aiokafka.errors import (
     UnknownError,
 )
 
-from decaton_aio.errors import ProducerError
+from decaton_aio.errors import AccessDeniedError, ProducerError
 
 if TYPE_CHECKING:
     from decaton_aio.producer import ProducerConfig
@@ -45,7 +45,6 @@ __all__ = [
     "ACCESS_ERRORS",
     "IDEMPOTENCE_HINT",
     "RECORD_ERRORS",
-    "AccessDeniedError",
     "UnreachableError",
     "is_idempotent",
     "is_spoolable",
@@ -93,10 +92,6 @@ failing with one is moved to the ``.rejected`` file instead of blocking the repl
 
 class UnreachableError(ProducerError):
     """No broker answered: the sender can start in spooling mode."""
-
-
-class AccessDeniedError(ProducerError):
-    """The cluster refused this client's credentials or permissions."""
 
 
 def access_denied(exc: BaseException, what: str) -> AccessDeniedError:

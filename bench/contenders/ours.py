@@ -52,10 +52,8 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
         max_fetch_records=int(opts.get("max_fetch_records", DEFAULT_MAX_FETCH_RECORDS)),
     )
-    # The embedded broker refuses aiokafka's idempotent producer (BROKER.md); the
-    # subscription's producer only sends shaping records here.
-    producer = ProducerConfig(spec.bootstrap, idempotence=False)
-    return Subscription(app, consumer, producer=producer)
+    # The subscription's producer only sends shaping records here.
+    return Subscription(app, consumer, producer=ProducerConfig(spec.bootstrap))
 
 
 async def main(spec: Spec, recorder: Recorder) -> None:

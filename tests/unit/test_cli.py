@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from decaton_aio import __version__
+from decaton_aio import ProducerConfig, __version__
 from decaton_aio.cli import (
     EXIT_DATA,
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    _build_parser,
     import_object,
     main,
 )
@@ -46,6 +47,16 @@ def test_help_and_version_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
         (["broker", "--port", "abc"], "invalid int value: 'abc'"),
         (["--log-level", "loud", "broker"], "invalid choice: 'loud'"),
         (["run"], "MODULE:ATTR"),
+        (["broker", "--flavor", "redpanda"], "invalid choice: 'redpanda'"),
+        (["broker", "--nodes", "2"], "invalid choice: 2"),
+        (
+            ["produce", "--bootstrap-servers", "x:1", "--topic", "t", "--idempotence", "yes"],
+            "'yes' is not one of auto, on, off",
+        ),
+        (
+            ["produce", "--bootstrap-servers", "x:1", "--topic", "t", "--compression-type", "br"],
+            "invalid choice: 'br'",
+        ),
     ],
 )
 def test_bad_arguments_exit_usage_with_one_line(
@@ -137,3 +148,30 @@ def test_exit_codes_are_distinct() -> None:
     """Each named exit code means one thing."""
     codes = [EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DATA, EXIT_UNAVAILABLE]
     assert len(set(codes)) == len(codes)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], None, "auto"),
+        (["--idempotence", "on"], None, True),
+        (["--idempotence", "OFF"], None, False),
+        (["--no-idempotence"], None, False),
+        ([], "off", False),
+        (["--idempotence", "auto"], "on", "auto"),
+    ],
+)
+def test_idempotence_flag_and_environment(
+    argv: list[str], env: str | None, expected: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--idempotence auto|on|off (default auto, env DECATON_AIO_IDEMPOTENCE) becomes the
+    ProducerConfig value; the flag wins over the environment."""
+    if env is None:
+        monkeypatch.delenv("DECATON_AIO_IDEMPOTENCE", raising=False)
+    else:
+        monkeypatch.setenv("DECATON_AIO_IDEMPOTENCE", env)
+    args = _build_parser().parse_args(
+        ["produce", "--bootstrap-servers", "x:1", "--topic", "t", *argv]
+    )
+    assert args.idempotence == expected
+    assert ProducerConfig("x:1", idempotence=args.idempotence).idempotence == expected

@@ -6,6 +6,7 @@ import decaton_aio
 
 EXPECTED = {
     "METADATA_HEADER",
+    "AccessDeniedError",
     "Application",
     "BrokerError",
     "BytesSerializer",
