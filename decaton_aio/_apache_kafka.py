@@ -345,8 +345,10 @@ def _server_properties(
         "transaction.state.log.num.partitions": "5",
         "share.coordinator.state.topic.replication.factor": replicas,
         "share.coordinator.state.topic.min.isr": min_isr,
-        # A new group starts at once instead of waiting for more members to join.
+        # A new group starts at once instead of waiting for more members to join, and
+        # short session timeouts (a quick failover in tests) are accepted.
         "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "1000",
         # Deleted topics and their files go at once: tests create and delete many.
         "log.segment.delete.delay.ms": "0",
         "file.delete.delay.ms": "0",

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_MAX_POLL_RECORDS",
     "DEFAULT_POLL_TIMEOUT_MS",
     "EARLIEST",
+    "FORMAT",
     "LATEST",
     "KafkaReadOptions",
     "int_option",
@@ -29,6 +30,9 @@ __all__ = [
     "parse_offsets",
     "require_option",
 ]
+
+FORMAT: Final = "decaton_kafka"
+"""The name to pass to ``spark.read.format()`` and ``df.write.format()``."""
 
 EARLIEST: Final = -2
 """In an offsets option: the first offset still in the log."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from decaton_aio.errors import ConfigError
+from spark_jobs._active import activate
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -126,22 +127,6 @@ def job_session(app_name: str, master: str | None = None) -> SparkSession:
         _register(spark)
         return spark
     return local_session(app_name, master or "local[*]")
-
-
-def activate(spark: SparkSession) -> None:
-    """Make ``spark`` the active session of the calling thread, on the JVM side too.
-
-    Spark looks up Python data sources for a write in the thread's *active* session, and
-    only some PySpark calls set it (``createDataFrame`` does, ``df.write`` does not): a
-    write from another thread than the one that built the session (``asyncio.to_thread``,
-    a demo) would not find ``decaton_kafka``. :func:`spark_jobs.kafka_sink.write_topic`
-    calls this itself.
-    """
-    from pyspark.sql import SparkSession
-
-    SparkSession._activeSession = spark
-    jvm_session_class = SparkSession._get_j_spark_session_class(spark._jvm)
-    jvm_session_class.setActiveSession(spark._jsparkSession)
 
 
 def _register(spark: SparkSession) -> None:

@@ -72,8 +72,8 @@ from pyspark.sql.types import (
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.producer import Idempotence, ProducerConfig
 from decaton_aio.producer_client import start_client
-from spark_jobs._session import activate
-from spark_jobs.kafka_source import FORMAT, int_option, option_value, require_option
+from spark_jobs._active import activate
+from spark_jobs._kafka_options import FORMAT, int_option, option_value, require_option
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -66,12 +66,7 @@ from pyspark.sql.types import StructType
 
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import PartitionExtent, partition_extents
-from spark_jobs._kafka_options import EARLIEST, LATEST, KafkaReadOptions, parse_offsets
-
-# Re-exported: spark_jobs.kafka_sink imports these option helpers from here.
-from spark_jobs._kafka_options import int_option as int_option
-from spark_jobs._kafka_options import option_value as option_value
-from spark_jobs._kafka_options import require_option as require_option
+from spark_jobs._kafka_options import EARLIEST, FORMAT, LATEST, KafkaReadOptions, parse_offsets
 from spark_jobs._kafka_schema import SCHEMA_DDL, SPARK_TYPES, to_arrow
 
 if TYPE_CHECKING:
@@ -93,9 +88,6 @@ __all__ = [
     "read_topic",
     "register",
 ]
-
-FORMAT: Final = "decaton_kafka"
-"""The name to pass to ``spark.read.format()`` and ``df.write.format()``."""
 
 # A fetch waits at most this long for data; short, so an empty partition answers quickly.
 _FETCH_MAX_WAIT_MS: Final = 100
@@ -345,7 +337,7 @@ class KafkaDataSource(DataSource):
         Raises:
             ConfigError: on ``mode("overwrite")``, a missing option or an unusable column.
         """
-        from spark_jobs.kafka_sink import KafkaWriter  # the sink builds on this module
+        from spark_jobs.kafka_sink import KafkaWriter  # the heavier write side, on demand
 
         if overwrite:
             raise ConfigError(
