@@ -349,6 +349,9 @@ def _server_properties(
         # short session timeouts (a quick failover in tests) are accepted.
         "group.initial.rebalance.delay.ms": "0",
         "group.min.session.timeout.ms": "1000",
+        # A killed node loses its leaderships after 3 s, not 9: failover tests stay short.
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
         # Deleted topics and their files go at once: tests create and delete many.
         "log.segment.delete.delay.ms": "0",
         "file.delete.delay.ms": "0",

@@ -219,7 +219,11 @@ async def _topic_configs(
         responses = await admin.describe_configs(resources)
     except KafkaError as exc:
         # Copying is a courtesy: without DescribeConfigs the cluster defaults apply.
-        log.warning("cannot read the task topics' settings", topics=topics, error=repr(exc))
+        log.warning(
+            "cannot read the task topics' settings; side topics get the cluster defaults",
+            topics=topics,
+            error=repr(exc),
+        )
         return found
     for response in responses:
         for resource in response.resources:

@@ -115,7 +115,8 @@ def run_broker(args: argparse.Namespace) -> int:
     def _interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too: a shell script's background job starts with SIGINT ignored.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with broker:
             print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
@@ -125,7 +126,8 @@ def run_broker(args: argparse.Namespace) -> int:
                 print(f"the broker exited on its own with code {code}", file=sys.stderr)
                 return EXIT_FAILURE
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return EXIT_OK
 
 

@@ -111,36 +111,62 @@ def _metadata_probe(
 ) -> bool:
     """Send one Kafka Metadata request (all topics) and check it lists ``brokers`` brokers.
 
-    Written against the wire format so the readiness check needs no Kafka client and no
-    event loop: request header (api_key=3, api_version, correlation_id, client_id), a
-    topic array meaning "all" (empty in v0, null from v1) and, from v4, the auto-create
-    flag, framed by a big-endian int32 size. Version 0 suits Tansu; Apache Kafka 4 no
-    longer answers versions below 4. The reply's broker array follows the correlation id
-    (v0) or the throttle time (v3+).
+    The topic array means "all" (empty in v0, null from v1), and from v4 the request says
+    not to create topics. Version 0 suits Tansu; Apache Kafka 4 no longer answers versions
+    below 4. The reply's broker array follows the throttle time from v3.
     """
-    correlation_id = 0x0DEC
-    client_id = b"decaton-aio-probe"
-    body = struct.pack(">hhih", 3, version, correlation_id, len(client_id)) + client_id
-    body += struct.pack(">i", 0 if version == 0 else -1)
+    body = struct.pack(">i", 0 if version == 0 else -1)
     if version >= 4:
         body += b"\x00"  # allow_auto_topic_creation: false
     skip = 4 if version >= 3 else 0
+    reply = _request(host, port, timeout_s, api_key=3, version=version, body=body)
+    if reply is None or len(reply) < skip + 4:
+        return False
+    (listed,) = struct.unpack_from(">i", reply, skip)
+    return bool(listed >= brokers)
+
+
+def _coordinator_probe(host: str, port: int, timeout_s: float) -> bool:
+    """Ask for a group coordinator (FindCoordinator v1) and check that one is found.
+
+    Apache Kafka creates its offsets topic on the first such request; asking at start
+    means the first consumer group of a test or demo joins at once instead of logging
+    "coordinator not available" while the topic is made.
+    """
+    key = b"decaton-aio-probe"
+    body = struct.pack(">h", len(key)) + key + b"\x00"  # key, key_type: group
+    reply = _request(host, port, timeout_s, api_key=10, version=1, body=body)
+    if reply is None or len(reply) < 6:
+        return False
+    (error_code,) = struct.unpack_from(">h", reply, 4)  # after the throttle time
+    return bool(error_code == 0)
+
+
+def _request(
+    host: str, port: int, timeout_s: float, *, api_key: int, version: int, body: bytes
+) -> bytes | None:
+    """One Kafka request over a fresh connection; the reply after its correlation id.
+
+    Written against the wire format so readiness checks need no Kafka client and no event
+    loop: a request header (api_key, api_version, correlation_id, client_id) and the body,
+    framed by a big-endian int32 size.
+    """
+    correlation_id = 0x0DEC
+    client_id = b"decaton-aio-probe"
+    header = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id
+    request = header + body
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            header = _recv_exact(sock, 8)
-            if header is None:
-                return False
-            size, got_correlation = struct.unpack(">ii", header)
-            if got_correlation != correlation_id or size < 8 + skip:
-                return False
-            head = _recv_exact(sock, skip + 4)
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            head = _recv_exact(sock, 8)
+            if head is None:
+                return None
+            size, got_correlation = struct.unpack(">ii", head)
+            if got_correlation != correlation_id or size < 4:
+                return None
+            return _recv_exact(sock, size - 4)
     except OSError:
-        return False
-    if head is None:
-        return False
-    (listed,) = struct.unpack(">i", head[skip:])
-    return bool(listed >= brokers)
+        return None
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -423,4 +449,6 @@ class EmbeddedBroker:
 
 
 def _kafka_probe(host: str, port: int, brokers: int) -> bool:
-    return _metadata_probe(host, port, timeout_s=0.5, version=4, brokers=brokers)
+    return _metadata_probe(
+        host, port, timeout_s=0.5, version=4, brokers=brokers
+    ) and _coordinator_probe(host, port, timeout_s=0.5)

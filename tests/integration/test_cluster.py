@@ -70,7 +70,7 @@ async def test_leader_killed_mid_stream_loses_nothing(cluster: BrokerHandle) -> 
 
     app = Application(process, topics=(topic,), serializer=BytesSerializer())
     producer: TaskProducer[bytes] = TaskProducer(
-        cluster.producer_config(request_timeout_ms=5000), topic, BytesSerializer()
+        cluster.producer_config(), topic, BytesSerializer()
     )
     put: list[bytes] = []
     try:
