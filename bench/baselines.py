@@ -1,6 +1,6 @@
-"""Baseline watermark trackers, to benchmark :class:`decaton_aio.watermark.WatermarkTracker`.
+"""Baseline watermark trackers, to benchmark ours (`WatermarkTracker` of the consumer).
 
-Both follow the designs Decaton went through (seed 002), written from the idea only:
+Both follow the designs Decaton went through, written from the idea only:
 
 * :class:`HeapqTracker`: Decaton's first design. Fetched offsets are queued in order,
   completed offsets go into a priority queue, and the watermark advances while the smallest

@@ -41,14 +41,17 @@ _COMPLETE_WITH = {"ours": "mark"}
 
 
 def _ours() -> _Tracker:
-    from decaton_aio.watermark import WatermarkTracker
+    from decaton_aio.consumer._watermark import WatermarkTracker
 
     return WatermarkTracker()
 
 
 #: name -> (factory, description)
 TRACKERS: dict[str, tuple[Any, str]] = {
-    "ours": (_ours, "decaton_aio.watermark.WatermarkTracker (numpy/bytearray ring, mark())"),
+    "ours": (
+        _ours,
+        "decaton_aio.consumer._watermark.WatermarkTracker (numpy/bytearray ring, mark())",
+    ),
     "heapq": (HeapqTracker, "heapq priority queue (Decaton's first design)"),
     "deque": (DequeFlagsTracker, "deque of per-offset flags (Decaton's later design)"),
 }

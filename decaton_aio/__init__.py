@@ -6,11 +6,14 @@ key, and at-least-once delivery holds whatever order tasks finish in.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from decaton_aio._version import __version__
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.context import ProcessingContext
-from decaton_aio.durable import DurableSender
+from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
+from decaton_aio.batching import BatchingProcessor, BatchItem
+from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
+from decaton_aio.completion import Completion, DeferredTimeoutPolicy
+from decaton_aio.consumer import Subscription, SubscriptionState
+from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import (
     AccessDeniedError,
@@ -29,27 +32,34 @@ from decaton_aio.metadata import (
     encode_metadata,
     metadata_from_headers,
 )
-from decaton_aio.producer import ProducerConfig, RecordLocation, TaskProducer
+from decaton_aio.producer import DurableSender, ProducerConfig, RecordLocation, TaskProducer
 from decaton_aio.properties import Properties, PropertyDefinition
+from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.serializers import (
     BytesSerializer,
     JsonSerializer,
     MsgpackSerializer,
     ProtobufSerializer,
 )
-from decaton_aio.subscription import Subscription, SubscriptionState
-from decaton_aio.typing import Serializer
+from decaton_aio.typing import Record, Serializer
 
 __all__ = [
     "METADATA_HEADER",
     "AccessDeniedError",
     "Application",
+    "BatchItem",
+    "BatchingProcessor",
     "BrokerError",
     "BytesSerializer",
+    "CompactedTask",
+    "CompactingProcessor",
+    "CompactionChoice",
+    "Completion",
     "ConfigError",
     "ConsumerConfig",
     "DecatonError",
     "DecodeError",
+    "DeferredTimeoutPolicy",
     "DurableSender",
     "EmbeddedBroker",
     "JsonSerializer",
@@ -61,10 +71,17 @@ __all__ = [
     "Properties",
     "PropertyDefinition",
     "ProtobufSerializer",
+    "Record",
     "RecordLocation",
+    "RetryConfig",
+    "RetryPolicy",
+    "RetryTask",
     "Serializer",
+    "SideTopics",
+    "SkipTask",
     "Subscription",
     "SubscriptionState",
+    "TaskFunction",
     "TaskMetadata",
     "TaskProducer",
     "__version__",

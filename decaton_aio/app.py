@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from decaton_aio.completion import DeferredTimeoutPolicy
+from decaton_aio.context import TaskFunction
 from decaton_aio.errors import ConfigError
-from decaton_aio.execution import DeferredTimeoutPolicy, TaskFunction
 from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.serializers import BytesSerializer

@@ -1,6 +1,6 @@
 """Retry policy: which failures are retried, how often, and how long to wait in between.
 
-This module owns the pure part of retrying (MISSION rows F6 and F7): the backoff formula,
+This module owns the pure part of retrying: the backoff formula,
 the :class:`RetryPolicy` value object, and the two control-flow signals a processor raises
 to steer its task (:class:`RetryTask`, :class:`SkipTask`). It performs no I/O and knows
 nothing about Kafka or asyncio; the runtime (queue retry or in-place retry) asks it

@@ -24,9 +24,8 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from decaton_aio.completion import Completion
-from decaton_aio.context import ProcessingContext
+from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import ConfigError
-from decaton_aio.execution import TaskFunction
 
 __all__ = ["CompactedTask", "CompactingProcessor", "CompactionChoice"]
 

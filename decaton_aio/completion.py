@@ -15,8 +15,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Literal
 
-__all__ = ["Completion"]
+__all__ = ["Completion", "DeferredTimeoutPolicy"]
+
+#: What happens to a deferred task whose completion stays open past
+#: ``decaton.deferred.complete.timeout.ms``: ``"give_up"`` (complete it: the offset moves
+#: on), ``"extend"`` (wait another timeout) or ``"retry"`` (a retry, as if it failed).
+DeferredTimeoutPolicy = Literal["give_up", "extend", "retry"]
 
 
 class Completion:

@@ -8,20 +8,29 @@ topic, partition, offset, key and subscription id (Decaton's MDC), built only wh
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import structlog
+from aiokafka import TopicPartition
 
 from decaton_aio.completion import Completion
 from decaton_aio.metadata import TaskMetadata, metadata_from_headers
 from decaton_aio.metrics import PartitionStats
+from decaton_aio.typing import Record
 
-if TYPE_CHECKING:
-    from decaton_aio.partition import PartitionProcessor
-    from decaton_aio.records import Record
+__all__ = ["ProcessingContext", "TaskFunction", "TaskSource"]
 
-__all__ = ["ProcessingContext"]
+#: A processor: ``async def process(ctx, task)``.
+TaskFunction = Callable[["ProcessingContext", Any], Coroutine[Any, Any, Any]]
+
+
+class TaskSource(Protocol):
+    """What a context reads of the partition its task came from (the runtime's partition
+    processor)."""
+
+    tp: TopicPartition
+    stats: PartitionStats
 
 
 def _noop() -> None:
@@ -40,7 +49,7 @@ class ProcessingContext:
     Attributes:
         subscription_id: the subscription processing the task.
         record: the Kafka record the task came from (offset, timestamp, key, value,
-            headers; see :class:`~decaton_aio.records.Record`).
+            headers; see :class:`~decaton_aio.typing.Record`).
         attempt: 1 for the first run; in-place retries count up.
     """
 
@@ -59,7 +68,7 @@ class ProcessingContext:
     def __init__(
         self,
         subscription_id: str,
-        partition: PartitionProcessor,
+        partition: TaskSource,
         record: Record,
         attempt: int = 1,
     ) -> None:

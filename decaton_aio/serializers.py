@@ -5,7 +5,7 @@ They share two rules, so the runtime can treat every serializer the same way:
 
 - ``decode`` raises only :class:`~decaton_aio.errors.DecodeError` with ``part == "body"``
   and the underlying library's message as the reason, chained to the original exception.
-  The runtime sends such a record to the dead letter topic instead of crashing (F15).
+  The runtime sends such a record to the dead letter topic instead of crashing.
 - ``encode`` of a task the serializer was not built for raises
   :class:`~decaton_aio.errors.ConfigError`: it is a programming error in the producing
   code, retrying cannot fix it, and it must not silently write a body that consumers

@@ -20,12 +20,12 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.consumer import Subscription
 from decaton_aio.context import ProcessingContext
 from decaton_aio.embedded import FLAVOR_ENV_VAR, EmbeddedBroker
 from decaton_aio.errors import ConfigError, ProcessingError
 from decaton_aio.offsets import committed_offsets, topic_partitions
 from decaton_aio.producer import ProducerConfig, RecordLocation
-from decaton_aio.subscription import Subscription
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",

@@ -10,9 +10,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
-__all__ = ["RecordSender", "Serializer"]
+__all__ = ["Record", "RecordSender", "Serializer"]
 
 T = TypeVar("T")
+
+
+class Record(Protocol):
+    """What the runtime reads of a fetched record."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]:
+        """Header keys and values (Kafka allows a null value; ``dt_meta`` is checked)."""
 
 
 @runtime_checkable

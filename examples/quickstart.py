@@ -1,4 +1,4 @@
-"""The quickstart demo run by ``make run``.
+"""The quickstart demo run by ``make quickstart``: produce tasks and process them.
 
 Starts the embedded broker, produces demo tasks with the task producer, processes them
 with a subscription (per-key order, watermark commits) while showing progress, prints a

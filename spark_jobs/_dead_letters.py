@@ -4,7 +4,7 @@ This module owns what the retry backfill (:mod:`spark_jobs.retry_backfill`) read
 it understands a dead letter. :func:`read_dead_letters` reads the dead letter topic (end
 offsets pinned once, so every action of a run sees the same records) and, optionally,
 the lines of durable-producer spools (``spool-*.jsonl``, ``spool-*.rejected``; see
-:mod:`decaton_aio.spool`) into rows of one shape; :func:`decode_failures` adds the columns
+:mod:`decaton_aio.producer._spool`) into rows of one shape; :func:`decode_failures` adds the columns
 decoded from the ``dt_dlq_*`` headers the runtime wrote: the error, the origin task topic
 and the failure's identity.
 

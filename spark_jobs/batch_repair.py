@@ -1,4 +1,4 @@
-"""Batch repair (F25): seed 001's inconsistency checker over the whole data set, in Spark.
+"""Batch repair: the follow example's inconsistency checker over all the data, in Spark.
 
 This module owns the job that compares the source of truth (the follow edges) with derived
 state (the follow counts), emits one repair task per inconsistent user to a repair topic,

@@ -70,8 +70,7 @@ from pyspark.sql.types import (
 )
 
 from decaton_aio.errors import ConfigError, ProducerError
-from decaton_aio.producer import Idempotence, ProducerConfig
-from decaton_aio.producer_client import start_client
+from decaton_aio.producer import Idempotence, ProducerConfig, start_client
 from spark_jobs._active import activate
 from spark_jobs._kafka_options import FORMAT, int_option, option_value, require_option
 

@@ -1,4 +1,4 @@
-"""Retry backfill (F24): send dead-lettered tasks back to be processed, each at most once.
+"""Retry backfill: send dead-lettered tasks back to be processed, each at most once.
 
 This module owns the job that reads a dead letter topic (and, optionally, durable-producer
 spool directories), decodes the failure headers the runtime wrote (``dt_dlq_*``), selects
@@ -19,7 +19,7 @@ ledger is written after the broker acknowledged the run's records: a crash in be
 them again on the next run (at-least-once, like the rest of the runtime); run one backfill
 per ledger at a time. ``--dry-run`` reads the ledger, sends nothing and writes no ledger.
 
-Spools: lines of ``spool-*.jsonl`` and ``spool-*.rejected`` (see :mod:`decaton_aio.spool`)
+Spools: lines of ``spool-*.jsonl`` and ``spool-*.rejected`` (see :mod:`decaton_aio.producer._spool`)
 whose topic is the dead letter topic, i.e. dead letters the runtime could not deliver.
 Unreadable lines are counted and skipped.
 

@@ -1,4 +1,4 @@
-"""Our runtime: one :class:`~decaton_aio.subscription.Subscription` consuming the topic.
+"""Our runtime: one :class:`~decaton_aio.consumer.Subscription` consuming the topic.
 
 Options (``spec.options``): ``concurrency`` (``decaton.partition.concurrency``),
 ``max_pending`` (``decaton.max.pending.records``), ``max_fetch_records`` and, for S6,
@@ -14,11 +14,11 @@ from typing import Any
 from bench.recorder import Recorder, emit
 from bench.workload import Spec, Task
 from decaton_aio.app import DEFAULT_MAX_FETCH_RECORDS, Application, ConsumerConfig
+from decaton_aio.consumer import Subscription
+from decaton_aio.consumer._runner import tune_gc
 from decaton_aio.producer import ProducerConfig
 from decaton_aio.properties import PARTITION_CONCURRENCY
-from decaton_aio.runner import tune_gc
 from decaton_aio.serializers import JsonSerializer
-from decaton_aio.subscription import Subscription
 
 __all__ = ["build_subscription", "main"]
 

@@ -1,4 +1,4 @@
-"""The follow service of seed 001, rebuilt on decaton-aio: the product's main example.
+"""A follow service built on decaton-aio: the product's main example.
 
 Follow and unfollow events, keyed by the followee, keep follower and following counts in
 SQLite (:mod:`examples.follow.store`) through a processor with per-pair compaction and

@@ -1,4 +1,4 @@
-"""The product demo (``make run``): seed 001's follow service, end to end.
+"""The product demo (``make run``): the follow service, end to end.
 
 1. Start the embedded broker; produce follow/unfollow events keyed by the followee (a few
    hot influencers get a large share, some in bursts of follow/unfollow taps). Run the

@@ -11,7 +11,7 @@ and the batch repair job rely on. Tables::
 Why each event is applied once, whatever the delivery: the event id goes into
 ``applied_events`` in the same transaction as the edge and the counts, so a redelivered
 event (a crash before the commit of its offset) finds its id and changes nothing. Why a
-retried *old* event cannot undo a newer one (seed 001's "unfollow again" race): an edge
+retried *old* event cannot undo a newer one (the "unfollow again" race): an edge
 row keeps the version of the event that set it, and an event older than that is recorded
 but ignored (last writer wins, by version then event id). Unfollowed pairs keep their row
 with ``active = 0`` for that reason. A count moves only when an edge flips, so the counts
@@ -326,7 +326,7 @@ def active_edges(conn: sqlite3.Connection) -> set[tuple[int, int]]:
 
 
 def corrupt_counts(conn: sqlite3.Connection, count: int, *, seed: int = 1) -> list[int]:
-    """Break the counts of ``count`` users, the kinds of damage seed 001 repairs.
+    """Break the counts of ``count`` users, the kinds of damage the repair job finds.
 
     For the demo and the tests: users with edges get a follower count off by a few, a
     following count off by a few, or their counts row deleted; one in four broken users

@@ -1,7 +1,7 @@
 """The tasks of the follow service: follow/unfollow events and repair requests.
 
 This module owns the task types (msgspec structs, JSON on the wire) and the topic names
-of the example, after seed 001 (LINE's follow service):
+of the example, after LINE's follow service:
 
 - :class:`FollowEvent` on ``follow-events``, keyed by the *followee's* user id, so every
   event about one influencer lands in one partition and one key lane, where a burst of
@@ -34,7 +34,7 @@ class FollowEvent(msgspec.Struct, frozen=True):
         followee: the user followed or unfollowed (the record key).
         version: when the user acted (epoch ms, or any number that grows with each action
             of one pair). The edge of a pair keeps the state of its highest version, so a
-            retried old event can never overwrite a newer one (seed 001's HBase cell
+            retried old event can never overwrite a newer one (versions are
             timestamps); ties are broken by ``event_id``.
     """
 

@@ -22,10 +22,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from decaton_aio import METADATA_HEADER, BytesSerializer, ProducerError, decode_metadata
-from decaton_aio.durable import DurableSender, SenderMode
 from decaton_aio.embedded import EmbeddedBroker, find_free_port
 from decaton_aio.offsets import topic_partitions
-from decaton_aio.producer import ProducerConfig, RecordLocation, TaskProducer
+from decaton_aio.producer import (
+    DurableSender,
+    ProducerConfig,
+    RecordLocation,
+    SenderMode,
+    TaskProducer,
+)
 from decaton_aio.testing import BOOTSTRAP_ENV_VAR, BrokerHandle, TopicAdmin, read_records
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from decaton_aio import (
     ProducerConfig,
     ProducerError,
     TaskProducer,
-    producer_client,
 )
+from decaton_aio.producer import _client as producer_client
 from decaton_aio.testing import BrokerHandle, read_records
 from tests.unit.protobuf_helpers import task_metadata_proto_class
 

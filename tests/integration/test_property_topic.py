@@ -6,8 +6,12 @@ from typing import Any
 
 import pytest
 
-from decaton_aio.properties import PARTITION_CONCURRENCY, Properties
-from decaton_aio.property_sources import KafkaPropertySource, encode_record
+from decaton_aio.properties import (
+    PARTITION_CONCURRENCY,
+    KafkaPropertySource,
+    Properties,
+    encode_record,
+)
 from decaton_aio.testing import BrokerHandle, wait_until
 
 pytestmark = pytest.mark.integration

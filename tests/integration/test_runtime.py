@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from decaton_aio import Application, ProcessingContext, Subscription
-from decaton_aio.subscription import SubscriptionState
+from decaton_aio.consumer import SubscriptionState
 from decaton_aio.testing import BrokerHandle, committed_offsets, drain, wait_until
 
 pytestmark = pytest.mark.integration

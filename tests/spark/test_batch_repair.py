@@ -1,4 +1,4 @@
-"""Batch repair (F25): the job finds exactly the corrupted users, the processor fixes them.
+"""Batch repair: the job finds exactly the corrupted users, the processor fixes them.
 
 Spark calls block, so the async tests run them in a thread and keep their event loop free.
 """

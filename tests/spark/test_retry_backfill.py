@@ -1,4 +1,4 @@
-"""Retry backfill (F24): the filter selects exactly the expected dead letters, each is sent
+"""Retry backfill: the filter selects exactly the expected dead letters, each is sent
 once, a dry run sends nothing, spools are read, and the sent tasks are processed again.
 
 Spark calls block, so the async tests run them in a thread and keep their event loop free.
@@ -26,8 +26,8 @@ from decaton_aio.metadata import (
     encode_metadata,
 )
 from decaton_aio.offsets import partition_extents
+from decaton_aio.producer import SpoolEntry
 from decaton_aio.retry import RetryConfig, dead_letter_headers
-from decaton_aio.spool import SpoolEntry
 from decaton_aio.testing import BrokerHandle, drain, read_records
 
 pytest.importorskip("pyspark", reason="PySpark is not installed: pip install -e '.[spark]'")

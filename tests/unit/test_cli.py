@@ -13,10 +13,10 @@ from decaton_aio.cli import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    _build_parser,
     import_object,
     main,
 )
+from decaton_aio.cli._main import _build_parser
 from decaton_aio.errors import ConfigError
 
 

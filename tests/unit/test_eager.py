@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
-from decaton_aio.eager import PROBE_EVERY, CoroutineStarter
+from decaton_aio.consumer._eager import PROBE_EVERY, CoroutineStarter
 
 var: contextvars.ContextVar[int] = contextvars.ContextVar("var", default=0)
 

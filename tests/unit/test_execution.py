@@ -11,8 +11,8 @@ import pytest
 from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
 from decaton_aio.batching import BatchingProcessor, BatchItem
 from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
+from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.context import ProcessingContext
-from decaton_aio.hotkeys import HotKeyDetector
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
 from decaton_aio.retry import RetryConfig
 from tests.unit.test_partition import FakeRecord, FakeSender, make, records, settle

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decaton_aio.consumer._hotkeys import CountMinSketch, HotKeyDetector
 from decaton_aio.errors import ConfigError
-from decaton_aio.hotkeys import CountMinSketch, HotKeyDetector
 
 
 def stable_hash(key: bytes) -> int:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
+from decaton_aio.consumer._execution import TaskExecutor
+from decaton_aio.consumer._partition import PartitionProcessor, PartitionState
 from decaton_aio.context import ProcessingContext
 from decaton_aio.errors import DecodeError
-from decaton_aio.execution import TaskExecutor
 from decaton_aio.metrics import PartitionStats
-from decaton_aio.partition import PartitionProcessor, PartitionState
 from decaton_aio.properties import Properties
 from decaton_aio.retry import RetryConfig
 

@@ -12,7 +12,7 @@ from aiokafka.errors import (
 )
 
 from decaton_aio import AccessDeniedError, ConfigError, ProducerConfig, ProducerError
-from decaton_aio.producer_client import is_spoolable, producer_error
+from decaton_aio.producer._client import is_spoolable, producer_error
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Unit tests of runtime properties (F4): definitions, live values, reloads and sources."""
+"""Unit tests of runtime properties: definitions, live values, reloads and sources."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from decaton_aio import kafka_property_source
 from decaton_aio.errors import ConfigError
 from decaton_aio.properties import (
     BUILTIN_DEFINITIONS,
@@ -27,26 +26,25 @@ from decaton_aio.properties import (
     PARTITION_CONCURRENCY,
     PROCESSING_RATE_PER_PARTITION,
     RESET,
+    FilePropertySource,
+    KafkaPropertySource,
     Properties,
     Property,
     PropertyDefinition,
-    bool_property,
-    int_property,
-    render_markdown_table,
-    str_list_property,
-)
-from decaton_aio.property_sources import (
-    FilePropertySource,
-    KafkaPropertySource,
     apply_record,
+    bool_property,
     decode_record,
     encode_record,
     env_var_name,
+    int_property,
     parse_assignments,
     parse_properties_text,
     properties_from_env,
     read_property_file,
+    render_markdown_table,
+    str_list_property,
 )
+from decaton_aio.properties import _kafka_source as kafka_property_source
 
 STATIC_FLAG = bool_property(
     "test.static.flag", False, reloadable=False, doc="A flag fixed at start."

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
+
 import decaton_aio
 
 EXPECTED = {
     "METADATA_HEADER",
+    "BatchItem",
+    "BatchingProcessor",
+    "CompactedTask",
+    "CompactingProcessor",
+    "CompactionChoice",
+    "Completion",
+    "DeferredTimeoutPolicy",
+    "Record",
+    "RetryConfig",
+    "RetryPolicy",
+    "RetryTask",
+    "SideTopics",
+    "SkipTask",
+    "TaskFunction",
     "AccessDeniedError",
     "Application",
     "BrokerError",
@@ -51,7 +67,7 @@ def test_public_objects_have_docstrings() -> None:
     """Every exported class and function says what it is for."""
     for name in decaton_aio.__all__:
         obj = getattr(decaton_aio, name)
-        if callable(obj):
+        if inspect.isclass(obj) or inspect.isfunction(obj):
             assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
 
 
@@ -60,3 +76,21 @@ def test_package_is_typed() -> None:
     from importlib.resources import files
 
     assert files("decaton_aio").joinpath("py.typed").is_file()
+
+
+def test_readme_imports_work() -> None:
+    """Every import in the README's examples works, and names imported from the package
+    top are in its curated ``__all__``."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    imports = re.findall(r"^from (decaton_aio[\w.]*) import ([\w, ]+)$", readme, re.M)
+    assert imports
+    for module, names in imports:
+        loaded = importlib.import_module(module)
+        for name in (n.strip() for n in names.split(",")):
+            assert hasattr(loaded, name), f"README: from {module} import {name}"
+            if module == "decaton_aio":
+                assert name in decaton_aio.__all__, name

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decaton_aio.consumer._ratelimit import UNLIMITED, RateLimiter, TokenBucket
 from decaton_aio.errors import ConfigError
-from decaton_aio.ratelimit import UNLIMITED, RateLimiter, TokenBucket
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
-from decaton_aio.records import RAW_RECORDS, QueuedRecord, install_raw_records, queued
+from decaton_aio.consumer._records import RAW_RECORDS, QueuedRecord, install_raw_records, queued
 from tests.unit.test_partition import FakeRecord
 
 TP = TopicPartition("tasks", 2)

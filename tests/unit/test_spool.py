@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from decaton_aio import spool as spool_module
 from decaton_aio.errors import ConfigError, ProducerError
-from decaton_aio.spool import Spool, SpoolEntry
+from decaton_aio.producer import _spool as spool_module
+from decaton_aio.producer._spool import Spool, SpoolEntry
 
 
 def entry(n: int, *, key: bytes | None = b"k", topic: str = "orders") -> SpoolEntry:

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from bench.baselines import DequeFlagsTracker, HeapqTracker
 from bench.tracker import TRACKERS, measure_tracker
-from decaton_aio.watermark import MAX_GAP_SLOTS, WatermarkTracker, completed_offsets
+from decaton_aio.consumer._watermark import MAX_GAP_SLOTS, WatermarkTracker, completed_offsets
 
 # ---------------------------------------------------------------- reference model
 

@@ -1,14 +1,14 @@
 """The on-disk spool: records kept in local files until they are delivered.
 
-The durable sender (:mod:`decaton_aio.durable`) appends a record here when the cluster
+The durable sender (:mod:`decaton_aio.producer._sender`) appends a record here when the cluster
 cannot take it; the record counts as durable once its line is written and fsynced. A
 background replayer reads the oldest entries back, produces them, and removes the ones
 the broker acknowledged. This module owns only the files: appending with a shared
 (batched) fsync, reading back in append order, removing delivered entries, and moving
 unreadable lines aside. It knows nothing about Kafka. The directory layout and the
-blocking file operations are in :mod:`decaton_aio.spool_files`, the line schema (of
+blocking file operations are in :mod:`decaton_aio.producer._spool_files`, the line schema (of
 segments and ``*.rejected`` files, which the Spark backfill job reads) in
-:mod:`decaton_aio.spool_format`.
+:mod:`decaton_aio.producer._spool_format`.
 
 Durability: an append is answered only after its line was written and fsynced (and, for
 a new segment file, the directory too). Appends made in the same loop turn, or while a
@@ -42,10 +42,15 @@ from typing import IO, Final
 
 import structlog
 
-from decaton_aio import spool_files
 from decaton_aio.errors import ConfigError, ProducerError
-from decaton_aio.spool_files import Segment
-from decaton_aio.spool_format import SPOOL_FORMAT_VERSION, CorruptLine, SpoolEntry, encode_line
+from decaton_aio.producer import _spool_files as spool_files
+from decaton_aio.producer._spool_files import Segment
+from decaton_aio.producer._spool_format import (
+    SPOOL_FORMAT_VERSION,
+    CorruptLine,
+    SpoolEntry,
+    encode_line,
+)
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -57,7 +62,7 @@ __all__ = [
 DEFAULT_SEGMENT_BYTES: Final = 1024 * 1024
 """A segment is closed and a new one started once it holds this many bytes."""
 
-log = structlog.get_logger("decaton_aio.spool")
+log = structlog.get_logger("decaton_aio.producer")
 
 # Writes each batch; looked up here at every write, so tests can patch it.
 _write_durably = spool_files.write_durably

@@ -1,6 +1,6 @@
 """The aiokafka producer behind the durable sender: starting it, stopping it, reading its errors.
 
-:class:`~decaton_aio.durable.DurableSender` and its :class:`~decaton_aio.replay.Replayer`
+:class:`~decaton_aio.producer.DurableSender` and its :class:`~decaton_aio.producer._replay.Replayer`
 share one ``acks=all`` client. This module starts it (:func:`start_client`, telling an
 unreachable cluster apart from a refused producer and an authorization failure, and
 turning idempotence off with one warning where the cluster refuses it and the settings
@@ -39,7 +39,7 @@ from aiokafka.errors import (
 from decaton_aio.errors import AccessDeniedError, ProducerError
 
 if TYPE_CHECKING:
-    from decaton_aio.producer import ProducerConfig
+    from decaton_aio.producer._config import ProducerConfig
 
 __all__ = [
     "ACCESS_ERRORS",

@@ -24,28 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
 from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
-from decaton_aio.context import ProcessingContext
-from decaton_aio.eager import CoroutineStarter
+from decaton_aio.completion import DeferredTimeoutPolicy
+from decaton_aio.consumer._contract import TaskHost
+from decaton_aio.consumer._eager import CoroutineStarter
+from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
-from decaton_aio.partition import PartitionProcessor, PartitionState
 from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
-from decaton_aio.records import Record
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
-from decaton_aio.typing import RecordSender
+from decaton_aio.typing import Record, RecordSender
 
-__all__ = ["DeferredTimeoutPolicy", "TaskExecutor", "TaskFunction"]
+__all__ = ["TaskExecutor"]
 
-TaskFunction = Callable[[ProcessingContext, Any], Coroutine[Any, Any, Any]]
-DeferredTimeoutPolicy = Literal["give_up", "extend", "retry"]
 
-log = structlog.get_logger("decaton_aio.execution")
+log = structlog.get_logger("decaton_aio.consumer")
 
 _SEND_BACKOFF_BASE_S = 0.2
 _SEND_BACKOFF_MAX_S = 10.0
@@ -94,13 +92,13 @@ class TaskExecutor:
 
     # ---------------------------------------------------------------------- start
 
-    def start(self, partition: PartitionProcessor, record: Record) -> bool:
+    def start(self, partition: TaskHost, record: Record) -> bool:
         """Run a record whose slot ``partition`` granted. Never raises.
 
         Returns:
             ``True`` when the task finished at once and needs nothing more (it returned
             without asking for a retry or a deferred completion): the caller finishes it,
-            as :meth:`PartitionProcessor.finish` would. ``False`` when the outcome comes
+            as :meth:`TaskHost.finish` would. ``False`` when the outcome comes
             back through the partition's callbacks (now or later).
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
@@ -157,7 +155,7 @@ class TaskExecutor:
         self._outcome(partition, ctx, None)
         return False
 
-    def shape(self, partition: PartitionProcessor, record: Record) -> None:
+    def shape(self, partition: TaskHost, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
         partition.hand_off(record)
         self._send_then_complete(
@@ -173,7 +171,7 @@ class TaskExecutor:
 
     def _finished(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         ctx: ProcessingContext,
         exc: BaseException | None,
     ) -> None:
@@ -186,7 +184,7 @@ class TaskExecutor:
 
     def _outcome(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         ctx: ProcessingContext,
         exc: BaseException | None,
     ) -> None:
@@ -259,7 +257,7 @@ class TaskExecutor:
             partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
         )
 
-    def _defer(self, partition: PartitionProcessor, ctx: ProcessingContext) -> None:
+    def _defer(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         completion = ctx.completion
         assert completion is not None
         record = ctx.record
@@ -284,7 +282,7 @@ class TaskExecutor:
 
         def timed_out() -> None:
             nonlocal timer
-            if completion.done or partition.state is PartitionState.CLOSED:
+            if completion.done or partition.closed:
                 return
             ctx.logger.warning(
                 "deferred completion timed out", timeout_ms=timeout_ms, policy=self._deferred_policy
@@ -304,7 +302,7 @@ class TaskExecutor:
 
     def _retry_released(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         ctx: ProcessingContext,
         delay_s: float | None,
         exc: BaseException | None,
@@ -343,9 +341,7 @@ class TaskExecutor:
             partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
         )
 
-    def _poison_pill(
-        self, partition: PartitionProcessor, ctx: ProcessingContext, exc: DecodeError
-    ) -> None:
+    def _poison_pill(self, partition: TaskHost, ctx: ProcessingContext, exc: DecodeError) -> None:
         partition.stats.discarded += 1
         ctx.logger.warning(
             "task cannot be decoded: dead-lettering it", part=exc.part, reason=exc.reason
@@ -354,7 +350,7 @@ class TaskExecutor:
 
     def _dead_letter(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         ctx: ProcessingContext,
         error_type: str,
         message: str,
@@ -365,7 +361,7 @@ class TaskExecutor:
 
     def _send_dead_letter(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         ctx: ProcessingContext,
         error_type: str,
         message: str,
@@ -401,7 +397,7 @@ class TaskExecutor:
 
     def _send_then_complete(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         record: Record,
         topic: str,
         headers: Sequence[tuple[str, bytes]],
@@ -421,7 +417,7 @@ class TaskExecutor:
 
     async def _send_routine(
         self,
-        partition: PartitionProcessor,
+        partition: TaskHost,
         record: Record,
         topic: str,
         headers: Sequence[tuple[str, bytes]],
@@ -436,7 +432,7 @@ class TaskExecutor:
             partition.complete_released(record)
             return
         attempt = 0
-        while partition.state is not PartitionState.CLOSED:
+        while not partition.closed:
             try:
                 await sender.send(
                     topic,

@@ -1,6 +1,6 @@
 """Records the durable sender holds until they are answered, and how they are answered.
 
-A record handed to :class:`~decaton_aio.durable.DurableSender` is a :class:`PendingRecord`
+A record handed to :class:`~decaton_aio.producer.DurableSender` is a :class:`PendingRecord`
 until its caller's future is answered: with a :class:`RecordLocation` once it is delivered
 or spooled, or with an error. :class:`Settlement` counts the records not answered yet (for
 ``flush()`` and ``stop()``) and answers them. :class:`InFlightRecords` tracks the records
@@ -26,8 +26,7 @@ from decaton_aio.errors import ProducerError
 
 __all__ = ["InFlightRecords", "PendingRecord", "RecordLocation", "Settlement"]
 
-# The logger of decaton_aio.durable, where this code lived: filters by name keep working.
-log = structlog.get_logger("decaton_aio.durable")
+log = structlog.get_logger("decaton_aio.producer")
 
 _BYTES_TYPES: Final = (bytes, bytearray, memoryview, type(None))
 
@@ -36,7 +35,7 @@ _BYTES_TYPES: Final = (bytes, bytearray, memoryview, type(None))
 class RecordLocation:
     """Where a record landed, or that it waits in the spool.
 
-    The result of :meth:`~decaton_aio.durable.DurableSender.send` and of ``TaskProducer.put``.
+    The result of :meth:`~decaton_aio.producer.DurableSender.send` and of ``TaskProducer.put``.
 
     Attributes:
         topic: the record's topic.
@@ -83,7 +82,7 @@ class PendingRecord:
     ) -> PendingRecord:
         """Check a record handed to the sender and make it pending, with a fresh future.
 
-        Arguments as :meth:`DurableSender.submit <decaton_aio.durable.DurableSender.submit>`.
+        Arguments as :meth:`DurableSender.submit <decaton_aio.producer.DurableSender.submit>`.
 
         Raises:
             ProducerError: the record has neither key nor value.

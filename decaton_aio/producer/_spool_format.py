@@ -1,6 +1,6 @@
 """The spool's line format: one :class:`SpoolEntry` per line, and reading lines back.
 
-:mod:`decaton_aio.spool` keeps these lines in segment files; this module owns what a line
+:mod:`decaton_aio.producer._spool` keeps these lines in segment files; this module owns what a line
 holds, how an entry becomes a line (:func:`encode_line`, :func:`encode_rejected_line`), and
 how the lines of a file become entries again, setting aside the ones that cannot be read
 (:func:`parse_lines`). It does no I/O.

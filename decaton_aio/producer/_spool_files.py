@@ -8,11 +8,11 @@ Directory layout::
       spool-000000000001.corrupt  lines of that segment that could not be parsed
       spool-000000000001.rejected entries the broker refused for good (e.g. too large)
 
-:class:`~decaton_aio.spool.Spool` runs these functions in worker threads
+:class:`~decaton_aio.producer._spool.Spool` runs these functions in worker threads
 (``asyncio.to_thread``); each touches only what it is given. They write durably (data,
 then ``fsync`` of the file and, for a new or deleted file, of its directory), read and
 find segment files, and take the directory's ``flock``. Their lines are in the format of
-:mod:`decaton_aio.spool_format`.
+:mod:`decaton_aio.producer._spool_format`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import IO, Final
 
 from decaton_aio.errors import ConfigError
-from decaton_aio.spool_format import CorruptLine, SpoolEntry, encode_rejected_line, parse_lines
+from decaton_aio.producer._spool_format import (
+    CorruptLine,
+    SpoolEntry,
+    encode_rejected_line,
+    parse_lines,
+)
 
 try:
     import fcntl

@@ -1,4 +1,4 @@
-"""Hot-key detection: which keys use more than their per-key quota (MISSION row F11).
+"""Hot-key detection: which keys use more than their per-key quota.
 
 This module owns the question "is this key flooding?" for one partition, answered in
 constant memory whatever the number of distinct keys: a count-min sketch estimates each

@@ -1,6 +1,6 @@
 """Per-partition processing rate limit: a token bucket that delays tasks, never drops them.
 
-This module owns MISSION row F10's arithmetic: how many tasks one partition may start per
+This module owns the rate limit's arithmetic: how many tasks one partition may start per
 second (``decaton.processing.rate.per.partition``), and how long the next one has to wait.
 It is synchronous and pure apart from reading a clock; the runtime does the waiting::
 
@@ -22,7 +22,7 @@ balance as ``tokens0 + (now - t0) * rate - spent``: one rounding per call, none
 accumulated. The reference point moves only when the bucket overflows (idle) or the rate
 changes.
 
-Throttled time (a metric, F20) is accounted here: an interval starts at the first refused
+Throttled time (a metric) is accounted here: an interval starts at the first refused
 :meth:`TokenBucket.try_acquire` and ends at the next granted one, so time counts once
 however many coroutines are waiting, and a pause (rate 0) counts as throttled too.
 

@@ -1,8 +1,7 @@
 """A subscription: one consumer, one event loop, many partitions processed concurrently.
 
 The :class:`Subscription` owns an aiokafka consumer (auto commit off) and, per assigned
-partition, a :class:`~decaton_aio.partition.PartitionProcessor`. Two routines run on the
-loop:
+partition, a ``PartitionProcessor``. Two routines run on the loop:
 
 - the fetch routine takes record batches and feeds them to their partitions, pausing a
   partition whose pending records reach ``decaton.max.pending.records``;
@@ -15,8 +14,8 @@ to ``decaton.group.rebalance.timeout.ms`` for running ones, commit, and close th
 assign, a fresh processor per partition. Shutdown stops fetching, drains up to
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
 
-Unexpected errors in a routine escape to :meth:`Subscription.run`, which stops the
-subscription and re-raises them: one supervisor, no silent death.
+Unexpected errors in a routine stop the subscription and are re-raised by
+:meth:`Subscription.wait_stopped`: one supervisor, no silent death.
 """
 
 from __future__ import annotations
@@ -35,13 +34,13 @@ from aiokafka.errors import KafkaError
 
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.durable import DurableSender
+from decaton_aio.consumer._execution import TaskExecutor
+from decaton_aio.consumer._hotkeys import HotKeyDetector
+from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.errors import ConfigError
-from decaton_aio.execution import TaskExecutor
-from decaton_aio.hotkeys import HotKeyDetector
 from decaton_aio.metrics import Metrics
-from decaton_aio.partition import PartitionProcessor
-from decaton_aio.producer import ProducerConfig
+from decaton_aio.producer import DurableSender, ProducerConfig
 from decaton_aio.properties import (
     COMMIT_INTERVAL_MS,
     GROUP_REBALANCE_TIMEOUT_MS,
@@ -54,11 +53,10 @@ from decaton_aio.properties import (
     SHAPING_RATE_PER_PARTITION,
     Properties,
 )
-from decaton_aio.records import RAW_RECORDS, install_raw_records
 
 __all__ = ["Subscription", "SubscriptionState"]
 
-log = structlog.get_logger("decaton_aio.subscription")
+log = structlog.get_logger("decaton_aio.consumer")
 
 _FETCH_TIMEOUT_MS = 100
 _QUOTA_WINDOW_S = 1.0
@@ -89,7 +87,7 @@ class Subscription:
         producer: settings of the producer for retry, dead letter and shaping records
             (same cluster, idempotent, no spool when omitted; the embedded broker needs
             ``idempotence=False``).
-        sender: a started-elsewhere :class:`~decaton_aio.durable.DurableSender` to use
+        sender: a started-elsewhere :class:`~decaton_aio.producer.DurableSender` to use
             instead (e.g. the one of the application's own ``TaskProducer``, so both
             share one spool directory); the subscription then does not start or stop it.
         properties: live runtime properties; built from ``app.properties`` when omitted.

@@ -1,7 +1,7 @@
 """The background routine of a property source: spawned, watched, cancelled.
 
-:class:`~decaton_aio.property_sources.FilePropertySource` and
-:class:`~decaton_aio.kafka_property_source.KafkaPropertySource` follow the routine
+:class:`~decaton_aio.properties.FilePropertySource` and
+:class:`~decaton_aio.properties.KafkaPropertySource` follow the routine
 vocabulary: ``start()`` spawns ``_x_routine()`` with :func:`spawn`, ``stop()`` cancels and
 awaits it with :func:`cancel_and_wait`. A routine that ends with an unexpected error is
 logged at once and its error re-raised by ``stop()`` to whoever supervises the source.
@@ -17,8 +17,7 @@ import structlog
 
 __all__ = ["cancel_and_wait", "spawn"]
 
-# The logger of decaton_aio.property_sources, where this code lived.
-_log = structlog.get_logger("decaton_aio.property_sources")
+_log = structlog.get_logger("decaton_aio")
 
 
 def spawn(routine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:

@@ -1,11 +1,11 @@
 """Runtime properties: typed, validated knobs whose reloadable ones change while running.
 
-This module owns the property model (F4):
+This module owns the property model:
 
 * :class:`PropertyDefinition` - what a knob is: name, default, parser, validator,
   whether it is reloadable, a one-line doc. Immutable; built-in ones are module constants
   collected in :data:`BUILTIN_DEFINITIONS`. Defined with the built-ins and the README
-  table in :mod:`decaton_aio.property_definitions`, and re-exported here.
+  table in :mod:`decaton_aio.properties._definitions`.
 * :class:`Property` - the live value of one definition inside one runtime, with
   listeners that run after each change.
 * :class:`Properties` - every live property of one runtime. Building it is *strict*
@@ -13,7 +13,7 @@ This module owns the property model (F4):
   changing it later is *lenient* (a bad value is logged and rejected, the old one kept).
 
 Where new values come from (files, a Kafka topic, environment variables) lives in
-:mod:`decaton_aio.property_sources`.
+:mod:`decaton_aio.properties._sources`.
 
 Ownership: properties are read and changed on the event loop that runs the processor.
 Nothing here locks; do not call :meth:`Property.set` from another thread.
@@ -28,55 +28,16 @@ from typing import Any, Final, Generic, TypeVar, cast, overload
 import structlog
 
 from decaton_aio.errors import ConfigError
-from decaton_aio.property_definitions import (
-    BUILTIN_DEFINITIONS,
-    COMMIT_INTERVAL_MS,
-    DEFERRED_COMPLETE_TIMEOUT_MS,
-    GROUP_REBALANCE_TIMEOUT_MS,
-    IGNORE_KEYS,
-    MAX_PENDING_RECORDS,
-    PARTITION_CONCURRENCY,
-    PER_KEY_QUOTA_PROCESSING_RATE,
-    PROCESSING_RATE_PER_PARTITION,
-    PROCESSING_SHUTDOWN_TIMEOUT_MS,
-    SHAPING_RATE_PER_PARTITION,
-    PropertyDefinition,
-    bool_property,
-    int_property,
-    render_markdown_table,
-    str_list_property,
-)
+from decaton_aio.properties._definitions import BUILTIN_DEFINITIONS, PropertyDefinition
 
-__all__ = [
-    "BUILTIN_DEFINITIONS",
-    "COMMIT_INTERVAL_MS",
-    "DEFERRED_COMPLETE_TIMEOUT_MS",
-    "GROUP_REBALANCE_TIMEOUT_MS",
-    "IGNORE_KEYS",
-    "MAX_PENDING_RECORDS",
-    "PARTITION_CONCURRENCY",
-    "PER_KEY_QUOTA_PROCESSING_RATE",
-    "PROCESSING_RATE_PER_PARTITION",
-    "PROCESSING_SHUTDOWN_TIMEOUT_MS",
-    "RESET",
-    "SHAPING_RATE_PER_PARTITION",
-    "Layer",
-    "Listener",
-    "Properties",
-    "Property",
-    "PropertyDefinition",
-    "bool_property",
-    "int_property",
-    "render_markdown_table",
-    "str_list_property",
-]
+__all__ = ["RESET", "Layer", "Listener", "Properties", "Property"]
 
 T = TypeVar("T")
 
 Listener = Callable[[T, T], None]
 """A change listener: called with ``(old, new)`` right after a property changed."""
 
-_log = structlog.get_logger(__name__)
+_log = structlog.get_logger("decaton_aio.properties")
 
 
 class _Reset:

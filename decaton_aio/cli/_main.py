@@ -1,22 +1,27 @@
-"""The command line: ``python -m decaton_aio`` (or ``decaton-aio``).
-
-The CLI parses arguments, imports and configures, then calls the library; it holds no
-business logic. :func:`main` returns one of the named exit codes below and never lets a
-traceback reach the user for a bad argument: it prints one line saying what to do.
-"""
+"""The parser of the command line and its dispatch: :func:`main` turns every error into
+one line and an exit code of :mod:`decaton_aio.cli._common`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from decaton_aio import __version__
+from decaton_aio._version import __version__
+from decaton_aio.cli import _commands
+from decaton_aio.cli._common import (
+    BOOTSTRAP_ENV_VAR,
+    EXIT_DATA,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+)
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
@@ -24,33 +29,7 @@ from decaton_aio.metrics import DEFAULT_METRICS_ADDR
 from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.producer import COMPRESSION_TYPES, Idempotence
 
-__all__ = [
-    "BOOTSTRAP_ENV_VAR",
-    "EXIT_DATA",
-    "EXIT_FAILURE",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_UNAVAILABLE",
-    "EXIT_USAGE",
-    "add_producer_arguments",
-    "import_object",
-    "main",
-]
-
-EXIT_OK = 0
-#: An unexpected failure (a bug or an unreachable cluster at run time).
-EXIT_FAILURE = 1
-#: A bad argument or option.
-EXIT_USAGE = 2
-#: Bad input data (a malformed line for ``produce``).
-EXIT_DATA = 65
-#: The broker or cluster could not be found, started or reached.
-EXIT_UNAVAILABLE = 69
-#: Stopped by Ctrl-C.
-EXIT_INTERRUPTED = 130
-
-#: Environment variable read when ``--bootstrap-servers`` is not given.
-BOOTSTRAP_ENV_VAR = "DECATON_AIO_BOOTSTRAP_SERVERS"
+__all__ = ["add_producer_arguments", "entrypoint", "main"]
 
 
 class _UsageError(Exception):
@@ -62,35 +41,6 @@ class _Parser(argparse.ArgumentParser):
     # line and a return value from main(), so errors become exceptions.
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog}: {message} (see --help)")
-
-
-def import_object(path: str) -> Any:
-    """Import ``module:attr`` (``attr`` may be dotted) and return the object.
-
-    Raises:
-        ConfigError: when the path is malformed, the module cannot be imported or has no
-            such attribute; the message says which.
-    """
-    module_name, sep, attr_path = path.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ConfigError(f"{path!r} is not MODULE:ATTR (for example myapp.tasks:processor)")
-    # Like `python -m`, let the current directory provide the user's module.
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise ConfigError(f"cannot import module {module_name!r}: no such module") from exc
-        raise ConfigError(f"importing {module_name!r} failed: {exc}") from exc
-    except Exception as exc:
-        raise ConfigError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"module {module_name!r} has no attribute {attr_path!r}") from None
-    return obj
 
 
 def _add_bootstrap(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -310,10 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments without the program name; ``sys.argv[1:]`` when omitted.
 
     Returns:
-        One of the ``EXIT_*`` codes of this module.
+        One of the ``EXIT_*`` codes of :mod:`decaton_aio.cli`.
     """
-    from decaton_aio import cli_commands  # imports this module's exit codes
-
     try:
         args = _build_parser().parse_args(argv)
     except _UsageError as exc:
@@ -325,15 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         fmt = args.log_format
         configure_logging(args.log_level, json=None if fmt == "auto" else fmt == "json")
         if args.command == "broker":
-            return cli_commands.run_broker(args)
+            return _commands.run_broker(args)
         if args.command == "produce":
-            return asyncio.run(cli_commands.produce(args))
+            return asyncio.run(_commands.produce(args))
         if args.command == "inspect":
-            return asyncio.run(cli_commands.inspect(args))
-        return cli_commands.run_target(args)
+            return asyncio.run(_commands.inspect(args))
+        return _commands.run_target(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except cli_commands.DataError as exc:
+    except _commands.DataError as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
         return EXIT_DATA
     except (BrokerError, ProducerError) as exc:

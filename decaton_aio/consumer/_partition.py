@@ -2,17 +2,18 @@
 
 A :class:`PartitionProcessor` lives for one assignment of one partition. Fetched records
 enter in offset order through :meth:`PartitionProcessor.feed`; each is registered with the
-:class:`~decaton_aio.watermark.WatermarkTracker`, then
+:class:`~decaton_aio.consumer._watermark.WatermarkTracker`, then
 
 - if an earlier record of its key is still outstanding, it waits in that key's lane
   (created only while the key is busy, so an idle key costs nothing);
 - otherwise it is *ready*: it waits in the ready queue (FIFO) for a slot (fewer than
   ``limit`` tasks running) and, when a rate is set, for a token of the partition's bucket.
 
-The executor (:mod:`decaton_aio.execution`) runs a started record and reports back with
-one of: :meth:`~PartitionProcessor.finish` (done), :meth:`~PartitionProcessor.release`
-then :meth:`~PartitionProcessor.complete_released` (the slot and lane are free now, the
-offset completes later: deferred completion, a retry or dead letter being sent), or
+The executor runs a started record and reports back (the contract is in
+:mod:`decaton_aio.consumer._contract`) with one of: :meth:`~PartitionProcessor.finish`
+(done), :meth:`~PartitionProcessor.release` then
+:meth:`~PartitionProcessor.complete_released` (the slot and lane are free now, the offset
+completes later: deferred completion, a retry or dead letter being sent), or
 :meth:`~PartitionProcessor.postpone` (the slot is free, the lane stays taken, the record
 runs again after a delay: scheduled tasks and in-place retries). Waiting never holds a
 slot, so a waiting key never blocks other keys.
@@ -37,18 +38,19 @@ from typing import TYPE_CHECKING, TypeAlias
 import structlog
 from aiokafka import TopicPartition
 
+from decaton_aio.consumer._ratelimit import TokenBucket
+from decaton_aio.consumer._records import queued
+from decaton_aio.consumer._watermark import WatermarkTracker
 from decaton_aio.metrics import PartitionStats
-from decaton_aio.ratelimit import TokenBucket
-from decaton_aio.records import Record, queued
-from decaton_aio.watermark import WatermarkTracker
+from decaton_aio.typing import Record
 
 if TYPE_CHECKING:
-    from decaton_aio.execution import TaskExecutor
-    from decaton_aio.hotkeys import HotKeyDetector
+    from decaton_aio.consumer._contract import TaskRunner
+    from decaton_aio.consumer._hotkeys import HotKeyDetector
 
 __all__ = ["PartitionProcessor", "PartitionState"]
 
-log = structlog.get_logger("decaton_aio.partition")
+log = structlog.get_logger("decaton_aio.consumer")
 
 
 _Lane: TypeAlias = list[Record] | deque[Record]
@@ -93,7 +95,7 @@ class PartitionProcessor:
         self,
         tp: TopicPartition,
         *,
-        executor: TaskExecutor,
+        executor: TaskRunner,
         limit: int,
         max_pending: int,
         stats: PartitionStats,
@@ -131,6 +133,11 @@ class PartitionProcessor:
         self.attempts: dict[int, int] = {}
 
     # ----------------------------------------------------------------- inspection
+
+    @property
+    def closed(self) -> bool:
+        """Whether the assignment ended: completions are ignored from now on."""
+        return self.state is PartitionState.CLOSED
 
     @property
     def in_flight(self) -> int:

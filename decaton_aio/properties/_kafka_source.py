@@ -4,10 +4,10 @@ This module owns the Kafka property source: the record shapes of the property to
 (:func:`encode_record`, :func:`decode_record`, :func:`apply_record`) and
 :class:`KafkaPropertySource`, which reads the topic's backlog for the strict start and then
 applies new records leniently. The other sources (environment variables, files) and the
-:class:`~decaton_aio.property_sources.PropertySource` protocol are in
-:mod:`decaton_aio.property_sources`, which re-exports every name here.
+:class:`~decaton_aio.properties.PropertySource` protocol are in
+:mod:`decaton_aio.properties._sources`.
 
-Background work follows the routine vocabulary (:mod:`decaton_aio.source_routines`).
+Background work follows the routine vocabulary (:mod:`decaton_aio._routines`).
 An undecodable record or a failed fetch is logged and skipped; anything else ends the
 routine, is logged, and is re-raised by ``stop()``.
 """
@@ -23,14 +23,13 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio._routines import cancel_and_wait, spawn
 from decaton_aio.offsets import topic_partitions
-from decaton_aio.properties import RESET, Properties
-from decaton_aio.source_routines import cancel_and_wait, spawn
+from decaton_aio.properties._properties import RESET, Properties
 
 __all__ = ["KafkaPropertySource", "apply_record", "decode_record", "encode_record"]
 
-# The logger of decaton_aio.property_sources, where this code lived.
-_log = structlog.get_logger("decaton_aio.property_sources")
+_log = structlog.get_logger("decaton_aio.properties")
 
 
 def encode_record(name: str, value: object) -> tuple[bytes, bytes | None]:

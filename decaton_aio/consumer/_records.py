@@ -21,31 +21,16 @@ A record that has to wait for its key or for a slot is kept as a :class:`QueuedR
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import structlog
 
 from decaton_aio.metadata import METADATA_HEADER
+from decaton_aio.typing import Record
 
-__all__ = ["RAW_RECORDS", "QueuedRecord", "Record", "install_raw_records", "queued"]
+__all__ = ["RAW_RECORDS", "QueuedRecord", "install_raw_records", "queued"]
 
-log = structlog.get_logger("decaton_aio.records")
-
-
-class Record(Protocol):
-    """What the runtime reads of a fetched record."""
-
-    @property
-    def offset(self) -> int: ...
-    @property
-    def timestamp(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes]]:
-        """Header keys and values (Kafka allows a null value; ``dt_meta`` is checked)."""
+log = structlog.get_logger("decaton_aio.consumer")
 
 
 class _Fields(NamedTuple):

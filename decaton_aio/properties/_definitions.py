@@ -1,6 +1,6 @@
 """Property definitions: what each knob is, the built-in knobs, and their documentation.
 
-This module owns the static side of the property model (F4):
+This module owns the static side of the property model:
 
 * :class:`PropertyDefinition` - what a knob is: name, default, parser, validator,
   whether it is reloadable, a one-line doc. Immutable.
@@ -10,8 +10,7 @@ This module owns the static side of the property model (F4):
   (names follow Decaton's ``ProcessorProperties`` where one exists).
 * :func:`render_markdown_table` - the README table of definitions.
 
-The live values and their reloads are in :mod:`decaton_aio.properties`, which re-exports
-every name here.
+The live values and their reloads are in :mod:`decaton_aio.properties._properties`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The durable sender: a record is answered only once it is durable.
 
 :class:`DurableSender` owns the one aiokafka producer (``acks=all``) behind the task
-producer and the runtime's retry, dead letter and shaping sends (seed 001's "failure
-logging producer", MISSION row F18). A send is answered when the record is durable:
+producer and the runtime's retry, dead letter and shaping sends. A send is answered when
+the record is durable:
 
 - *delivered*: the broker acknowledged it; or
 - *spooled*: the client gave up on it (its own retries ran out: a request or delivery
   timeout, a lost connection, no leader), and it was appended to the local spool
-  (:mod:`decaton_aio.spool`) and fsynced.
+  (:mod:`decaton_aio.producer._spool`) and fsynced.
 
 A record that cannot be spooled either (no ``spool_dir``, a disk error) or that the broker
 refuses for good (too large, an idempotence failure) raises :class:`ProducerError`.
@@ -16,10 +16,10 @@ Modes (:class:`SenderMode`). ``DIRECT``: records go to the client. The first rec
 client gives up on switches the sender to ``SPOOLING``: from then on every new record goes
 straight to the spool, behind the ones already there. ``start()`` with no broker
 reachable (and a spool) does not fail: it starts in ``SPOOLING`` and the replayer keeps
-trying to connect. The replayer (:class:`~decaton_aio.replay.Replayer`) delivers spooled
+trying to connect. The replayer (:class:`~decaton_aio.producer._replay.Replayer`) delivers spooled
 records oldest first, in rounds, with exponential backoff and jitter between failed
 rounds; when the spool is empty the sender switches back to ``DIRECT``. Starting, stopping
-and reading the errors of the Kafka client live in :mod:`decaton_aio.producer_client`.
+and reading the errors of the Kafka client live in :mod:`decaton_aio.producer._client`.
 
 Order guarantees, per (topic, key):
 
@@ -55,8 +55,7 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from decaton_aio.errors import ProducerError
-from decaton_aio.inflight import InFlightRecords, PendingRecord, RecordLocation, Settlement
-from decaton_aio.producer_client import (
+from decaton_aio.producer._client import (
     UnreachableError,
     is_idempotent,
     is_spoolable,
@@ -64,15 +63,21 @@ from decaton_aio.producer_client import (
     start_client,
     stop_client,
 )
-from decaton_aio.replay import Replayer
-from decaton_aio.spool import Spool
+from decaton_aio.producer._inflight import (
+    InFlightRecords,
+    PendingRecord,
+    RecordLocation,
+    Settlement,
+)
+from decaton_aio.producer._replay import Replayer
+from decaton_aio.producer._spool import Spool
 
 if TYPE_CHECKING:
-    from decaton_aio.producer import ProducerConfig
+    from decaton_aio.producer._config import ProducerConfig
 
 __all__ = ["DurableSender", "RecordLocation", "SenderMode"]
 
-log = structlog.get_logger("decaton_aio.durable")
+log = structlog.get_logger("decaton_aio.producer")
 
 
 class SenderMode(enum.Enum):

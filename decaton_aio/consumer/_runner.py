@@ -21,19 +21,19 @@ from typing import Any
 import structlog
 
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.consumer._subscription import Subscription
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR, Metrics
 from decaton_aio.producer import ProducerConfig
-from decaton_aio.properties import Properties
-from decaton_aio.property_sources import (
+from decaton_aio.properties import (
     FilePropertySource,
     KafkaPropertySource,
+    Properties,
     properties_from_env,
 )
-from decaton_aio.subscription import Subscription
 
 __all__ = ["RunOptions", "install_event_loop_policy", "run_application", "tune_gc"]
 
-log = structlog.get_logger("decaton_aio.runner")
+log = structlog.get_logger("decaton_aio.consumer")
 
 #: Exit code used when a second signal ends the process without draining.
 EXIT_ON_SECOND_SIGNAL = 130

@@ -1,7 +1,7 @@
 """The command implementations behind :mod:`decaton_aio.cli`: produce, broker, inspect, run.
 
 Each takes the parsed arguments and returns an exit code; parsing, logging setup and the
-mapping of errors to exit codes stay in :mod:`decaton_aio.cli`.
+mapping of errors to exit codes stay in :mod:`decaton_aio.cli._main`.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import msgspec
 from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.cli import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import group_positions
 from decaton_aio.producer import ProducerConfig, TaskProducer
-from decaton_aio.property_sources import parse_assignments
-from decaton_aio.runner import RunOptions, install_event_loop_policy, run_application
+from decaton_aio.properties import parse_assignments
 from decaton_aio.serializers import JsonSerializer
 
 __all__ = ["DataError", "inspect", "produce", "run_broker", "run_target"]

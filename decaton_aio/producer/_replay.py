@@ -1,10 +1,10 @@
 """The spool side of the durable sender: records go into the spool and are replayed from it.
 
-:class:`Replayer` owns what a :class:`~decaton_aio.durable.DurableSender` with a spool does
+:class:`Replayer` owns what a :class:`~decaton_aio.producer.DurableSender` with a spool does
 with it. It appends the records the cluster does not take and answers their callers once
 the line is fsynced (:meth:`Replayer.spool_record`). Its background routine, woken when a
 record is spooled, gets a connected client from the sender (connecting if the sender has
-none yet) and delivers the spool (:mod:`decaton_aio.spool`) in rounds of up to
+none yet) and delivers the spool (:mod:`decaton_aio.producer._spool`) in rounds of up to
 :data:`REPLAY_BATCH` records: it sends them, waits up to the delivery timeout for their
 acknowledgements, and removes the acknowledged ones. Failed rounds are followed by
 exponential backoff with jitter (``replay_backoff_ms`` up to ``replay_backoff_max_ms``).
@@ -15,7 +15,7 @@ Per-key hold-back: in a round, if a record of a (topic, key) fails, later record
 key are kept in the spool even when they were acknowledged, and sent again after it: the
 last copy of each record arrives in spool order. Records without a key have no order.
 
-A record the broker refuses for good (:data:`~decaton_aio.producer_client.RECORD_ERRORS`,
+A record the broker refuses for good (:data:`~decaton_aio.producer._client.RECORD_ERRORS`,
 or a partition the topic no longer has) is moved to the segment's ``.rejected`` file
 instead of blocking the replay.
 
@@ -34,19 +34,18 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from decaton_aio.backoff import compute_backoff
 from decaton_aio.errors import ProducerError
-from decaton_aio.inflight import PendingRecord, RecordLocation, Settlement
-from decaton_aio.producer_client import RECORD_ERRORS
-from decaton_aio.spool import Spool, SpoolEntry
+from decaton_aio.producer._client import RECORD_ERRORS
+from decaton_aio.producer._inflight import PendingRecord, RecordLocation, Settlement
+from decaton_aio.producer._spool import Spool, SpoolEntry
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from decaton_aio.producer import ProducerConfig
+    from decaton_aio.producer._config import ProducerConfig
 
 __all__ = ["REPLAY_BATCH", "Replayer"]
 
-# The logger of decaton_aio.durable, where this code lived: filters by name keep working.
-log = structlog.get_logger("decaton_aio.durable")
+log = structlog.get_logger("decaton_aio.producer")
 
 REPLAY_BATCH: Final = 1000
 """How many spooled records one replay round sends before it waits for their acks."""

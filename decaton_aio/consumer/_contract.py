@@ -1,0 +1,64 @@
+"""The contract between a partition and the executor that runs its tasks.
+
+A :class:`~decaton_aio.consumer._partition.PartitionProcessor` grants a record a slot and
+calls :meth:`TaskRunner.start`; the executor reports the outcome back through
+:class:`TaskHost`, exactly once per record:
+
+- :meth:`TaskHost.finish`: done; the slot and the key lane are freed and the offset
+  completes;
+- :meth:`TaskHost.release`, later :meth:`TaskHost.complete_released`: the slot and lane
+  are freed now, the offset completes when what replaces the task is durable (deferred
+  completion, a retry or dead letter record being sent);
+- :meth:`TaskHost.postpone`: the slot is freed, the lane stays taken, the record runs
+  again after a delay (scheduled tasks, in-place retries).
+
+A record the partition hands to :meth:`TaskRunner.shape` took neither slot nor lane: the
+executor calls :meth:`TaskHost.hand_off`, then :meth:`TaskHost.complete_released`.
+Once the partition is closed, every call is ignored.
+
+Caller: both sides, on the event loop that owns the consumer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from aiokafka import TopicPartition
+
+from decaton_aio.metrics import PartitionStats
+from decaton_aio.typing import Record
+
+__all__ = ["TaskHost", "TaskRunner"]
+
+
+class TaskHost(Protocol):
+    """The partition, as the executor sees it."""
+
+    tp: TopicPartition
+    stats: PartitionStats
+    #: In-place retries: offset -> the attempt it runs next. Written by the executor.
+    attempts: dict[int, int]
+
+    @property
+    def closed(self) -> bool:
+        """Whether the assignment ended (completions are ignored from then on)."""
+        ...
+
+    def finish(self, record: Record) -> None: ...
+    def release(self, record: Record) -> None: ...
+    def hand_off(self, record: Record) -> None: ...
+    def complete_released(self, record: Record) -> None: ...
+    def postpone(self, record: Record, delay_s: float) -> None: ...
+
+
+class TaskRunner(Protocol):
+    """The executor, as the partition sees it."""
+
+    def start(self, partition: TaskHost, record: Record) -> bool:
+        """Run a record whose slot was granted; ``True`` when it finished at once (the
+        partition then finishes it, as :meth:`TaskHost.finish` would)."""
+        ...
+
+    def shape(self, partition: TaskHost, record: Record) -> None:
+        """Take a hot key's record off the partition (it completes once sent)."""
+        ...

@@ -1,0 +1,36 @@
+"""The producer: tasks onto a topic, never lost.
+
+:class:`TaskProducer` puts tasks with their ``dt_meta`` header through a
+:class:`DurableSender`, which owns the ``acks=all`` client and, with a spool directory,
+keeps what the cluster does not take in a local spool (fsynced before the put returns) and
+replays it in the background. The runtime sends its retry, dead letter and shaping records
+through the same sender.
+
+Inside (private): ``_config`` (:class:`ProducerConfig`), ``_task_producer``, ``_sender``
+(direct and spooling modes), ``_inflight`` (records awaiting acknowledgement and their
+settlement), ``_client`` (starting the client, sorting its errors), ``_replay`` (the
+spool's delivery), ``_spool``, ``_spool_files`` and ``_spool_format`` (the spool on disk).
+"""
+
+from __future__ import annotations
+
+from decaton_aio.producer._client import start_client, stop_client
+from decaton_aio.producer._config import COMPRESSION_TYPES, Idempotence, ProducerConfig
+from decaton_aio.producer._inflight import RecordLocation
+from decaton_aio.producer._sender import DurableSender, SenderMode
+from decaton_aio.producer._spool_format import SPOOL_FORMAT_VERSION, SpoolEntry
+from decaton_aio.producer._task_producer import TaskProducer
+
+__all__ = [
+    "COMPRESSION_TYPES",
+    "SPOOL_FORMAT_VERSION",
+    "DurableSender",
+    "Idempotence",
+    "ProducerConfig",
+    "RecordLocation",
+    "SenderMode",
+    "SpoolEntry",
+    "TaskProducer",
+    "start_client",
+    "stop_client",
+]
