@@ -105,12 +105,15 @@ class Completion:
         else:
             self.retry_delay_s = -1.0 if delay_s is None else max(0.0, delay_s)
 
-    def _attach(
+    def attach(
         self,
         on_complete: Callable[[], None],
         on_retry: Callable[[float | None, BaseException | None], None] | None = None,
     ) -> None:
-        # The runtime swaps in the real callbacks once the processor returned.
+        """Replace the callbacks: what completing, and asking for a retry or failing, do.
+
+        Caller: the runtime, once the processor returned (a processor never calls this).
+        """
         self._on_complete = on_complete
         self._on_retry = on_retry
 

@@ -9,8 +9,9 @@ calls :meth:`TaskRunner.start`; the executor reports the outcome back through
 - :meth:`TaskHost.release`, later :meth:`TaskHost.complete_released`: the slot and lane
   are freed now, the offset completes when what replaces the task is durable (deferred
   completion, a retry or dead letter record being sent);
-- :meth:`TaskHost.postpone`: the slot is freed, the lane stays taken, the record runs
-  again after a delay (scheduled tasks, in-place retries).
+- :meth:`TaskHost.postpone` (or :meth:`TaskHost.run_again`, which also counts the run):
+  the slot is freed, the lane stays taken, the record runs again after a delay
+  (scheduled tasks, in-place retries).
 
 A record the partition hands to :meth:`TaskRunner.shape` took neither slot nor lane: the
 executor calls :meth:`TaskHost.hand_off`, then :meth:`TaskHost.complete_released`.
@@ -36,27 +37,27 @@ class TaskHost(Protocol):
 
     tp: TopicPartition
     stats: PartitionStats
-    #: In-place retries: offset -> the attempt it runs next. Written by the executor.
-    attempts: dict[int, int]
 
     @property
     def closed(self) -> bool:
         """Whether the assignment ended (completions are ignored from then on)."""
         ...
 
+    def next_attempt(self, offset: int) -> int: ...
     def finish(self, record: Record) -> None: ...
     def release(self, record: Record) -> None: ...
     def hand_off(self, record: Record) -> None: ...
     def complete_released(self, record: Record) -> None: ...
     def postpone(self, record: Record, delay_s: float) -> None: ...
+    def run_again(self, record: Record, attempt: int, delay_s: float) -> None: ...
 
 
 class TaskRunner(Protocol):
     """The executor, as the partition sees it."""
 
-    def start(self, partition: TaskHost, record: Record) -> bool:
-        """Run a record whose slot was granted; ``True`` when it finished at once (the
-        partition then finishes it, as :meth:`TaskHost.finish` would)."""
+    def start(self, partition: TaskHost, record: Record) -> None:
+        """Run a record whose slot was granted; the outcome comes back through
+        :class:`TaskHost` (before this returns when the task ends at once)."""
         ...
 
     def shape(self, partition: TaskHost, record: Record) -> None:

@@ -92,18 +92,12 @@ class TaskExecutor:
 
     # ---------------------------------------------------------------------- start
 
-    def start(self, partition: TaskHost, record: Record) -> bool:
-        """Run a record whose slot ``partition`` granted. Never raises.
-
-        Returns:
-            ``True`` when the task finished at once and needs nothing more (it returned
-            without asking for a retry or a deferred completion): the caller finishes it,
-            as :meth:`TaskHost.finish` would. ``False`` when the outcome comes
-            back through the partition's callbacks (now or later).
+    def start(self, partition: TaskHost, record: Record) -> None:
+        """Run a record whose slot ``partition`` granted; its outcome goes back to the
+        partition through the contract's calls (now, or when the task ends). Never raises.
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
-        attempts = partition.attempts
-        attempt = attempts.pop(record.offset, 1) if attempts else 1
+        attempt = partition.next_attempt(record.offset)
         ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
         headers = record.headers
         try:
@@ -122,13 +116,11 @@ class TaskExecutor:
                 scheduled = scheduled_time_of(headers)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
-            return False
+            return
         now = time.time()
         if scheduled and scheduled > now * 1000:
-            if attempt > 1:
-                attempts[record.offset] = attempt
-            partition.postpone(record, scheduled / 1000 - now)
-            return False
+            partition.run_again(record, attempt, scheduled / 1000 - now)
+            return
         try:
             value = record.value
             if value is None:
@@ -136,24 +128,17 @@ class TaskExecutor:
             task = self._decode(value)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
-            return False
+            return
         stats = partition.stats
         stats.delivery_latency.observe(now - record.timestamp * 0.001)
-        ctx.started_at = started = time.perf_counter()
+        ctx.started_at = time.perf_counter()
         try:
             coro = self._process(ctx, task)
         except Exception as exc:  # a processor that is not a coroutine function
             self._finished(partition, ctx, exc)
-            return False
-        if not self._starter.start(coro, self._on_finished, partition, ctx):
-            return False
-        # Returned at once: _finished's common case, without the calls.
-        stats.process_duration.observe(time.perf_counter() - started)
-        stats.processed += 1
-        if ctx._completion is None and ctx.retry_delay_s is None:
-            return True
-        self._outcome(partition, ctx, None)
-        return False
+            return
+        if self._starter.start(coro, self._on_finished, partition, ctx):
+            self._finished(partition, ctx, None)  # it returned at once
 
     def shape(self, partition: TaskHost, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
@@ -191,7 +176,7 @@ class TaskExecutor:
         # Finish, defer, retry or dead-letter a task whose processor returned or raised.
         stats = partition.stats
         record = ctx.record
-        completion = ctx._completion  # the attribute, not the property: hot path
+        completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
             partition.finish(record)  # the common case: done
             return
@@ -241,8 +226,7 @@ class TaskExecutor:
             delay = retry.policy.delay_s(attempt)
         stats.retries += 1
         if retry.mode == "in_place":
-            partition.attempts[record.offset] = attempt + 1
-            partition.postpone(record, delay)
+            partition.run_again(record, attempt + 1, delay)
             return
         partition.release(record)
         headers = retry_headers(
@@ -275,7 +259,7 @@ class TaskExecutor:
                 timer.cancel()
             self._retry_released(partition, ctx, delay_s, exc)
 
-        completion._attach(completed, retry_later)
+        completion.attach(completed, retry_later)
         timeout_ms = self._deferred_timeout.value
         if timeout_ms < 0:
             return
@@ -293,7 +277,7 @@ class TaskExecutor:
             if self._deferred_policy == "retry":
                 completion.retry()
                 return
-            completion._attach(lambda: None)
+            completion.attach(lambda: None)
             completion.complete()  # later calls by the processor are no-ops
             partition.stats.discarded += 1
             partition.complete_released(record)

@@ -110,8 +110,8 @@ class PartitionProcessor:
         self._mark = self.tracker.mark  # completes an offset: one C-level append
         self._pending = 0  # registered offsets not completed yet (each completes once)
         self.stats = stats
-        self.paused = False
-        self.last_committed: int | None = None
+        self._paused = False
+        self._last_committed: int | None = None
         self._executor = executor
         self._limit = limit
         self._max_pending = max_pending
@@ -129,8 +129,7 @@ class PartitionProcessor:
         self._timers: set[asyncio.TimerHandle] = set()
         self._pump_timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Event | None = None
-        #: In-place retries: offset -> the attempt it runs next.
-        self.attempts: dict[int, int] = {}
+        self._attempts: dict[int, int] = {}  # in-place retries: offset -> next attempt
 
     # ----------------------------------------------------------------- inspection
 
@@ -138,6 +137,16 @@ class PartitionProcessor:
     def closed(self) -> bool:
         """Whether the assignment ended: completions are ignored from now on."""
         return self.state is PartitionState.CLOSED
+
+    @property
+    def paused(self) -> bool:
+        """Whether the consumer stopped fetching this partition (back-pressure)."""
+        return self._paused
+
+    @property
+    def last_committed(self) -> int | None:
+        """The offset last committed for this partition, ``None`` before the first."""
+        return self._last_committed
 
     @property
     def in_flight(self) -> int:
@@ -183,6 +192,39 @@ class PartitionProcessor:
             Whether the watermark moved.
         """
         return self._pending == 0 and self.tracker.skip_to(position)
+
+    def set_paused(self, paused: bool) -> None:
+        """Record that the consumer paused (or resumed) fetching this partition.
+
+        Caller: the subscription, with its ``consumer.pause`` / ``resume`` call.
+        Affects: :attr:`paused`, the paused metric, whether completions ask to resume.
+        """
+        self._paused = self.stats.paused = paused
+
+    def committed(self, offset: int) -> None:
+        """Record a successful commit of ``offset``.
+
+        Caller: the subscription's commit. Affects: :attr:`last_committed`, the metric.
+        """
+        self._last_committed = self.stats.committed_offset = offset
+
+    def next_attempt(self, offset: int) -> int:
+        """Which run of the record at ``offset`` this is (1, or the in-place retry's).
+
+        Caller: the executor, as it starts the record.
+        """
+        attempts = self._attempts
+        return attempts.pop(offset, 1) if attempts else 1
+
+    def run_again(self, record: Record, attempt: int, delay_s: float) -> None:
+        """Run ``record`` again, as run number ``attempt``, after ``delay_s`` in its lane.
+
+        Caller: the executor (an in-place retry; a scheduled task not due yet).
+        Affects: as :meth:`postpone`.
+        """
+        if attempt > 1:
+            self._attempts[record.offset] = attempt
+        self.postpone(record, delay_s)
 
     # ---------------------------------------------------------------- live settings
 
@@ -231,7 +273,6 @@ class PartitionProcessor:
         hot_keys = self.hot_keys
         bucket = self._bucket
         start = self._executor.start
-        mark = self._mark
         for record in records:
             if skip is not None and record.offset in skip:
                 continue  # completed before a restart (checkpoint); never run twice
@@ -239,8 +280,7 @@ class PartitionProcessor:
             if key is not None:
                 if ignore and key in ignore:
                     self.stats.discarded += 1
-                    self._pending -= 1
-                    mark(record.offset)
+                    self._complete(record.offset)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
                     self._executor.shape(self, record)  # hands it off: no slot, no lane
@@ -260,14 +300,7 @@ class PartitionProcessor:
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
-                if start(self, record):  # it returned at once: finish() without the call
-                    self._in_flight -= 1
-                    self._pending -= 1
-                    mark(record.offset)
-                    if key is not None:
-                        # Nothing of this key can have queued meanwhile (only feed
-                        # queues, and it is not re-entered): the key is idle again.
-                        lanes.pop(key, None)
+                start(self, record)
         self._after_change()
 
     def _pump(self) -> None:
@@ -289,9 +322,7 @@ class PartitionProcessor:
                         self._pump_later(wait_s)
                         return
                 self._in_flight += 1
-                record = ready.popleft()
-                if start(self, record):
-                    self.finish(record)  # it returned at once
+                start(self, ready.popleft())
         finally:
             self._pumping = False
 
@@ -312,24 +343,8 @@ class PartitionProcessor:
         """The record's task is done: free its slot and lane, complete its offset."""
         if self.state is PartitionState.CLOSED:
             return  # outlived its assignment: must not move a watermark we no longer own
-        self._in_flight -= 1
-        self._pending -= 1
-        self._mark(record.offset)
-        key = record.key
-        if key is not None:
-            # _advance_lane, inlined: this runs once per task.
-            queue = self._lanes.get(key)
-            if queue:
-                self._ready.append(_next_in_lane(self._lanes, key, queue))
-            else:
-                self._lanes.pop(key, None)
-        # _after_change, inlined for the same reason.
-        if self.paused:
-            self._maybe_resume()
-        if self._ready:
-            self._pump()
-        if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
-            self._idle.set()
+        self._complete(record.offset)
+        self._free(record.key)
 
     def release(self, record: Record) -> None:
         """Free the record's slot and lane now; its offset completes later through
@@ -337,10 +352,8 @@ class PartitionProcessor:
         """
         if self.state is PartitionState.CLOSED:
             return
-        self._in_flight -= 1
         self._awaiting += 1
-        self._advance_lane(record.key)
-        self._after_change()
+        self._free(record.key)
 
     def hand_off(self, record: Record) -> None:
         """Like :meth:`release` for a record that took no slot and no lane."""
@@ -352,8 +365,7 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         self._awaiting -= 1
-        self._pending -= 1
-        self._mark(record.offset)
+        self._complete(record.offset)
         self._after_change()
 
     def postpone(self, record: Record, delay_s: float) -> None:
@@ -363,7 +375,6 @@ class PartitionProcessor:
         """
         if self.state is PartitionState.CLOSED:
             return
-        self._in_flight -= 1
         loop = asyncio.get_running_loop()
         handle: asyncio.TimerHandle | None = None
 
@@ -375,19 +386,27 @@ class PartitionProcessor:
 
         handle = loop.call_later(delay_s, due)
         self._timers.add(handle)
+        self._free(None)  # the slot only: the key's lane stays taken
+
+    def _complete(self, offset: int) -> None:
+        # The one place an offset completes: each registered offset once.
+        self._pending -= 1
+        self._mark(offset)
+
+    def _free(self, key: bytes | None) -> None:
+        # A task stopped running: free its slot and, given its key, its lane (the key's
+        # next record becomes ready, or the key is idle again).
+        self._in_flight -= 1
+        if key is not None:
+            queue = self._lanes.get(key)
+            if queue:
+                self._ready.append(_next_in_lane(self._lanes, key, queue))
+            else:
+                self._lanes.pop(key, None)
         self._after_change()
 
-    def _advance_lane(self, key: bytes | None) -> None:
-        if key is None:
-            return
-        queue = self._lanes.get(key)
-        if queue:
-            self._ready.append(_next_in_lane(self._lanes, key, queue))
-        else:
-            self._lanes.pop(key, None)
-
     def _after_change(self) -> None:
-        if self.paused:
+        if self._paused:
             self._maybe_resume()
         if self._ready:
             self._pump()
@@ -395,7 +414,7 @@ class PartitionProcessor:
             self._idle.set()
 
     def _maybe_resume(self) -> None:
-        if self.paused and not self.needs_pause:
+        if self._paused and not self.needs_pause:
             self._on_below_max_pending(self)
 
     # ------------------------------------------------------------------ stopping
@@ -449,7 +468,7 @@ class PartitionProcessor:
     def _drop_queued(self) -> None:
         self._ready.clear()
         self._lanes.clear()
-        self.attempts.clear()
+        self._attempts.clear()
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()

@@ -300,7 +300,7 @@ class Subscription:
         # Called from a completion when pending records fell below the threshold.
         if self._partitions.get(processor.tp) is not processor or self._consumer is None:
             return
-        processor.paused = processor.stats.paused = False
+        processor.set_paused(False)
         self._consumer.resume(processor.tp)
 
     async def _commit_routine(self) -> None:
@@ -340,7 +340,7 @@ class Subscription:
             )
             return
         for processor, offset in moved:
-            processor.last_committed = processor.stats.committed_offset = offset
+            processor.committed(offset)
 
     async def _past_skipped(
         self, consumer: AIOKafkaConsumer, processor: PartitionProcessor, offset: int
@@ -469,7 +469,7 @@ class Subscription:
 
     def _maybe_pause(self, processor: PartitionProcessor) -> None:
         if self._consumer is not None and not processor.paused and processor.needs_pause:
-            processor.paused = processor.stats.paused = True
+            processor.set_paused(True)
             self._consumer.pause(processor.tp)
 
 

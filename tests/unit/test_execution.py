@@ -289,11 +289,11 @@ async def test_rate_zero_pauses_until_changed() -> None:
 
     def resume(p: Any) -> None:  # what the subscription does: resume the consumer
         resumed.append(p)
-        p.paused = False
+        p.set_paused(False)
 
     proc = make(process, rate=0, on_below=resume)
     assert proc.needs_pause
-    proc.paused = True
+    proc.set_paused(True)
     proc.feed(records([b"a", b"b"]))
     await asyncio.sleep(0.05)
     assert ran == []

@@ -288,7 +288,7 @@ async def test_pause_threshold_reports_resume() -> None:
     proc.feed(records([b"a", b"b", b"c"]))
     await settle()
     assert proc.needs_pause
-    proc.paused = True
+    proc.set_paused(True)
     await gate.release(0)
     assert resumed == [proc]
     assert not proc.needs_pause
