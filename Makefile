@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
 JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run quickstart bench bench-quick test test-unit test-spark test-tansu lint \
+.PHONY: help install run quickstart bench bench-quick bench-test test test-unit test-spark test-tansu lint \
 	format clean java install-java maven install-maven kafka
 
 help:
@@ -18,6 +18,7 @@ help:
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (under 2 minutes)"
+	@echo "make bench-test   the benchmark harness's own checks"
 	@echo "make format apply ruff formatting and fixes"
 
 $(BIN)/python:
@@ -99,6 +100,10 @@ bench: kafka $(BENCH_STAMP)
 
 bench-quick: kafka $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
+
+# The benchmark harness's own checks (they time code, so they stay out of make test).
+bench-test: $(BENCH_STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider bench/test_bench.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check decaton_aio tests bench spark_jobs examples

@@ -160,21 +160,11 @@ class TaskExecutor:
         ctx: ProcessingContext,
         exc: BaseException | None,
     ) -> None:
-        # The starter's callback: the processor's coroutine ended (raised at once, or
-        # after waiting). Count it, then route what it asked for.
+        # Every task whose processor ended (returned or raised, at once or after waiting)
+        # comes here: count it, then finish, defer, retry or dead-letter it.
         stats = partition.stats
         stats.process_duration.observe(time.perf_counter() - ctx.started_at)
         stats.processed += 1
-        self._outcome(partition, ctx, exc)
-
-    def _outcome(
-        self,
-        partition: TaskHost,
-        ctx: ProcessingContext,
-        exc: BaseException | None,
-    ) -> None:
-        # Finish, defer, retry or dead-letter a task whose processor returned or raised.
-        stats = partition.stats
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:

@@ -280,7 +280,7 @@ class PartitionProcessor:
             if key is not None:
                 if ignore and key in ignore:
                     self.stats.discarded += 1
-                    self._complete(record.offset)
+                    self._settle(record.offset, None, slot=False)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
                     self._executor.shape(self, record)  # hands it off: no slot, no lane
@@ -301,7 +301,7 @@ class PartitionProcessor:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
                 start(self, record)
-        self._after_change()
+        self._settle(None, None, slot=False)
 
     def _pump(self) -> None:
         # Start ready records while slots (and tokens) are free. Re-entrant calls (a task
@@ -343,8 +343,7 @@ class PartitionProcessor:
         """The record's task is done: free its slot and lane, complete its offset."""
         if self.state is PartitionState.CLOSED:
             return  # outlived its assignment: must not move a watermark we no longer own
-        self._complete(record.offset)
-        self._free(record.key)
+        self._settle(record.offset, record.key, slot=True)
 
     def release(self, record: Record) -> None:
         """Free the record's slot and lane now; its offset completes later through
@@ -353,7 +352,7 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         self._awaiting += 1
-        self._free(record.key)
+        self._settle(None, record.key, slot=True)
 
     def hand_off(self, record: Record) -> None:
         """Like :meth:`release` for a record that took no slot and no lane."""
@@ -365,8 +364,7 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         self._awaiting -= 1
-        self._complete(record.offset)
-        self._after_change()
+        self._settle(record.offset, None, slot=False)
 
     def postpone(self, record: Record, delay_s: float) -> None:
         """Free the record's slot but keep its key lane; run it again after ``delay_s``.
@@ -386,26 +384,24 @@ class PartitionProcessor:
 
         handle = loop.call_later(delay_s, due)
         self._timers.add(handle)
-        self._free(None)  # the slot only: the key's lane stays taken
+        self._settle(None, None, slot=True)  # the slot only: the key's lane stays taken
 
-    def _complete(self, offset: int) -> None:
-        # The one place an offset completes: each registered offset once.
-        self._pending -= 1
-        self._mark(offset)
-
-    def _free(self, key: bytes | None) -> None:
-        # A task stopped running: free its slot and, given its key, its lane (the key's
-        # next record becomes ready, or the key is idle again).
-        self._in_flight -= 1
+    def _settle(self, offset: int | None, key: bytes | None, *, slot: bool) -> None:
+        # The bookkeeping of every change, in one place: complete ``offset`` (each
+        # registered offset once), free a slot, free ``key``'s lane (its next record
+        # becomes ready, or the key is idle again); then resume the consumer, start what
+        # is ready, and wake a drain that waits for the partition to go idle.
+        if offset is not None:
+            self._pending -= 1
+            self._mark(offset)
+        if slot:
+            self._in_flight -= 1
         if key is not None:
             queue = self._lanes.get(key)
             if queue:
                 self._ready.append(_next_in_lane(self._lanes, key, queue))
             else:
                 self._lanes.pop(key, None)
-        self._after_change()
-
-    def _after_change(self) -> None:
         if self._paused:
             self._maybe_resume()
         if self._ready:

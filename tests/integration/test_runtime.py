@@ -223,6 +223,7 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
     group = f"rb-{uuid.uuid4().hex[:8]}"
     stuck = asyncio.Event()
     first_try: set[tuple[int, int]] = set()
+    stale_finished: list[tuple[int, int]] = []
     done_by: dict[str, set[tuple[int, int]]] = defaultdict(set)
 
     def processor(name: str) -> Any:
@@ -231,6 +232,7 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
             if ctx.offset == 10 and where not in first_try:
                 first_try.add(where)
                 await stuck.wait()  # outlives the rebalance timeout
+                stale_finished.append(where)
             done_by[name].add(where)
 
         return process
@@ -244,6 +246,7 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
     )
     async with a:
         await wait_until(lambda: len(first_try) == 2, what="both stuck tasks")
+        before_rebalance = dict(a.partitions)  # where the stuck tasks run
         async with b:
             everything = {(w.partition, w.offset) for w in produced}
             await wait_until(
@@ -252,8 +255,14 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
                 what="every task processed",
             )
             assert len(a.partitions) + len(b.partitions) == 2
+            stale = list(before_rebalance.values())
+            assert all(p.closed for p in stale)  # every assignment after the join is fresh
+            watermarks = [(p.committable(), p.last_committed) for p in stale]
             stuck.set()  # the abandoned first tries finish now, into closed partitions
-            await asyncio.sleep(0.3)
+            await wait_until(lambda: len(stale_finished) == 2, what="the stale tasks' end")
+            # They moved no watermark and committed nothing.
+            assert [(p.committable(), p.last_committed) for p in stale] == watermarks
+            assert all(p.committable() is None or p.committable() <= 10 for p in stale)
             ends = {0: 0, 1: 0}
             for w in produced:
                 ends[w.partition] = max(ends[w.partition], w.offset + 1)

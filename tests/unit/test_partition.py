@@ -13,7 +13,6 @@ from aiokafka import TopicPartition
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._partition import PartitionProcessor, PartitionState
 from decaton_aio.context import ProcessingContext
-from decaton_aio.errors import DecodeError
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.properties import Properties
 from decaton_aio.retry import RetryConfig
@@ -228,37 +227,6 @@ async def test_failed_task_is_counted_and_completed() -> None:
     assert await proc.wait_idle(5.0)
     assert (proc.stats.processed, proc.stats.errors) == (10, 5)
     assert proc.committable() == 10
-
-
-async def test_undecodable_record_is_dead_lettered_not_fatal() -> None:
-    """A body that cannot be decoded goes to the dead letter topic with the reason, is
-    counted as discarded, and completes once the dead letter is durable."""
-
-    def decode(value: bytes) -> bytes:
-        if value == b"bad":
-            raise DecodeError("body", "not json")
-        return value
-
-    ran: list[int] = []
-
-    async def process(ctx: ProcessingContext, task: Any) -> None:
-        ran.append(ctx.offset)
-
-    sender = FakeSender()
-    proc = make(process, decode=decode, sender=sender)
-    batch = records([b"a", b"a", b"a"])
-    batch[1].value = b"bad"
-    proc.feed(batch)
-    assert ran == [0, 2]
-    assert proc.stats.discarded == 1
-    assert proc.committable() == 1  # the dead letter is not durable yet
-    await settle()
-    assert proc.committable() == 3
-    ((topic, key, value, headers),) = sender.sent
-    assert (topic, key, value) == ("tasks-dlq", b"a", b"bad")
-    assert dict(headers)["dt_dlq_error_type"] == b"DecodeError:body"
-    assert dict(headers)["dt_dlq_error_message"] == b"not json"
-    assert dict(headers)["dt_dlq_origin_offset"] == b"1"
 
 
 async def test_revoke_drops_queued_and_close_ignores_late_completions() -> None:

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from bench.baselines import DequeFlagsTracker, HeapqTracker
-from bench.tracker import TRACKERS, measure_tracker
 from decaton_aio.consumer._watermark import MAX_GAP_SLOTS, WatermarkTracker, completed_offsets
 
 # ---------------------------------------------------------------- reference model
@@ -624,14 +623,6 @@ def test_marks_in_a_wrapped_window_with_gaps(make: Callable[..., WatermarkTracke
         tracker.mark(offset)
     assert tracker.committable() == 17
     assert (tracker.pending, tracker.invalid_marks) == (1, 2)
-
-
-def test_s4_benchmark_times_the_hot_path() -> None:
-    """The tracker benchmark completes through mark() for ours and checks every cycle."""
-    for name in TRACKERS:
-        result = measure_tracker(name, 2000, 0.0)
-        assert result["cycles"] >= 3
-        assert result["completions_per_s"] > 0
 
 
 # -------------------------------------------------------------------- baselines
