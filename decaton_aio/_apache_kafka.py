@@ -139,7 +139,12 @@ def _download(version: str, cache: Path) -> None:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Base64url of a random UUID, as Kafka's own; never starting with "-", which the
+    # storage tool's command line would take for an option (one start in 64 otherwise).
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 @dataclass

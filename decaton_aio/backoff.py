@@ -12,9 +12,11 @@ attempt ``n`` is its ``(n - 1)``-th retry. A task read from the retry topic with
 ``attempt`` wants the number of the attempt that just *failed*; the same number is the
 number of the retry about to be scheduled, so the runtime's flow is::
 
-    attempt = metadata.retry_count + 1          # the attempt that just failed
-    delay = policy.retry_after_s(exc, attempt)  # None: send to the dead letter topic
-    ...                                         # else: retry count + 1, after `delay`
+    attempt = metadata.retry_count + 1       # the attempt that just failed
+    if not policy.is_retriable(exc) or policy.exhausted(attempt):
+        ...                                  # the dead letter topic
+    delay = policy.delay_s(attempt)          # or the RetryTask's own delay
+    ...                                      # retry count + 1, after `delay`
 
 Backoff formula (:func:`compute_backoff`), for the ``n``-th retry::
 
@@ -335,31 +337,6 @@ class RetryPolicy:
             self.jitter,
             rng,
         )
-
-    def retry_after_s(
-        self, exc: BaseException, attempt: int, rng: random.Random | None = None
-    ) -> float | None:
-        """Decide what happens after attempt ``attempt`` failed with ``exc``.
-
-        Args:
-            exc: what the processor raised (a :class:`RetryTask` counts as a failure here).
-            attempt: the number of the attempt that just failed, from 1 (retry count + 1).
-            rng: source of jitter; ``None`` uses the :mod:`random` module's generator.
-
-        Returns:
-            ``None`` when the task must not be retried (not retriable, or attempts used up:
-            send it to the dead letter topic); otherwise the delay in seconds before the
-            retry: the ``delay_s`` of a :class:`RetryTask` when it gives one, else the
-            policy's backoff.
-
-        Raises:
-            ConfigError: ``attempt`` is not an int >= 1.
-        """
-        if self.exhausted(attempt) or not self.is_retriable(exc):
-            return None
-        if isinstance(exc, RetryTask) and exc.delay_s is not None:
-            return exc.delay_s
-        return self.delay_s(attempt, rng)
 
 
 def _is_int(value: object) -> bool:

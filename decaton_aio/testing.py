@@ -230,17 +230,29 @@ class DrainResult:
     Attributes:
         processed: the tasks that completed without error, in completion order.
         failures: ``(task, exception)`` for each task whose processor raised.
+        overlaps: ``(running, started)`` for each task that started while another task
+            of its key (same partition) was still running.
     """
 
     processed: list[ProcessedTask] = field(default_factory=list)
     failures: list[tuple[ProcessedTask, BaseException]] = field(default_factory=list)
+    overlaps: list[tuple[ProcessedTask, ProcessedTask]] = field(default_factory=list)
 
     def assert_per_key_order(self) -> None:
-        """Every key's tasks completed in offset order (per partition).
+        """Every key's tasks ran one at a time and completed in offset order (per
+        partition).
 
         Raises:
-            AssertionError: naming the first key whose order broke.
+            AssertionError: naming the first two tasks of a key that overlapped, or the
+                first key whose order broke.
         """
+        if self.overlaps:
+            running, started = self.overlaps[0]
+            raise AssertionError(
+                f"key {started.key!r} in {started.topic}-{started.partition}: offset "
+                f"{started.offset} started while offset {running.offset} was running "
+                f"({len(self.overlaps)} overlaps)"
+            )
         last: dict[tuple[str, int, bytes], int] = {}
         for done in self.processed:
             if done.key is None:
@@ -304,8 +316,15 @@ async def drain(
     enough = asyncio.Event()
     inner = app.processor
 
+    running: dict[tuple[str, int, bytes], ProcessedTask] = {}
+
     async def recording(ctx: ProcessingContext, task: Any) -> None:
         done = ProcessedTask(ctx.topic, ctx.partition, ctx.offset, ctx.key, task)
+        lane = (ctx.topic, ctx.partition, ctx.key) if ctx.key is not None else None
+        if lane is not None:
+            if lane in running:
+                result.overlaps.append((running[lane], done))
+            running[lane] = done
         try:
             await inner(ctx, task)
         except Exception as exc:
@@ -314,6 +333,8 @@ async def drain(
         else:
             result.processed.append(done)
         finally:
+            if lane is not None and running.get(lane) is done:
+                del running[lane]
             if len(result.processed) + len(result.failures) >= expected:
                 enough.set()
 

@@ -33,6 +33,7 @@ from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import group_positions
 from decaton_aio.producer import ProducerConfig, TaskProducer
 from decaton_aio.properties import parse_assignments
+from decaton_aio.retry import RetryConfig
 from decaton_aio.serializers import JsonSerializer
 
 __all__ = ["DataError", "inspect", "produce", "run_broker", "run_target"]
@@ -84,6 +85,7 @@ async def produce(args: argparse.Namespace) -> int:
         idempotence=args.idempotence,
         compression_type=args.compression_type,
         application_id=args.application_id,
+        spool_dir=args.spool_dir,
     )
     serializer: JsonSerializer[Any] = JsonSerializer(Any)
     async with TaskProducer(config, args.topic, serializer) as producer:
@@ -97,9 +99,15 @@ async def produce(args: argparse.Namespace) -> int:
             for line in lines
         ]
         locations = await asyncio.gather(*futures)
-    per_partition = Counter(where.partition for where in locations)
+    delivered = [where for where in locations if not where.spooled]
+    per_partition = Counter(where.partition for where in delivered)
     spread = ", ".join(f"p{p}={n}" for p, n in sorted(per_partition.items()))
-    print(f"produced {len(locations)} tasks to {args.topic} ({spread or 'none'})")
+    print(f"produced {len(delivered)} tasks to {args.topic} ({spread or 'none'})")
+    if len(delivered) < len(locations):
+        print(
+            f"spooled {len(locations) - len(delivered)} tasks in {args.spool_dir}: "
+            "the cluster did not take them; a later run with this spool delivers them"
+        )
     return EXIT_OK
 
 
@@ -204,6 +212,9 @@ def _application(args: argparse.Namespace) -> Application:
         changes["group_id"] = args.group
     if args.subscription_id:
         changes["subscription_id"] = args.subscription_id
+    retry = _retry_config(args, app.retry)
+    if retry is not app.retry:
+        changes["retry"] = retry
     if args.side_topic_replication_factor is not None:
         changes["side_topics"] = dataclasses.replace(
             app.side_topics, replication_factor=args.side_topic_replication_factor
@@ -212,6 +223,27 @@ def _application(args: argparse.Namespace) -> Application:
     if not app.topics:
         raise ConfigError(f"{args.target} names no topics: pass --topic")
     return app
+
+
+def _retry_config(args: argparse.Namespace, current: RetryConfig | None) -> RetryConfig | None:
+    """The application's retry settings with the ``--retry-*`` flags applied (any of them
+    turns retries on)."""
+    attempts, backoff_ms, mode = args.retry_max_attempts, args.retry_backoff_ms, args.retry_mode
+    if attempts is None and backoff_ms is None and mode is None:
+        return current
+    config = current or RetryConfig()
+    policy = config.policy
+    if attempts is not None:
+        policy = dataclasses.replace(policy, max_attempts=attempts)
+    if backoff_ms is not None:
+        policy = dataclasses.replace(
+            policy,
+            backoff_base_ms=backoff_ms,
+            backoff_max_ms=max(backoff_ms, policy.backoff_max_ms),
+        )
+    return RetryConfig(
+        policy, "in_place" if mode == "in-place" else "queue" if mode else config.mode
+    )
 
 
 def run_target(args: argparse.Namespace) -> int:

@@ -101,6 +101,13 @@ def _build_parser() -> _Parser:
     produce.add_argument("--file", type=Path, help="JSON lines file (default: standard input)")
     produce.add_argument("--application-id", default="decaton-aio-cli")
     add_producer_arguments(produce)
+    produce.add_argument(
+        "--spool-dir",
+        type=Path,
+        default=os.environ.get("DECATON_AIO_SPOOL_DIR"),
+        help="keep tasks the cluster does not take here (fsynced); a later produce or run "
+        "with the same directory delivers them (env DECATON_AIO_SPOOL_DIR)",
+    )
 
     inspect = commands.add_parser(
         "inspect",
@@ -177,6 +184,29 @@ def _build_parser() -> _Parser:
         default=os.environ.get("DECATON_AIO_SPOOL_DIR"),
         help="keep records the broker cannot take here and deliver them later "
         "(env DECATON_AIO_SPOOL_DIR)",
+    )
+    run.add_argument(
+        "--retry-max-attempts",
+        type=int,
+        default=_env_int("DECATON_AIO_RETRY_MAX_ATTEMPTS"),
+        metavar="N",
+        help="retry failed tasks: attempts per task, the first one included; after the "
+        "last, the dead letter topic (env DECATON_AIO_RETRY_MAX_ATTEMPTS)",
+    )
+    run.add_argument(
+        "--retry-backoff-ms",
+        type=int,
+        default=_env_int("DECATON_AIO_RETRY_BACKOFF_MS"),
+        metavar="MS",
+        help="backoff before the first retry, doubling after each (env "
+        "DECATON_AIO_RETRY_BACKOFF_MS)",
+    )
+    run.add_argument(
+        "--retry-mode",
+        choices=("queue", "in-place"),
+        default=os.environ.get("DECATON_AIO_RETRY_MODE") or None,
+        help="queue: through <topic>-retry (default); in-place: in the key's lane, which "
+        "waits (env DECATON_AIO_RETRY_MODE)",
     )
     run.add_argument("--session-timeout-ms", type=int, default=10_000)
     run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)

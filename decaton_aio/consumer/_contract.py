@@ -43,7 +43,6 @@ class TaskHost(Protocol):
         """Whether the assignment ended (completions are ignored from then on)."""
         ...
 
-    def next_attempt(self, offset: int) -> int: ...
     def finish(self, record: Record) -> None: ...
     def release(self, record: Record) -> None: ...
     def hand_off(self, record: Record) -> None: ...
@@ -55,9 +54,10 @@ class TaskHost(Protocol):
 class TaskRunner(Protocol):
     """The executor, as the partition sees it."""
 
-    def start(self, partition: TaskHost, record: Record) -> None:
-        """Run a record whose slot was granted; the outcome comes back through
-        :class:`TaskHost` (before this returns when the task ends at once)."""
+    def start(self, partition: TaskHost, record: Record, attempt: int) -> None:
+        """Run run number ``attempt`` of a record whose slot was granted; the outcome
+        comes back through :class:`TaskHost` (before this returns when the task ends at
+        once)."""
         ...
 
     def shape(self, partition: TaskHost, record: Record) -> None:

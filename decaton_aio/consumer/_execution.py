@@ -92,12 +92,12 @@ class TaskExecutor:
 
     # ---------------------------------------------------------------------- start
 
-    def start(self, partition: TaskHost, record: Record) -> None:
-        """Run a record whose slot ``partition`` granted; its outcome goes back to the
-        partition through the contract's calls (now, or when the task ends). Never raises.
+    def start(self, partition: TaskHost, record: Record, attempt: int) -> None:
+        """Run run number ``attempt`` of a record whose slot ``partition`` granted; its
+        outcome goes back to the partition through the contract's calls (now, or when the
+        task ends). Never raises.
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
-        attempt = partition.next_attempt(record.offset)
         ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
         headers = record.headers
         try:

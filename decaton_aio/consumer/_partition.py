@@ -208,14 +208,6 @@ class PartitionProcessor:
         """
         self._last_committed = self.stats.committed_offset = offset
 
-    def next_attempt(self, offset: int) -> int:
-        """Which run of the record at ``offset`` this is (1, or the in-place retry's).
-
-        Caller: the executor, as it starts the record.
-        """
-        attempts = self._attempts
-        return attempts.pop(offset, 1) if attempts else 1
-
     def run_again(self, record: Record, attempt: int, delay_s: float) -> None:
         """Run ``record`` again, as run number ``attempt``, after ``delay_s`` in its lane.
 
@@ -256,13 +248,21 @@ class PartitionProcessor:
 
     # ------------------------------------------------------------------- feeding
 
-    def feed(self, records: list[Record]) -> None:
+    def feed(self, records: list[Record]) -> bool:
         """Take a fetch batch of this partition, in offset order.
 
         Caller: the fetch routine. Affects: the tracker, lanes, ready queue; starts tasks.
+
+        Returns:
+            ``False``, taking nothing, when the batch starts below offsets already taken
+            (the consumer's position went back: a reset, a seek, a recreated topic): the
+            caller replaces this partition's state with a fresh one.
         """
         if self.state is not PartitionState.ACTIVE:
-            return
+            return True
+        expected = self.tracker.next_offset
+        if expected is not None and records[0].offset < expected:
+            return False
         done = self.tracker.register_batch([r.offset for r in records])
         skip = set(done.tolist()) if done.size else None
         self._pending += len(records) - done.size
@@ -280,7 +280,7 @@ class PartitionProcessor:
             if key is not None:
                 if ignore and key in ignore:
                     self.stats.discarded += 1
-                    self._settle(record.offset, None, slot=False)
+                    self._settle(record, True, False, False)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
                     self._executor.shape(self, record)  # hands it off: no slot, no lane
@@ -300,8 +300,9 @@ class PartitionProcessor:
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
-                start(self, record)
-        self._settle(None, None, slot=False)
+                start(self, record, 1)  # only a record run again has a later attempt
+        self._settle(None, False, False, False)
+        return True
 
     def _pump(self) -> None:
         # Start ready records while slots (and tokens) are free. Re-entrant calls (a task
@@ -322,7 +323,9 @@ class PartitionProcessor:
                         self._pump_later(wait_s)
                         return
                 self._in_flight += 1
-                start(self, ready.popleft())
+                record = ready.popleft()
+                attempts = self._attempts
+                start(self, record, attempts.pop(record.offset, 1) if attempts else 1)
         finally:
             self._pumping = False
 
@@ -339,12 +342,6 @@ class PartitionProcessor:
 
     # ---------------------------------------------------------- executor callbacks
 
-    def finish(self, record: Record) -> None:
-        """The record's task is done: free its slot and lane, complete its offset."""
-        if self.state is PartitionState.CLOSED:
-            return  # outlived its assignment: must not move a watermark we no longer own
-        self._settle(record.offset, record.key, slot=True)
-
     def release(self, record: Record) -> None:
         """Free the record's slot and lane now; its offset completes later through
         :meth:`complete_released` (deferred completion, a retry or dead letter in flight).
@@ -352,7 +349,7 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         self._awaiting += 1
-        self._settle(None, record.key, slot=True)
+        self._settle(record, False)
 
     def hand_off(self, record: Record) -> None:
         """Like :meth:`release` for a record that took no slot and no lane."""
@@ -364,7 +361,7 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         self._awaiting -= 1
-        self._settle(record.offset, None, slot=False)
+        self._settle(record, True, False, False)
 
     def postpone(self, record: Record, delay_s: float) -> None:
         """Free the record's slot but keep its key lane; run it again after ``delay_s``.
@@ -384,30 +381,43 @@ class PartitionProcessor:
 
         handle = loop.call_later(delay_s, due)
         self._timers.add(handle)
-        self._settle(None, None, slot=True)  # the slot only: the key's lane stays taken
+        self._settle(record, False, True, False)  # the slot only: the lane stays taken
 
-    def _settle(self, offset: int | None, key: bytes | None, *, slot: bool) -> None:
-        # The bookkeeping of every change, in one place: complete ``offset`` (each
-        # registered offset once), free a slot, free ``key``'s lane (its next record
-        # becomes ready, or the key is idle again); then resume the consumer, start what
-        # is ready, and wake a drain that waits for the partition to go idle.
-        if offset is not None:
-            self._pending -= 1
-            self._mark(offset)
-        if slot:
-            self._in_flight -= 1
-        if key is not None:
-            queue = self._lanes.get(key)
-            if queue:
-                self._ready.append(_next_in_lane(self._lanes, key, queue))
-            else:
-                self._lanes.pop(key, None)
+    def _settle(
+        self, record: Record | None, complete: bool = True, slot: bool = True, lane: bool = True
+    ) -> None:
+        # The bookkeeping of every change, in one place: complete the record's offset
+        # (each registered offset once), free its slot, free its key's lane (the key's
+        # next record becomes ready, or the key is idle again); then resume the consumer,
+        # start what is ready, and wake a drain that waits for the partition to go idle.
+        # A closed partition ignores it all: a task that outlived its assignment must not
+        # move a watermark the consumer no longer owns.
+        if self.state is PartitionState.CLOSED:
+            return
+        if record is not None:
+            if complete:
+                self._pending -= 1
+                self._mark(record.offset)
+            if slot:
+                self._in_flight -= 1
+            if lane:
+                key = record.key
+                if key is not None:
+                    queue = self._lanes.get(key)
+                    if queue:
+                        self._ready.append(_next_in_lane(self._lanes, key, queue))
+                    else:
+                        self._lanes.pop(key, None)
         if self._paused:
             self._maybe_resume()
         if self._ready:
             self._pump()
         if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
             self._idle.set()
+
+    #: The record's task is done: complete its offset, free its slot and lane. (The
+    #: bookkeeping with every step on; called once per task, so without a wrapper.)
+    finish = _settle
 
     def _maybe_resume(self) -> None:
         if self._paused and not self.needs_pause:

@@ -151,8 +151,8 @@ async def run_application(
             loop.add_signal_handler(signum, on_signal, signum)
     try:
         await subscription.start()
-        for source in sources:
-            await source.start(properties)
+        for index, source in enumerate(sources, start=1):  # layer 0: the application's
+            await source.start(properties, layer=index)
         if on_started is not None:
             maybe = on_started(subscription)
             if maybe is not None:

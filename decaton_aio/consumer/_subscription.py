@@ -290,7 +290,9 @@ class Subscription:
                 processor = partitions.get(tp)
                 if processor is None or not records:
                     continue  # revoked while the batch was in the client
-                processor.feed(records)
+                if not processor.feed(records):
+                    processor = self._restart_partition(tp, processor, records[0].offset)
+                    processor.feed(records)
                 self._maybe_pause(processor)
                 high = end_of(tp)
                 if high is not None:
@@ -415,6 +417,25 @@ class Subscription:
             hot_keys=hot_keys,
         )
         self._maybe_pause(processor)  # a rate of 0 pauses it from the start
+        return processor
+
+    def _restart_partition(
+        self, tp: TopicPartition, old: PartitionProcessor, offset: int
+    ) -> PartitionProcessor:
+        # The position went back (a reset, a seek, a recreated topic): the partition's
+        # state starts again from the new position, and the old state's tasks still
+        # running can no longer complete anything (its processor is closed).
+        log.warning(
+            "fetched offsets went back; the partition starts again from the new position",
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=offset,
+            expected=old.tracker.next_offset,
+        )
+        if old.paused and self._consumer is not None:
+            self._consumer.resume(tp)
+        self._close_partition(tp, old)
+        processor = self._partitions[tp] = self._new_partition(tp)
         return processor
 
     def _close_partition(self, tp: TopicPartition, processor: PartitionProcessor) -> None:

@@ -159,6 +159,12 @@ class WatermarkTracker:
         return self._invalid_marks
 
     @property
+    def next_offset(self) -> int | None:
+        """One past the last registered offset (the start offset before any), ``None``
+        before the tracker started: a batch must begin at or above it."""
+        return self._end if self._started else None
+
+    @property
     def generation(self) -> int:
         """Incremented by every :meth:`reset`; pass it to :meth:`complete` to drop stale calls."""
         return self._generation

@@ -79,19 +79,26 @@ def decode_record(key: bytes | None, value: bytes | None) -> dict[str, object]:
     return {name: RESET if item is None else item for name, item in batch.items()}
 
 
-def apply_record(properties: Properties, key: bytes | None, value: bytes | None) -> dict[str, bool]:
+def apply_record(
+    properties: Properties,
+    key: bytes | None,
+    value: bytes | None,
+    *,
+    layer: int | None = None,
+) -> dict[str, bool]:
     """Decode one property record and apply it (leniently) to ``properties``.
 
     Args:
         properties: where the change goes.
         key: record key bytes (see :func:`decode_record`).
         value: record value bytes.
+        layer: the layer of ``properties`` the record changes (see ``Properties.update``).
 
     Returns:
         Name to whether it was accepted; empty when the record cannot be decoded (logged).
     """
     changes = _decode_or_log(key, value)
-    return properties.update(changes) if changes else {}
+    return properties.update(changes, layer=layer) if changes else {}
 
 
 def _decode_or_log(key: bytes | None, value: bytes | None) -> dict[str, object]:
@@ -178,11 +185,13 @@ class KafkaPropertySource:
             await consumer.stop()
         return {name: value for name, value in pending.items() if value is not RESET}
 
-    async def start(self, properties: Properties) -> None:
+    async def start(self, properties: Properties, *, layer: int | None = None) -> None:
         """Apply the topic's backlog once, then apply new records in the background.
 
         Args:
             properties: where changes go.
+            layer: the layer of ``properties`` the topic's values replace (higher layers
+                keep precedence); ``None`` applies them over every layer.
 
         Raises:
             RuntimeError: already started.
@@ -193,12 +202,12 @@ class KafkaPropertySource:
         consumer = self._consumer_factory()
         await consumer.start()
         try:
-            properties.update(await self._read_backlog(consumer))
+            properties.update(await self._read_backlog(consumer), layer=layer)
         except BaseException:
             await consumer.stop()
             raise
         self._task = spawn(
-            self._apply_routine(consumer, properties), f"property-topic:{self._topic}"
+            self._apply_routine(consumer, properties, layer), f"property-topic:{self._topic}"
         )
 
     async def stop(self) -> None:
@@ -231,7 +240,9 @@ class KafkaPropertySource:
                 return False
         return True
 
-    async def _apply_routine(self, consumer: _Consumer, properties: Properties) -> None:
+    async def _apply_routine(
+        self, consumer: _Consumer, properties: Properties, layer: int | None
+    ) -> None:
         try:
             while True:
                 try:
@@ -245,7 +256,7 @@ class KafkaPropertySource:
                 pending: dict[str, object] = {}
                 _fold(batch, pending)
                 if pending:
-                    properties.update(pending)
+                    properties.update(pending, layer=layer)
         finally:
             await consumer.stop()
 

@@ -217,22 +217,28 @@ class Properties:
             if definition.name in self._definitions:
                 raise ConfigError(f"property {definition.name} is defined twice")
             self._definitions[definition.name] = definition
-        merged: dict[str, object] = {}
-        for layer in layers:
-            merged.update((_name_of(key), value) for key, value in layer.items())
         problems: list[str] = []
-        initial: dict[str, object] = {}
-        for name, raw in merged.items():
-            found = self._definitions.get(name)
-            if found is None:
-                problems.append(self._unknown(name))
-                continue
-            try:
-                initial[name] = found.convert(raw)
-            except ConfigError as exc:
-                problems.append(str(exc))
+        # Each layer's values, converted: a source that changes its layer later (a file
+        # reload, a topic record) changes only what no higher layer overrides.
+        self._layers: list[dict[str, object]] = []
+        for layer in layers:
+            converted: dict[str, object] = {}
+            for key, raw in layer.items():
+                name = _name_of(key)
+                found = self._definitions.get(name)
+                if found is None:
+                    problems.append(self._unknown(name))
+                    continue
+                try:
+                    converted[name] = found.convert(raw)
+                except ConfigError as exc:
+                    problems.append(str(exc))
+            self._layers.append(converted)
         if problems:
             raise ConfigError("; ".join(problems))
+        initial: dict[str, object] = {}
+        for converted in self._layers:
+            initial.update(converted)
         self._properties: dict[str, Property[Any]] = {
             name: Property(definition, initial.get(name, definition.default))
             for name, definition in self._definitions.items()
@@ -277,22 +283,31 @@ class Properties:
         """Return the current value of every property, by name."""
         return {name: prop.value for name, prop in self._properties.items()}
 
-    def update(self, values: Layer) -> dict[str, bool]:
+    def update(self, values: Layer, *, layer: int | None = None) -> dict[str, bool]:
         """Apply a batch of changes (a reload), leniently.
 
         Each entry is applied on its own: a rejected value or an unknown name is logged
-        and skipped, the rest still apply. A value of :data:`RESET` goes back to the
-        value at start.
+        and skipped, the rest still apply.
+
+        With ``layer`` (the index of a layer given at construction, which a property
+        source reloads), the values replace that layer's: a property takes the value of
+        the highest layer that sets it, so a file reload never overrides the environment
+        or the command line, and :data:`RESET` removes the name from the layer (the next
+        layer down, or the default, applies). Without ``layer``, the values apply over
+        every layer and :data:`RESET` goes back to the value at start.
 
         Caller: property sources and user code, on the event loop.
         Affects: the named properties and their listeners.
 
         Args:
             values: name (or definition) to new value.
+            layer: the layer the values replace, or ``None`` for over every layer.
 
         Returns:
             Name to whether it was accepted.
         """
+        if layer is not None and not 0 <= layer < len(self._layers):
+            raise ConfigError(f"layer {layer} does not exist: there are {len(self._layers)}")
         results: dict[str, bool] = {}
         for key, raw in values.items():
             name = _name_of(key)
@@ -300,11 +315,38 @@ class Properties:
             if prop is None:
                 _log.warning("unknown property ignored", property=name, hint=self._unknown(name))
                 results[name] = False
+            elif layer is not None:
+                results[name] = self._update_layer(prop, name, raw, layer)
             elif isinstance(raw, _Reset):
                 results[name] = prop.reset()
             else:
                 results[name] = prop.set(raw)
         return results
+
+    def _update_layer(self, prop: Property[Any], name: str, raw: object, index: int) -> bool:
+        # Caller: update. Affects: one layer's entry, then the property's value when that
+        # layer is the highest one setting it.
+        values = self._layers[index]
+        before = values.get(name, _UNSET)
+        if isinstance(raw, _Reset):
+            values.pop(name, None)
+        else:
+            value, problem = prop.definition._try_convert(raw)
+            if problem is not None:
+                return prop.set(raw)  # logs the rejection the same way; nothing changes
+            values[name] = value
+        effective = next(
+            (layer[name] for layer in reversed(self._layers) if name in layer),
+            prop.definition.default,
+        )
+        if prop.set(effective):
+            return True
+        # Refused (not reloadable): the layer keeps what it had.
+        if before is _UNSET:
+            values.pop(name, None)
+        else:
+            values[name] = before
+        return False
 
     def _unknown(self, name: str) -> str:
         close = difflib.get_close_matches(name, self._definitions, n=1, cutoff=0.6)

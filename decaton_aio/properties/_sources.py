@@ -58,8 +58,9 @@ class PropertySource(Protocol):
         """Return the source's current values, to build :class:`Properties` strictly."""
         ...
 
-    async def start(self, properties: Properties) -> None:
-        """Apply the current values to ``properties``, then keep applying changes."""
+    async def start(self, properties: Properties, *, layer: int | None = None) -> None:
+        """Apply the current values to ``properties`` (replacing layer ``layer`` when
+        given), then keep applying changes."""
         ...
 
     async def stop(self) -> None:
@@ -243,6 +244,7 @@ class FilePropertySource:
         self._task: asyncio.Task[None] | None = None
         self._signature: tuple[int, int, int] | None = None
         self._names: set[str] = set()
+        self._layer: int | None = None
 
     @property
     def path(self) -> Path:
@@ -260,11 +262,14 @@ class FilePropertySource:
         """
         return read_property_file(self._path)
 
-    async def start(self, properties: Properties) -> None:
+    async def start(self, properties: Properties, *, layer: int | None = None) -> None:
         """Apply the file now, then watch it in the background.
 
         Args:
             properties: where changes go.
+            layer: the layer of ``properties`` the file's values replace (higher layers,
+                such as the environment and the command line, keep precedence); ``None``
+                applies them over every layer.
 
         Raises:
             RuntimeError: already started.
@@ -272,6 +277,7 @@ class FilePropertySource:
         if self._task is not None:
             raise RuntimeError("FilePropertySource already started")
         self._properties = properties
+        self._layer = layer
         self._maybe_apply()
         self._task = spawn(self._watch_routine(), f"property-file:{self._path}")
 
@@ -314,4 +320,4 @@ class FilePropertySource:
         batch: dict[str, object] = dict(values)
         batch.update((name, RESET) for name in self._names - values.keys())
         self._names = set(values)
-        self._properties.update(batch)
+        self._properties.update(batch, layer=self._layer)

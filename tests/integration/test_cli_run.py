@@ -120,3 +120,19 @@ async def test_bad_property_is_rejected_at_start(
     message = stderr.decode().strip().splitlines()[-1]
     assert "decaton.partition.concurrency" in message
     assert "Traceback" not in stderr.decode()
+
+
+async def test_refused_producer_stops_run_cleanly(
+    tmp_path: Path, kafka_broker: BrokerHandle, topic_factory: Any
+) -> None:
+    """When the cluster refuses the producer at start (--idempotence on where it is not
+    granted), run exits 69 with one line saying what to do, and leaves no client open."""
+    if kafka_broker.supports_idempotence:
+        pytest.skip("this cluster grants an idempotent producer")
+    topic = await topic_factory(partitions=1)
+    proc, _ = await start(tmp_path, kafka_broker, topic, "refused", "--idempotence", "on")
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 69
+    text = stderr.decode()
+    assert "the cluster refused an idempotent producer" in text.strip().splitlines()[-1]
+    assert "Unclosed" not in text

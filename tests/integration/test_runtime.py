@@ -272,3 +272,31 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
 def _committed_all(a: Subscription, b: Subscription, ends: dict[int, int]) -> bool:
     owned = {tp.partition: p for sub in (a, b) for tp, p in sub.partitions.items()}
     return all(owned.get(part) and owned[part].last_committed == end for part, end in ends.items())
+
+
+async def test_a_position_that_goes_back_starts_the_partition_again(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """When the consumer's position goes back (here a seek, as a reset or a recreated
+    topic would do), the partition starts again from there: the tasks are processed
+    again, the subscription keeps running, and commits reach the end again."""
+    topic = await topic_factory(partitions=1)
+    await produce(task_producer, topic, 20, keys=4)
+    seen: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        seen.append(ctx.offset)
+
+    app = Application(process, topics=(topic,), properties={"decaton.commit.interval.ms": 100})
+    async with kafka_broker.subscription(app) as sub:
+        await wait_until(lambda: len(seen) == 20, what="the first pass")
+        ((tp, first),) = sub.partitions.items()
+        await wait_until(lambda: first.last_committed == 20, what="the first commit")
+        assert sub._consumer is not None
+        sub._consumer.seek(tp, 5)
+        await wait_until(lambda: len(seen) == 35, what="the second pass from offset 5")
+        assert seen[20:] == list(range(5, 20))
+        assert sub.state is SubscriptionState.RUNNING
+        assert first.closed
+        assert sub.partitions[tp] is not first
+        await wait_until(lambda: sub.partitions[tp].last_committed == 20, what="commits again")

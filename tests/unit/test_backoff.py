@@ -155,7 +155,6 @@ def test_max_attempts_counts_the_first_delivery() -> None:
 def test_one_attempt_never_retries() -> None:
     policy = RetryPolicy(max_attempts=1)
     assert policy.exhausted(1)
-    assert policy.retry_after_s(TimeoutError(), 1) is None
 
 
 def test_policy_delays_follow_the_formula_in_milliseconds() -> None:
@@ -215,15 +214,11 @@ def test_an_explicit_retry_request_is_always_retriable_and_a_skip_never() -> Non
     assert not RetryPolicy().is_retriable(SkipTask("stale"))
 
 
-def test_retry_after_answers_the_runtimes_question() -> None:
+def test_the_runtimes_questions_have_the_policys_answers() -> None:
     policy = RetryPolicy(max_attempts=3, backoff_base_ms=500, jitter=0.0)
-    assert policy.retry_after_s(TimeoutError(), 1) == 0.5
-    assert policy.retry_after_s(TimeoutError(), 2) == 1.0
-    assert policy.retry_after_s(TimeoutError(), 3) is None  # attempts used up
-    assert policy.retry_after_s(ProcessingError("x"), 1) is None  # not retriable
-    assert policy.retry_after_s(RetryTask(delay_s=7.0), 1) == 7.0  # explicit delay wins
-    assert policy.retry_after_s(RetryTask(), 2) == 1.0  # no delay given: backoff
-    assert policy.retry_after_s(RetryTask(delay_s=7.0), 3) is None  # still counts
+    assert [policy.delay_s(n) for n in (1, 2)] == [0.5, 1.0]
+    assert policy.exhausted(3)  # attempts used up
+    assert not policy.is_retriable(ProcessingError("x"))
 
 
 def test_the_policy_is_frozen() -> None:

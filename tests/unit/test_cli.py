@@ -175,3 +175,79 @@ def test_idempotence_flag_and_environment(
     )
     assert args.idempotence == expected
     assert ProducerConfig("x:1", idempotence=args.idempotence).idempotence == expected
+
+
+RETRY_APP = """
+from decaton_aio import Application, RetryConfig, RetryPolicy
+
+async def process(ctx, task):
+    return None
+
+plain = Application(process, topics=("t",))
+retrying = Application(process, topics=("t",), retry=RetryConfig(RetryPolicy(max_attempts=5)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "flags", "expected"),
+    [
+        ("plain", [], None),
+        ("plain", ["--retry-max-attempts", "4"], (4, 1000, "queue")),
+        (
+            "plain",
+            ["--retry-backoff-ms", "60000", "--retry-mode", "in-place"],
+            (3, 60000, "in_place"),
+        ),
+        ("retrying", ["--retry-mode", "in-place"], (5, 1000, "in_place")),
+    ],
+)
+def test_retry_flags_configure_the_application(
+    target: str,
+    flags: list[str],
+    expected: tuple[int, int, str] | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--retry-max-attempts, --retry-backoff-ms and --retry-mode turn retries on (or change
+    the application's), keeping what they do not name."""
+    from decaton_aio.cli._commands import _application
+
+    (tmp_path / "retry_app.py").write_text(RETRY_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = _build_parser().parse_args(["run", f"retry_app:{target}", *flags])
+    retry = _application(args).retry
+    if expected is None:
+        assert retry is None
+    else:
+        assert retry is not None
+        assert (retry.policy.max_attempts, retry.policy.backoff_base_ms, retry.mode) == expected
+        assert retry.policy.backoff_max_ms >= retry.policy.backoff_base_ms
+
+
+def test_bad_retry_flag_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "retry_app.py").write_text(RETRY_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["run", "retry_app:plain", "--bootstrap-servers", "x:1", "--retry-max-attempts", "0"]
+    assert main(argv) == EXIT_USAGE
+    assert "max_attempts" in _one_line_error(capsys)
+
+
+def test_produce_spools_what_an_unreachable_cluster_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --spool-dir, produce to a cluster nobody listens on keeps the tasks in the
+    spool (fsynced) and says so; nothing is lost."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"key": "a", "task": 1}\n{"key": "b", "task": 2}\n')
+    spool = tmp_path / "spool"
+    argv = ["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t"]
+    argv += ["--file", str(tasks), "--spool-dir", str(spool)]
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"spooled 2 tasks in {spool}" in out
+    lines = [ln for f in spool.glob("spool-*.jsonl") for ln in f.read_text().splitlines()]
+    assert len(lines) == 2

@@ -308,3 +308,15 @@ async def test_long_lane_keeps_order_when_it_turns_into_a_deque() -> None:
     assert hot == sorted(hot)
     assert len(hot) == 120
     assert proc.active_keys == 0
+
+
+async def test_a_batch_that_goes_back_is_refused_whole() -> None:
+    """Offsets below those already taken (a reset, a seek back, a recreated topic) are not
+    fed: the partition says so and changes nothing, so the caller can start it afresh."""
+    gate = Gate()
+    proc = make(gate)
+    assert proc.feed(records([b"a", b"b", b"c"]))
+    assert not proc.feed(records([b"x", b"y"], first=1))
+    assert (proc.pending, proc.committable()) == (3, 0)
+    assert proc.feed(records([b"d"], first=3))
+    assert proc.pending == 4

@@ -800,3 +800,52 @@ def test_keys_must_be_names_or_definitions() -> None:
     """A key that is neither a name nor a definition is a programming error."""
     with pytest.raises(ConfigError, match="names or definitions"):
         Properties({42: 1})
+
+
+# ------------------------------------------------------------------ precedence of layers
+
+
+def test_a_layer_update_changes_only_what_no_higher_layer_sets() -> None:
+    """Layers (application, file, environment, command line): a change to the file's
+    layer takes effect where no higher layer sets the property; removing it falls back
+    to the layer below, not to the value at start."""
+    props = Properties(
+        {"decaton.max.pending.records": 100},
+        {"decaton.max.pending.records": 500, "decaton.partition.concurrency": 10},
+        {},
+        {"decaton.partition.concurrency": 99},
+    )
+    assert (props[PARTITION_CONCURRENCY].value, props[MAX_PENDING_RECORDS].value) == (99, 500)
+    assert props.update({"decaton.partition.concurrency": 11}, layer=1) == {
+        "decaton.partition.concurrency": True
+    }
+    assert props[PARTITION_CONCURRENCY].value == 99  # the command line still wins
+    props.update({"decaton.max.pending.records": RESET}, layer=1)
+    assert props[MAX_PENDING_RECORDS].value == 100  # the application's value
+    assert props.update({"decaton.max.pending.records": "x"}, layer=1) == {
+        "decaton.max.pending.records": False
+    }
+    assert props[MAX_PENDING_RECORDS].value == 100
+    with pytest.raises(ConfigError, match="layer 7 does not exist"):
+        props.update({}, layer=7)
+
+
+async def test_a_file_never_overrides_the_command_line(tmp_path: Path) -> None:
+    """What ``run`` builds: the file's values apply at start and at each reload, below the
+    environment and ``--property``."""
+    path = tmp_path / "props.json"
+    path.write_text(json.dumps({"decaton.partition.concurrency": 10}))
+    source = FilePropertySource(path, interval_s=0.01)
+    props = Properties({}, await source.load(), {}, {"decaton.partition.concurrency": 99})
+    reloaded = asyncio.Event()
+    props[MAX_PENDING_RECORDS].subscribe(lambda old, new: reloaded.set())
+    await source.start(props, layer=1)
+    try:
+        assert props[PARTITION_CONCURRENCY].value == 99
+        path.write_text(
+            json.dumps({"decaton.partition.concurrency": 12, "decaton.max.pending.records": 7})
+        )
+        await asyncio.wait_for(reloaded.wait(), 10)
+        assert (props[PARTITION_CONCURRENCY].value, props[MAX_PENDING_RECORDS].value) == (99, 7)
+    finally:
+        await source.stop()

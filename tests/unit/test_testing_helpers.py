@@ -38,3 +38,11 @@ def test_at_least_once_fails_naming_the_missing_task() -> None:
     result = DrainResult([done(0, b"a")])
     with pytest.raises(AssertionError, match=r"1 tasks never processed.*offset=1"):
         result.assert_at_least_once([RecordLocation("t", 0, 0), RecordLocation("t", 0, 1)])
+
+
+def test_per_key_order_fails_when_two_tasks_of_a_key_overlapped() -> None:
+    """Completion order alone can look right while two tasks of a key ran at once."""
+    first, second = done(0, b"a"), done(1, b"a")
+    result = DrainResult([first, second], overlaps=[(first, second)])
+    with pytest.raises(AssertionError, match="offset 1 started while offset 0 was running"):
+        result.assert_per_key_order()
