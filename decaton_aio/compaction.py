@@ -1,13 +1,14 @@
 """Task compaction: of a key's tasks within a time window, process only the one kept.
 
-Seed 001's case: an influencer gets thousands of follow/unfollow events a second; the
+For example, an influencer gets thousands of follow/unfollow events a second; the
 count only needs the latest state. :class:`CompactingProcessor` wraps a processor. Each
 task is held (with a deferred completion, so its offset is never committed while it
 waits) until its key's window ends; a task of the same key arriving meanwhile is compared
 with the held one by the user's compactor, which keeps the left (held) task, the right
 (new) task, or neither (then the held one is processed at once and the new one opens a
 window). The dropped task completes without running and counts as a compaction. When the
-window ends, the kept task runs through the wrapped processor.
+window ends, the kept task runs through the wrapped processor, after the key's previous
+survivor finished: one task of a key runs at a time, as without compaction.
 
 A held task is pending: a crash before its window ends redelivers every task of the
 window, and they are compacted again.
@@ -87,7 +88,8 @@ class CompactingProcessor(Generic[T]):
         self._compactor = compactor
         self._window_s = window_s
         self._held: dict[tuple[str, int, bytes | None], _Held] = {}
-        self._running: set[asyncio.Task[None]] = set()
+        # The last survivor run of each key still going: the next one waits for it.
+        self._running: dict[tuple[str, int, bytes | None], asyncio.Task[None]] = {}
 
     @property
     def holding(self) -> int:
@@ -125,11 +127,19 @@ class CompactingProcessor(Generic[T]):
             return
         if held.timer is not None:
             held.timer.cancel()
-        task = asyncio.get_running_loop().create_task(self._run(held))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        previous = self._running.get(slot)
+        task = asyncio.get_running_loop().create_task(self._run(held, previous))
+        self._running[slot] = task
 
-    async def _run(self, held: _Held) -> None:
+        def ended(done: asyncio.Task[None]) -> None:
+            if self._running.get(slot) is done:
+                del self._running[slot]
+
+        task.add_done_callback(ended)
+
+    async def _run(self, held: _Held, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])  # the key's earlier survivor first
         try:
             await self._processor(held.ctx, held.task)
         except Exception as exc:

@@ -393,6 +393,39 @@ async def test_compaction_keeps_one_task_per_key_and_window() -> None:
     assert proc.stats.compactions == 3
 
 
+async def test_survivors_of_consecutive_windows_of_a_key_never_overlap() -> None:
+    """A kept task that outlasts its window: the next window's survivor of the same key
+    waits for it (one task of a key at a time), while other keys run."""
+    running: set[bytes | None] = set()
+    overlaps: list[int] = []
+    ran: list[int] = []
+    release = asyncio.Event()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        if ctx.key in running:
+            overlaps.append(ctx.offset)
+        running.add(ctx.key)
+        ran.append(ctx.offset)
+        if ctx.offset == 0:
+            await release.wait()  # outlasts the next window
+        running.discard(ctx.key)
+
+    def keep_new(left: CompactedTask[Any], right: CompactedTask[Any]) -> CompactionChoice:
+        return CompactionChoice.PICK_RIGHT
+
+    compacting = CompactingProcessor(process, keep_new, window_s=0.01)
+    proc = make(compacting)
+    proc.feed(records([b"a"]))
+    await until(lambda: ran == [0])  # window 1's survivor runs, and blocks
+    proc.feed(records([b"a", b"b"], first=1))
+    await until(lambda: 2 in ran and compacting.holding == 0)  # both windows ended
+    assert ran == [0, 2]  # key a's next survivor waits; key b ran
+    release.set()
+    await until(lambda: proc.committable() == 3)
+    assert ran == [0, 2, 1]
+    assert overlaps == []
+
+
 async def test_batching_by_size_and_linger_with_individual_retry() -> None:
     """Tasks are handed over in batches of max_size or after linger; each item is
     completed or retried on its own."""
