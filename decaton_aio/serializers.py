@@ -129,6 +129,8 @@ class _MsgspecSerializer(Generic[T]):
             return self._decode(data)
         except msgspec.DecodeError as exc:  # ValidationError is a subclass
             raise DecodeError("body", str(exc)) from exc
+        except UnicodeDecodeError as exc:  # msgspec's own error for a string not in UTF-8
+            raise DecodeError("body", f"a string is not valid UTF-8: {exc.reason}") from exc
 
 
 class JsonSerializer(_MsgspecSerializer[T]):

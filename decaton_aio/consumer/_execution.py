@@ -129,6 +129,10 @@ class TaskExecutor:
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
+        except Exception as exc:  # a serializer that raises something else: still a body
+            reason = f"the serializer raised {type(exc).__name__}: {exc}"
+            self._poison_pill(partition, ctx, DecodeError("body", reason))
+            return
         stats = partition.stats
         stats.delivery_latency.observe(now - record.timestamp * 0.001)
         ctx.started_at = time.perf_counter()
@@ -399,18 +403,20 @@ class TaskExecutor:
         timestamp_ms: int | None,
     ) -> None:
         sender = self._sender
-        if sender is None or (record.key is None and record.value is None):
-            # No producer, or a record with neither key nor value: there is nothing a
-            # broker would take, and nothing to lose by completing it.
-            log.error(f"cannot send the {what} record: completing the task", topic=topic)
+        if sender is None:
+            log.error(f"no producer for the {what} record: completing the task", topic=topic)
             partition.complete_released(record)
             return
+        value = record.value
+        if record.key is None and value is None:
+            value = b""  # the client sends nothing without a key or a value
+
         attempt = 0
         while not partition.closed:
             try:
                 await sender.send(
                     topic,
-                    record.value,
+                    value,
                     key=record.key,
                     headers=headers,
                     timestamp_ms=timestamp_ms,
