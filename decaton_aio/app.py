@@ -49,6 +49,9 @@ class ConsumerConfig:
         isolation_level: ``read_uncommitted`` (the default) hands over every record;
             ``read_committed`` only records of committed transactions (records of aborted
             ones are never processed; transaction markers do not hold the commit back).
+        metadata_max_age_ms: how often the consumer refreshes the cluster's metadata: a
+            task topic deleted and created again (or given more partitions) is noticed
+            within this time (Kafka's default, 5 minutes).
     """
 
     bootstrap_servers: str
@@ -61,6 +64,7 @@ class ConsumerConfig:
     max_partition_fetch_bytes: int = 1024 * 1024
     fetch_max_wait_ms: int = 100
     isolation_level: str = "read_uncommitted"
+    metadata_max_age_ms: int = 300_000
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -82,6 +86,8 @@ class ConsumerConfig:
             )
         if self.fetch_max_wait_ms < 0:
             raise ConfigError(f"fetch_max_wait_ms must be >= 0, got {self.fetch_max_wait_ms}")
+        if self.metadata_max_age_ms < 100:
+            raise ConfigError(f"metadata_max_age_ms must be >= 100, got {self.metadata_max_age_ms}")
         if self.max_fetch_records < 1:
             raise ConfigError(f"max_fetch_records must be >= 1, got {self.max_fetch_records}")
 

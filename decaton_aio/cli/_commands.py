@@ -264,6 +264,7 @@ def run_target(args: argparse.Namespace) -> int:
                 session_timeout_ms=args.session_timeout_ms,
                 heartbeat_interval_ms=args.heartbeat_interval_ms,
                 auto_offset_reset=args.auto_offset_reset,
+                metadata_max_age_ms=args.metadata_max_age_ms,
                 isolation_level=args.isolation_level,
             ),
             producer=ProducerConfig(

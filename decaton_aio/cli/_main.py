@@ -211,6 +211,13 @@ def _build_parser() -> _Parser:
     run.add_argument("--session-timeout-ms", type=int, default=10_000)
     run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)
     run.add_argument("--auto-offset-reset", choices=("earliest", "latest"), default="earliest")
+    run.add_argument(
+        "--metadata-max-age-ms",
+        type=int,
+        default=300_000,
+        help="refresh the cluster's metadata this often: a recreated task topic is noticed "
+        "within it (default 5 minutes)",
+    )
     _add_isolation_level(run, "read_committed: records of aborted transactions are never processed")
     run.add_argument(
         "--side-topic-replication-factor",

@@ -195,6 +195,7 @@ class Subscription:
                 max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
                 fetch_max_wait_ms=cfg.fetch_max_wait_ms,
                 isolation_level=cfg.isolation_level,
+                metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
             )
             try:

@@ -300,3 +300,50 @@ async def test_a_position_that_goes_back_starts_the_partition_again(
         assert first.closed
         assert sub.partitions[tp] is not first
         await wait_until(lambda: sub.partitions[tp].last_committed == 20, what="commits again")
+
+
+async def test_a_deleted_and_recreated_topic_is_processed_from_its_start(
+    kafka_broker: BrokerHandle, task_producer: Any
+) -> None:
+    """The task topic is deleted and created again with new tasks while a subscription
+    runs: the new tasks are all processed and the group's commits reach the new end."""
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu's topic deletion does not reset the partition's offsets")
+    from decaton_aio.admin import TopicAdmin
+    from decaton_aio.offsets import group_positions
+
+    admin = TopicAdmin(kafka_broker.bootstrap_servers)
+    topic = await admin.create(1, prefix="recreated")
+    await produce(task_producer, topic, 30, keys=3)
+    seen: list[bytes] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        seen.append(task)
+
+    group = f"recreated-{uuid.uuid4().hex[:8]}"
+    app = Application(process, topics=(topic,), properties={"decaton.commit.interval.ms": 100})
+    try:
+        # A recreated topic is noticed at the next metadata refresh: 1 s here.
+        async with kafka_broker.subscription(app, group, metadata_max_age_ms=1000) as sub:
+            await wait_until(lambda: len(seen) == 30, what="the first topic's tasks")
+            await admin.close()  # deletes the topic
+            admin = TopicAdmin(kafka_broker.bootstrap_servers)
+            await wait_until(lambda: not sub.partitions, timeout_s=30, what="the revoke")
+            await admin.create(1, name=topic)
+            producer = await task_producer(topic)
+            fresh = [f"new-{i}".encode() for i in range(10)]
+            for i, task in enumerate(fresh):
+                await producer.put(f"k{i % 3}", task)
+            await wait_until(lambda: set(fresh) <= set(seen), timeout_s=60, what="new tasks")
+
+            async def at_end() -> bool:
+                found = await group_positions(kafka_broker.bootstrap_servers, group, topic)
+                return [(p.committed, p.lag) for p in found] == [(10, 0)]
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while not await at_end():
+                assert loop.time() < deadline, "the commits did not reach the new end"
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
