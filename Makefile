@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
 JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-test test test-unit test-spark test-tansu lint \
+.PHONY: help install run quickstart bench bench-quick bench-test chaos test test-unit test-spark test-tansu lint \
 	format clean java install-java maven install-maven kafka
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
+	@echo "make chaos  instances killed and restarted while tasks flow, 3 times (~5 min)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (under 2 minutes)"
@@ -81,7 +82,12 @@ test: kafka
 
 # The integration suite again on Tansu, the Java-free broker.
 test-tansu: $(STAMP)
-	DECATON_AIO_BROKER=tansu $(BIN)/python -m pytest -m integration
+	DECATON_AIO_BROKER=tansu $(BIN)/python -m pytest -m "integration and not chaos_long"
+
+# Instances killed and restarted while tasks flow, every scenario, three times in a row
+# (make test runs the short scenario once).
+chaos: kafka
+	for run in 1 2 3; do $(BIN)/python -m pytest -s -m chaos tests/chaos || exit 1; done
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
