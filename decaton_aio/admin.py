@@ -8,6 +8,7 @@ the command that creates it, instead of stalling a partition at its first retry.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,43 @@ __all__ = [
 log = structlog.get_logger("decaton_aio.admin")
 
 
+#: How long a created topic may take until every partition has a leader.
+READY_TIMEOUT_S = 30.0
+
+
+async def _wait_for_leaders(
+    admin: AIOKafkaAdminClient, partitions: dict[str, int], timeout_s: float
+) -> None:
+    """Return once every topic in ``partitions`` has that many partitions with a leader.
+
+    CreateTopics answers before every broker's metadata has the topic: under load, a
+    client started at once can still be told that the topic does not exist.
+
+    Raises:
+        BrokerError: not within ``timeout_s``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    waiting = dict(partitions)
+    while waiting:
+        for described in await admin.describe_topics(sorted(waiting)):
+            led = [p for p in described.get("partitions") or [] if p.get("leader", -1) >= 0]
+            if described.get("error_code", 0) == 0 and len(led) >= waiting[described["topic"]]:
+                del waiting[described["topic"]]
+        if waiting and loop.time() > deadline:
+            raise BrokerError(
+                f"topics {sorted(waiting)} were created but have partitions without a leader "
+                f"after {timeout_s:g} s: check the brokers' health"
+            )
+        if waiting:
+            await asyncio.sleep(0.05)
+
+
 class TopicAdmin:
     """Creates uniquely named topics and deletes them again."""
+
+    #: How long :meth:`create` waits for the new topic's partitions to have leaders.
+    ready_timeout_s: float = READY_TIMEOUT_S
 
     def __init__(self, bootstrap_servers: str) -> None:
         self._bootstrap_servers = bootstrap_servers
@@ -58,7 +94,12 @@ class TopicAdmin:
             configs: topic settings (``cleanup.policy``, ``retention.ms``, ...).
 
         Returns:
-            The topic name.
+            The topic name, once every partition has a leader: a client that starts right
+            after sees the whole topic.
+
+        Raises:
+            BrokerError: the cluster refused the topic, or its partitions got no leader
+                within ``ready_timeout_s``.
         """
         if self._client is None:
             self._client = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap_servers)
@@ -72,6 +113,7 @@ class TopicAdmin:
             if code not in (0, TopicAlreadyExistsError.errno):
                 raise BrokerError(f"creating topic {topic!r} failed: {for_code(code).__name__}")
         self.created.append(topic)
+        await _wait_for_leaders(self._client, {topic: partitions}, self.ready_timeout_s)
         return topic
 
     async def close(self, *, delete: bool = True) -> None:
@@ -166,19 +208,20 @@ async def ensure_side_topics(bootstrap_servers: str, app: Application) -> list[s
                 for p in plans
             ]
         )
+        failures = _creation_failures(response, plans)
+        if failures:
+            raise ConfigError(
+                "cannot create side topics, so the subscription would stall at the first "
+                "retry or dead letter; create them (or let this client create topics) and "
+                "start again: " + "; ".join(failures)
+            )
+        await _wait_for_leaders(admin, {p.name: p.partitions for p in plans}, READY_TIMEOUT_S)
     except KafkaError as exc:
         raise BrokerError(
             f"cannot check the side topics {sorted(wanted)} at {bootstrap_servers}: {exc!r}"
         ) from exc
     finally:
         await admin.close()
-    failures = _creation_failures(response, plans)
-    if failures:
-        raise ConfigError(
-            "cannot create side topics, so the subscription would stall at the first retry "
-            "or dead letter; create them (or let this client create topics) and start "
-            "again: " + "; ".join(failures)
-        )
     created = sorted(p.name for p in plans)
     log.info("created side topics", topics=created)
     return created

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from decaton_aio.properties import encode_record
 from decaton_aio.testing import BrokerHandle, committed_offsets
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,12 @@ APP = textwrap.dedent(
 
 
 async def start(
-    tmp_path: Path, broker: BrokerHandle, topic: str, group: str, *extra: str
+    tmp_path: Path,
+    broker: BrokerHandle,
+    topic: str,
+    group: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[asyncio.subprocess.Process, Path]:
     (tmp_path / "cli_app.py").write_text(APP)
     done = tmp_path / "done.txt"
@@ -46,7 +52,7 @@ async def start(
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=tmp_path,
-        env={**os.environ, "DONE_FILE": str(done)},
+        env={**os.environ, **(env or {}), "DONE_FILE": str(done)},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -107,19 +113,42 @@ async def test_second_signal_exits_at_once(
     assert proc.returncode == 130
 
 
+@pytest.mark.parametrize("surface", ["argv", "env", "file", "topic"])
 async def test_bad_property_is_rejected_at_start(
-    tmp_path: Path, kafka_broker: BrokerHandle, topic_factory: Any
+    surface: str,
+    tmp_path: Path,
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
 ) -> None:
-    """An unknown property name fails the start with one line suggesting the right name."""
+    """A bad property from any surface (command line, environment, properties file,
+    properties topic) fails the start with one line naming the property and what is
+    allowed, exit 2, no traceback."""
     topic = await topic_factory(partitions=1)
-    proc, _ = await start(
-        tmp_path, kafka_broker, topic, "g", "--property", "decaton.partition.concurency=5"
-    )
-    _, stderr = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 2
-    message = stderr.decode().strip().splitlines()[-1]
+    extra: list[str] = []
+    env: dict[str, str] = {}
+    if surface == "argv":
+        extra = ["--property", "decaton.partition.concurency=5"]
+    elif surface == "env":
+        env = {"DECATON_PARTITION_CONCURRENCY": "many"}
+    elif surface == "file":
+        (tmp_path / "bad.properties").write_text("decaton.partition.concurrency=-3\n")
+        extra = ["--properties-file", str(tmp_path / "bad.properties")]
+    else:
+        properties = await topic_factory(partitions=1)
+        producer = await task_producer(properties)
+        key, body = encode_record("decaton.partition.concurrency", 0)
+        await producer.sender.send(properties, body, key=key)
+        extra = ["--properties-topic", properties]
+    proc, _ = await start(tmp_path, kafka_broker, topic, "g", *extra, env=env)
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    text = stderr.decode()
+    assert proc.returncode == 2, text
+    message = text.strip().splitlines()[-1]
     assert "decaton.partition.concurrency" in message
-    assert "Traceback" not in stderr.decode()
+    if surface != "argv":
+        assert "expected an integer >= 1" in message
+    assert "Traceback" not in text
 
 
 async def test_refused_producer_stops_run_cleanly(
