@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
 JAVA_PACKAGE := openjdk-17-jre-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-test chaos test test-unit test-spark test-tansu lint \
+.PHONY: help install run quickstart bench bench-quick bench-test chaos fuzz test test-unit test-spark test-tansu lint \
 	format clean java install-java maven install-maven kafka
 
 help:
@@ -16,6 +16,7 @@ help:
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make chaos  instances killed and restarted while tasks flow, 3 times (~5 min)"
+	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (under 2 minutes)"
@@ -88,6 +89,22 @@ test-tansu: $(STAMP)
 # (make test runs the short scenario once).
 chaos: kafka
 	for run in 1 2 3; do $(BIN)/python -m pytest -s -m chaos tests/chaos || exit 1; done
+
+# Coverage-guided fuzzing (atheris) of the dt_meta header and every serializer; the
+# corpus grows in .fuzz/ across runs, a finding is written as crash-* and fails the run.
+FUZZ_SECONDS ?= 120
+FUZZ_STAMP := $(VENV)/.fuzz-installed
+
+$(FUZZ_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),fuzz]"
+	@touch $(FUZZ_STAMP)
+
+fuzz: $(FUZZ_STAMP)
+	for target in metadata bodies; do \
+	  mkdir -p .fuzz/$$target && \
+	  $(BIN)/python tests/fuzz/fuzz_decode.py $$target -max_total_time=$(FUZZ_SECONDS) \
+	    -artifact_prefix=.fuzz/ .fuzz/$$target || exit 1; \
+	done
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

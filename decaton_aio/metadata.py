@@ -225,17 +225,18 @@ def _read_tag(data: bytes, pos: int) -> tuple[int, int]:
     return tag, nxt
 
 
-def _skip_field(data: bytes, pos: int, tag: int, tag_pos: int) -> int:
+def _skip_field(data: bytes, pos: int, tag: int, tag_pos: int, *, in_group: bool = False) -> int:
     """Skip the value of a field the decoder does not keep; return the next position.
 
     Like protobuf, a field of a known number but an unexpected wire type is skipped as an
     unknown field (the message keeps its default), and a group is skipped to its matching
     end. Raises ``DecodeError`` for an invalid field number or wire type, an end of group
-    that ends nothing, and truncated values.
+    that ends nothing, and truncated values. Inside a group, protobuf's parser takes field
+    number 0 like any other, so this does too (found by coverage-guided fuzzing).
     """
     field_number = tag >> 3
     wire_type = tag & 0x07
-    if field_number == 0:  # the largest one, 2**29 - 1, is what a 32-bit tag holds
+    if field_number == 0 and not in_group:  # 2**29 - 1, the largest, fits a 32-bit tag
         raise DecodeError("header", f"invalid field number 0 at byte {tag_pos}")
     known = _KNOWN_FIELDS.get(field_number)
     what = f"field {field_number} ({known[0]})" if known else f"unknown field {field_number}"
@@ -273,7 +274,7 @@ def _skip_field(data: bytes, pos: int, tag: int, tag_pos: int) -> int:
                         f"at byte {inner_pos}",
                     )
                 return pos
-            pos = _skip_field(data, pos, inner, inner_pos)
+            pos = _skip_field(data, pos, inner, inner_pos, in_group=True)
         raise DecodeError("header", f"group of {what} at byte {tag_pos} has no end")
     if wire_type == _WIRE_END_GROUP:
         raise DecodeError("header", f"end of group {field_number} at byte {tag_pos} ends no group")
