@@ -234,6 +234,7 @@ def own_broker() -> Iterator[BrokerHandle]:
         broker.stop()
 
 
+@pytest.mark.timeout(300)  # processes starting, killed and joining again take a while
 @pytest.mark.parametrize(
     "name",
     [n if n == "short" else pytest.param(n, marks=pytest.mark.chaos_long) for n in SCENARIOS],
