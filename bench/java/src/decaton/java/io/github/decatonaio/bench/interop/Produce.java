@@ -41,6 +41,9 @@ final class Produce {
         Properties config = new Properties();
         config.setProperty(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, args.required("bootstrap-servers"));
         config.setProperty(ProducerConfig.CLIENT_ID_CONFIG, "decaton-interop-producer");
+        if (args.flag("no-idempotence")) {
+            config.setProperty(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "false");
+        }
         List<CompletableFuture<PutTaskResult>> puts = new ArrayList<>();
         try (DecatonClient<HelloTask> client =
                      DecatonClient.producing(args.required("topic"), HelloTask::toByteArray)

@@ -8,6 +8,7 @@ import java.util.List;
 import java.util.Properties;
 
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.common.header.Header;
 import org.slf4j.MDC;
 
@@ -91,7 +92,16 @@ final class Subscribe {
                                    .processorsBuilder(ProcessorsBuilder.consuming(topic, deserializer)
                                                                        .thenProcess(recorder(retryPrefix)));
         if (args.has("retry-backoff-ms")) {
-            builder.enableRetry(RetryConfig.withBackoff(Duration.ofMillis(args.getLong("retry-backoff-ms", 0))));
+            Duration backoff = Duration.ofMillis(args.getLong("retry-backoff-ms", 0));
+            RetryConfig.RetryConfigBuilder retry = RetryConfig.builder().backoff(backoff);
+            if (args.flag("no-idempotence")) {
+                Properties producer = new Properties();
+                producer.setProperty(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, args.required("bootstrap-servers"));
+                producer.setProperty(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "false");
+                producer.setProperty(ProducerConfig.LINGER_MS_CONFIG, "100");
+                retry.producerConfig(producer);
+            }
+            builder.enableRetry(retry.build());
         } else if (retryPrefix != null) {
             throw new Args.UsageException("--retry-key-prefix needs --retry-backoff-ms (retries on)");
         }
