@@ -151,8 +151,10 @@ class DecatonSubscription:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(enough(), timeout_s)
         if len(self.tasks) < count:
+            done = [(t["topic"], t["offset"], t["key"]) for t in self.tasks]
             raise AssertionError(
-                f"Decaton processed {len(self.tasks)} of {count} tasks (states {self.states}, "
+                f"Decaton processed {len(self.tasks)} of {count} tasks {done} "
+                f"(states {self.states}, "
                 f"exit {self._process.returncode}):\n{self._stderr.decode(errors='replace')}"
             )
         return self.tasks

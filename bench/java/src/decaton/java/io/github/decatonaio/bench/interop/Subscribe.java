@@ -65,6 +65,9 @@ final class Subscribe {
         consumer.setProperty(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         consumer.setProperty(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
         consumer.setProperty(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
+        // A retry topic created just before the start may be missing from the first
+        // metadata: without a quick refresh it would be assigned only after 5 minutes.
+        consumer.setProperty(ConsumerConfig.METADATA_MAX_AGE_CONFIG, "1000");
 
         String body = args.get("body", "hello");
         Deserializer<Object> deserializer;
