@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark
-JAVA_PACKAGE := openjdk-17-jre-headless
+JAVA_PACKAGE := openjdk-17-jdk-headless
 
 .PHONY: help install run quickstart bench bench-quick bench-test chaos fuzz test test-unit test-spark test-tansu lint \
 	format clean java install-java maven install-maven kafka
@@ -33,8 +33,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@touch $(STAMP)
 
 # The embedded Apache Kafka and Spark need a JVM (Java 17), and Kafka's jars are resolved
-# by Maven. Each is installed with apt-get when missing and allowed (root, or password-less
-# sudo); otherwise the target says how.
+# by Maven; the interop tests compile bench/java, hence a JDK (javac), not only a JRE.
+# Each is installed with apt-get when missing and allowed (root, or password-less sudo);
+# otherwise the target says how.
 define apt_install
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
@@ -50,14 +51,14 @@ define apt_install
 endef
 
 java:
-	@if command -v java >/dev/null 2>&1 || [ -x "$${JAVA_HOME:-/nonexistent}/bin/java" ]; then \
+	@if command -v javac >/dev/null 2>&1 || [ -x "$${JAVA_HOME:-/nonexistent}/bin/javac" ]; then \
 	  :; \
 	else \
 	  $(MAKE) --no-print-directory install-java; \
 	fi
 
 install-java:
-	$(call apt_install,$(JAVA_PACKAGE),Java 17 (Apache Kafka and Spark))
+	$(call apt_install,$(JAVA_PACKAGE),Java 17 (Apache Kafka, Spark, bench/java))
 
 maven: java
 	@command -v mvn >/dev/null 2>&1 || $(MAKE) --no-print-directory install-maven
