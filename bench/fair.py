@@ -10,8 +10,10 @@ start, each run in a consumer group of its own). S1:
    all runs in one random order (the seed is recorded); the result is the median with the
    minimum and maximum.
 
-S2 and S3 run every contender at its S1 best setting, repeated the same way. The ladder
-then paces each contender at shares of its own S1 capacity (median tasks/s).
+S3 is swept and repeated the same way (a setting good for uniform tasks may not be for
+outliers: a larger pending budget, say); S2 runs every contender at its S1 best setting.
+The ladder then paces each contender, at its S1 best setting, at shares of its own S1
+capacity (median tasks/s).
 
 A run that reads the topic to its end before its window closed is repeated once after the
 topic got twice as many records.
@@ -27,7 +29,7 @@ from typing import Any
 
 from bench.contenders import CONTENDERS
 from bench.measure import Harness
-from bench.scenarios import LADDER, Scenario, Sizes
+from bench.scenarios import LADDER, SWEEPS, Scenario, Sizes
 from bench.workload import make_tasks, produce_tasks
 
 __all__ = ["FairRun"]
@@ -54,7 +56,8 @@ class FairRun:
         self.record = record
         self.say = say
         self.rng = random.Random(seed)
-        self.best: dict[str, dict[str, Any]] = {}  # contender -> its best S1 setting
+        # scenario -> contender -> its best setting there (S2 and the ladder use S1's)
+        self.best: dict[str, dict[str, dict[str, Any]]] = {}
         self.capacity: dict[str, float] = {}  # contender -> its S1 median tasks/s
         self._topics: dict[str, tuple[str, int, int]] = {}  # scenario -> topic, records, seed
 
@@ -135,8 +138,17 @@ class FairRun:
             **fields,
         }
 
+    def setting(self, scenario: str, contender: str) -> dict[str, Any]:
+        """``contender``'s best setting in ``scenario``'s sweep, else in S1's, else its
+        first."""
+        for name in (scenario, "S1"):
+            found = self.best.get(name, {}).get(contender)
+            if found is not None:
+                return found
+        return SWEEPS.get(contender, [{}])[0]
+
     async def sweep(self, scn: Scenario, contenders: list[str]) -> None:
-        """S1's sweep: every setting of every contender once; keeps each one's best."""
+        """A sweep: every setting of every contender once; keeps each one's best."""
         await self._topic(scn, self.sizes.records(scn, self.sizes.sweep_window_s))
         plan = [(c, s) for c in contenders for s in scn.sweep(c, self.sizes.quick)]
         self.rng.shuffle(plan)
@@ -149,8 +161,9 @@ class FairRun:
             self.record(self._line(scn, contender, setting=setting, phase="sweep", **out))
             if out["event"] == "run":
                 runs.setdefault(contender, []).append((out["tasks_per_s"], setting))
+        best = self.best.setdefault(scn.name, {})
         for contender, found in runs.items():
-            self.best[contender] = max(found, key=lambda pair: pair[0])[1]
+            best[contender] = max(found, key=lambda pair: pair[0])[1]
 
     async def repeats(self, scn: Scenario, contenders: list[str]) -> None:
         """Every contender at its best S1 setting, ``repeats`` times, in random order."""
@@ -158,13 +171,11 @@ class FairRun:
             await self._topic(scn, self.sizes.records(scn, self.sizes.window_s))
         elif self._topics[scn.name][1] < self.sizes.records(scn, self.sizes.window_s):
             await self._grow(scn, self.sizes.records(scn, self.sizes.window_s))
-        for c in contenders:  # without a sweep (S1 not run): the first setting
-            self.best.setdefault(c, scn.sweep(c, self.sizes.quick)[0])
         plan = [(c, r) for c in contenders for r in range(self.sizes.repeats)]
         self.rng.shuffle(plan)
         runs: dict[str, list[dict[str, Any]]] = {}
         for i, (contender, repeat) in enumerate(plan):
-            setting = self.best[contender]
+            setting = self.setting(scn.name, contender)
             self.say(f"  {scn.name} {i + 1}/{len(plan)}: {contender} #{repeat + 1}")
             out = await self._run(
                 scn, contender, setting, self.sizes.window_s, f"{scn.name}-{contender}-{repeat}"
@@ -185,7 +196,7 @@ class FairRun:
                     scn,
                     contender,
                     event="result",
-                    setting=self.best[contender],
+                    setting=self.setting(scn.name, contender),
                     **summary,
                 )
             )
@@ -204,7 +215,7 @@ class FairRun:
             try:
                 rungs = await self.h.ladder(
                     contender,
-                    self.best[contender],
+                    self.setting("S1", contender),
                     topic=topic,
                     partitions=scn.partitions,
                     keys=scn.keys,
@@ -228,7 +239,7 @@ class FairRun:
                     scn,
                     contender,
                     event="latency",
-                    setting=self.best[contender],
+                    setting=self.setting("S1", contender),
                     capacity=capacity,
                     rungs=rungs,
                     best_rate_p99_under_bound=max(passing, default=None),

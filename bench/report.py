@@ -258,10 +258,14 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
     primary = next(iter(brokers_of(results)), None)
     for flavor in brokers_of(results) or [None]:
         rows_all = on_broker(results, flavor)
-        sweep = [r for r in rows_all if r.get("phase") == "sweep"]
-        if sweep:
+        for swept in ("S1", "S3"):
+            sweep = [
+                r for r in rows_all if r.get("phase") == "sweep" and r.get("scenario") == swept
+            ]
+            if not sweep:
+                continue
             lines += [
-                f"## S1 sweep ({flavor})",
+                f"## {swept} sweep ({flavor})",
                 "",
                 "| contender | setting | tasks/s | CPU s / 1000 |",
                 "|---|---|---:|---:|",

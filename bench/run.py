@@ -151,8 +151,11 @@ class Run:
                 await fair.repeats(s1, contenders)
             for name in ("S3", "S2"):
                 if name in by_name:
-                    say(f"{name}: {by_name[name].title}")
-                    await fair.repeats(by_name[name], self._wanted(by_name[name]))
+                    scn = by_name[name]
+                    say(f"{name}: {scn.title}")
+                    if name == "S3":
+                        await fair.sweep(scn, self._wanted(scn))
+                    await fair.repeats(scn, self._wanted(scn))
             if "L" in by_name and s1 is not None:
                 say(f"L: {by_name['L'].title}")
                 await fair.ladder(s1, self._wanted(by_name["L"]))
