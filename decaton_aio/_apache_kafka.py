@@ -14,7 +14,6 @@ Caller: :class:`~decaton_aio.embedded.EmbeddedBroker`, from one thread.
 from __future__ import annotations
 
 import base64
-import os
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from decaton_aio._maven import cache_root, find_java, maven_into_cache
 from decaton_aio.errors import BrokerError
 
 __all__ = [
@@ -41,7 +41,6 @@ KAFKA_VERSION = "4.1.1"
 _PACKAGE_DIR = Path(__file__).parent / "_kafka"
 _POM = _PACKAGE_DIR / "pom.xml"
 _LOG_CONFIG = _PACKAGE_DIR / "log4j2.properties"
-_COMPLETE = ".complete"
 _HEAP = "-Xmx512m"
 _STOP_GRACE_S = 10.0
 _TANSU_HINT = "or use the Java-free Tansu broker (--flavor tansu, DECATON_AIO_BROKER=tansu)"
@@ -49,8 +48,7 @@ _TANSU_HINT = "or use the Java-free Tansu broker (--flavor tansu, DECATON_AIO_BR
 
 def kafka_cache_dir(version: str = KAFKA_VERSION) -> Path:
     """Where the jars of ``version`` are cached."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "decaton-aio" / f"kafka-{version}"
+    return cache_root() / f"kafka-{version}"
 
 
 def java_executable() -> str:
@@ -59,26 +57,21 @@ def java_executable() -> str:
     Raises:
         BrokerError: when there is none; the message says what to install.
     """
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        candidate = os.path.join(home, "bin", "java")
-        if os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("java")
-    if found:
-        return found
-    raise BrokerError(
-        "the embedded Apache Kafka needs Java 17 or newer: install a JRE (Debian: apt-get "
-        "install openjdk-17-jre-headless; or run 'make install') and set JAVA_HOME, " + _TANSU_HINT
-    )
+    found = find_java()
+    if found is None:
+        raise BrokerError(
+            "the embedded Apache Kafka needs Java 17 or newer: install a JRE (Debian: apt-get "
+            "install openjdk-17-jre-headless; or run 'make install') and set JAVA_HOME, "
+            + _TANSU_HINT
+        )
+    return found
 
 
 def resolve_kafka_classpath(version: str = KAFKA_VERSION) -> str:
     """The classpath of the Kafka broker and tools, resolved with Maven on first use.
 
     The jars are copied into :func:`kafka_cache_dir` by ``mvn dependency:copy-dependencies``
-    and the directory is renamed into place only when complete, so an interrupted download
-    never leaves half a cache behind.
+    (see :func:`~decaton_aio._maven.maven_into_cache`: never half a cache).
 
     Returns:
         A ``java -cp`` argument (``<cache>/lib/*``).
@@ -86,56 +79,23 @@ def resolve_kafka_classpath(version: str = KAFKA_VERSION) -> str:
     Raises:
         BrokerError: when Maven is missing or cannot resolve the artifacts.
     """
-    cache = kafka_cache_dir(version)
-    lib = cache / "lib"
-    if not (cache / _COMPLETE).exists():
-        _download(version, cache)
-    return str(lib / "*")
 
+    def arguments(staging: Path) -> list[str]:
+        return [
+            "--file",
+            str(_POM),
+            "dependency:copy-dependencies",
+            f"-Dkafka.version={version}",
+            f"-DoutputDirectory={staging / 'lib'}",
+        ]
 
-def _download(version: str, cache: Path) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokerError(
-            "the embedded Apache Kafka is resolved from Maven Central by Maven, which is "
-            "missing: install it (Debian: apt-get install maven; or run 'make install'), "
-            + _TANSU_HINT
-        )
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=cache.parent))
-    try:
-        result = subprocess.run(
-            [
-                mvn,
-                "--batch-mode",
-                "--quiet",
-                "--file",
-                str(_POM),
-                "dependency:copy-dependencies",
-                f"-Dkafka.version={version}",
-                f"-DoutputDirectory={staging / 'lib'}",
-            ],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
-            raise BrokerError(
-                f"Maven could not resolve Apache Kafka {version} from Maven Central "
-                f"(exit {result.returncode}):\n{tail}"
-            )
-        (staging / _COMPLETE).write_text(version)
-        if cache.exists():  # another process finished first, or a stale partial copy
-            shutil.rmtree(cache, ignore_errors=True)
-        try:
-            staging.rename(cache)
-        except OSError:
-            if not (cache / _COMPLETE).exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    def error(message: str) -> BrokerError:
+        return BrokerError(f"{message}\n(the embedded Apache Kafka {version}; {_TANSU_HINT})")
+
+    cache = maven_into_cache(
+        kafka_cache_dir(version), arguments, what=f"Apache Kafka {version}", error=error
+    )
+    return str(cache / "lib" / "*")
 
 
 def _cluster_id() -> str:

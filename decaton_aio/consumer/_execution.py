@@ -15,6 +15,9 @@ routes the outcome:
 - a body or header that cannot be decoded (a poison pill): the dead letter topic with the
   reason, counted as discarded.
 
+A record without ``dt_meta`` is read as a pre-Decaton-9 ``DecatonTaskRequest`` while
+``decaton.legacy.parse.fallback.enabled`` is on (``consumer/_legacy.py``).
+
 A record is never completed before what replaces it (retry, dead letter, shaping record)
 is durable: a failed send is tried again with backoff until it works or the partition is
 closed (then the record is redelivered to the new owner).
@@ -33,10 +36,15 @@ from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
+from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
-from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
+from decaton_aio.properties import (
+    DEFERRED_COMPLETE_TIMEOUT_MS,
+    LEGACY_PARSE_FALLBACK_ENABLED,
+    Properties,
+)
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
 from decaton_aio.typing import Record, RecordSender
 
@@ -59,7 +67,7 @@ class TaskExecutor:
         sender: delivers retry, dead letter and shaping records; ``None`` only when the
             application needs none (then a record that would need one is logged and
             completed).
-        properties: live properties (deferred completion timeout).
+        properties: live properties (deferred completion timeout, legacy parse fallback).
         retry: the retry configuration, ``None`` for Decaton's default (log and go on).
         side_topics: names of the retry, dead letter and shaping topics.
         deferred_timeout_policy: what a timed-out deferred completion does.
@@ -82,6 +90,7 @@ class TaskExecutor:
         self._decode = decode
         self._sender = sender
         self._deferred_timeout = properties[DEFERRED_COMPLETE_TIMEOUT_MS]
+        self._legacy = properties[LEGACY_PARSE_FALLBACK_ENABLED]
         self._retry = retry
         self._topics = side_topics or SideTopics()
         self._deferred_policy = deferred_timeout_policy
@@ -113,6 +122,9 @@ class TaskExecutor:
                 except Exception:
                     scheduled = scheduled_time_of(headers)
             else:
+                if self._legacy.value and not has_metadata_header(headers):
+                    record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
+                    headers = record.headers
                 scheduled = scheduled_time_of(headers)
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
@@ -127,6 +139,9 @@ class TaskExecutor:
                 raise DecodeError("body", "the record has no value (a tombstone)")
             task = self._decode(value)
         except DecodeError as exc:
+            hint = legacy_hint(record)
+            if hint is not None:
+                exc = DecodeError("body", f"{exc.reason}; {hint}")
             self._poison_pill(partition, ctx, exc)
             return
         except Exception as exc:  # a serializer that raises something else: still a body

@@ -28,6 +28,7 @@ __all__ = [
     "DEFERRED_COMPLETE_TIMEOUT_MS",
     "GROUP_REBALANCE_TIMEOUT_MS",
     "IGNORE_KEYS",
+    "LEGACY_PARSE_FALLBACK_ENABLED",
     "MAX_PENDING_RECORDS",
     "PARTITION_CONCURRENCY",
     "PER_KEY_QUOTA_PROCESSING_RATE",
@@ -350,6 +351,14 @@ SHAPING_RATE_PER_PARTITION: Final = int_property(
     doc="Tasks started per second per partition of a `<topic>-shaping` topic, where the tasks "
     "of keys over their quota go; -1 unlimited, 0 pauses.",
 )
+LEGACY_PARSE_FALLBACK_ENABLED: Final = bool_property(
+    "decaton.legacy.parse.fallback.enabled",
+    False,
+    reloadable=True,
+    doc="Read a record without a `dt_meta` header as a pre-Decaton-9 `DecatonTaskRequest` "
+    "(metadata and body inside the value); one that is not is dead-lettered. Off: such a "
+    "value is the body, as Decaton 9 reads it.",
+)
 
 BUILTIN_DEFINITIONS: Final[tuple[PropertyDefinition[Any], ...]] = (
     PARTITION_CONCURRENCY,
@@ -362,6 +371,7 @@ BUILTIN_DEFINITIONS: Final[tuple[PropertyDefinition[Any], ...]] = (
     DEFERRED_COMPLETE_TIMEOUT_MS,
     PER_KEY_QUOTA_PROCESSING_RATE,
     SHAPING_RATE_PER_PARTITION,
+    LEGACY_PARSE_FALLBACK_ENABLED,
 )
 """Every built-in definition, in documentation order."""
 
