@@ -43,7 +43,7 @@ _OUR_PROPERTIES = {
 }
 
 
-def command_line(spec: RunSpec, python: str, java: list[str] | None = None) -> list[str]:
+def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None = None) -> list[str]:
     """The command that runs ``spec``'s contender."""
     who = CONTENDERS[spec.contender]
     if who.kind == "cli":
@@ -56,9 +56,9 @@ def command_line(spec: RunSpec, python: str, java: list[str] | None = None) -> l
             argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
         return argv
     if who.kind == "java":
-        if java is None:
-            raise RuntimeError("the Java runner is not built")
-        return [*java, spec.to_json()]
+        if not java or spec.contender not in java:
+            raise RuntimeError(f"the Java runner of {spec.contender} is not built")
+        return [*java[spec.contender], who.module, spec.to_json()]
     return [python, "-m", "bench.body", spec.to_json()]
 
 
@@ -70,7 +70,7 @@ class Harness:
     broker_pids: list[int]
     workdir: Path
     python: str
-    java: list[str] | None = None
+    java: dict[str, list[str]] | None = None  # contender -> java ... -cp CLASSPATH
     session_timeout_ms: int = 10_000
 
     def _spec(

@@ -61,7 +61,7 @@ class Run:
         self.results: list[dict[str, Any]] = []
         self.broker: str | None = None
         self._unavailable: dict[str, str | None] = {}
-        self.java = _java_runner()
+        self.java: dict[str, list[str]] = {}  # contender -> java ... -cp CLASSPATH
 
     def record(self, result: dict[str, Any]) -> None:
         result.setdefault("event", "result")
@@ -78,7 +78,9 @@ class Run:
         if who is None:
             return "not a contender of this tree"
         if who.kind == "java":
-            return None if self.java else "the Java runner is not built (bench/java, Maven)"
+            if contender not in self._unavailable:
+                self._unavailable[contender] = self._build_java(contender, who.requires)
+            return self._unavailable[contender]
         if not who.requires:
             return None
         if contender not in self._unavailable:
@@ -114,6 +116,25 @@ class Run:
                     }
                 )
         return ready
+
+    def _build_java(self, contender: str, profile: str) -> str | None:
+        """Build ``profile`` of bench/java (cached) and note how to run ``contender``;
+        return why it cannot run, or None."""
+        from bench.jvm import JvmBuildError, build
+
+        try:
+            built = build((profile,))
+        except JvmBuildError as exc:
+            return str(exc).splitlines()[0]
+        java = built.java
+        if contender == "decaton-virtual":
+            found = _java_at_least(21)
+            if found is None:
+                return "VIRTUAL_THREAD needs Java 21+: none found on the path or in /usr/lib/jvm"
+            java = found
+        # The JVM's own defaults (G1), a heap the size of the Python processes' largest.
+        self.java[contender] = [java, "-Xms256m", "-Xmx1g", "-cp", built.classpath]
+        return None
 
     # ----------------------------------------------------------------- fair part
 
@@ -402,12 +423,23 @@ def _open_log(path: Path) -> BinaryIO:
     return open(path, "wb")  # the caller closes it
 
 
-def _java_runner() -> list[str] | None:
-    """``java -cp ... Runner`` of the Maven-built runner, when it is built."""
-    jar = REPO / "bench" / "java" / "target" / "bench-runner.jar"
-    if not jar.exists():
-        return None
-    return ["java", "-XX:+UseParallelGC", "-jar", str(jar)]
+def _java_at_least(version: int) -> str | None:
+    """A ``java`` of at least ``version``: the one on the path, else one of
+    ``/usr/lib/jvm/*``."""
+    import glob
+    import shutil
+
+    candidates = [shutil.which("java") or "", *sorted(glob.glob("/usr/lib/jvm/*/bin/java"))]
+    for java in filter(None, candidates):
+        try:
+            done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        text = done.stderr.split('"')
+        major = text[1].split(".")[0] if len(text) > 1 else ""
+        if major.isdigit() and int(major) >= version:
+            return java
+    return None
 
 
 def fair_scenarios(scenarios: list[Scenario]) -> tuple[list[Scenario], list[Scenario]]:

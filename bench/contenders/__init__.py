@@ -85,4 +85,26 @@ CONTENDERS: dict[str, Contender] = {
         False,
         requires="faststream.kafka",
     ),
+    # Java: module is the runner's main class, requires the Maven profile that builds it.
+    "decaton-threads": Contender(
+        "io.github.decatonaio.bench.peers.DecatonRunner",
+        "Decaton 9.5 (Java), ProcessorSubscription, THREAD_POOL",
+        True,
+        kind="java",
+        requires="decaton",
+    ),
+    "decaton-virtual": Contender(
+        "io.github.decatonaio.bench.peers.DecatonRunner",
+        "Decaton 9.5 (Java), ProcessorSubscription, VIRTUAL_THREAD (Java 21+)",
+        True,
+        kind="java",
+        requires="decaton",
+    ),
+    "parallel-consumer": Contender(
+        "io.github.decatonaio.bench.peers.ParallelConsumerRunner",
+        "Confluent parallel-consumer 0.5.3 (Java), KEY ordering",
+        True,
+        kind="java",
+        requires="parallel-consumer",
+    ),
 }
