@@ -87,6 +87,11 @@ class FactsWriter:
             buf, self._buf = self._buf, array("q")
             self._file.write(buf.tobytes())
 
+    def close(self) -> None:
+        """Flush and close the file (a contender is stopped instead)."""
+        self.flush()
+        self._file.close()
+
 
 @dataclass
 class Facts:
