@@ -1,4 +1,4 @@
-"""One contender run in a fresh process: ``python -m bench.child '<spec json>'``.
+"""S4-S6 in a fresh process: ``python -m bench.child '<spec json>'``.
 
 Writes JSON lines to stdout (``{"event": "ready"}`` for paced runs, then one
 ``{"event": "result", ...}`` or ``{"event": "error", ...}``) and exits.
@@ -12,7 +12,6 @@ import os
 import sys
 import traceback
 
-from bench.contenders import CONTENDERS
 from bench.recorder import Recorder, emit
 from bench.workload import Spec
 
@@ -79,7 +78,7 @@ def main(argv: list[str]) -> int:
             os._exit(0)
         recorder = Recorder(spec)
         recorder.extra["uvloop"] = uvloop
-        module = importlib.import_module(CONTENDERS[spec.contender].module)
+        module = importlib.import_module("bench.contenders.ours")  # S6: variants of ours
         if os.environ.get("BENCH_GC_FREEZE"):  # experiments: startup objects out of GC
             import gc
 

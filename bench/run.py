@@ -1,15 +1,10 @@
-"""The orchestrator: ``python -m bench [--quick] [--only S1,S2] [--contenders ours,gather]``.
+"""The orchestrator: ``python -m bench [--quick] [--only S1,L] [--contenders ours,gather]``.
 
-Per scenario it starts one embedded broker; per contender it creates a fresh topic,
-produces the tasks, then runs the contender in a fresh process (``bench.child``) that
-measures consumption only. Every result is printed as a JSON line (with the machine facts)
-and, at the end, written to ``bench/results/<mode>.json``, ``<mode>.md`` and
-``<mode>.png``. Peers that need packages the interpreter lacks are recorded as not
-available, with the reason.
-
-``--profile S1,S2`` attaches py-spy to our contender of those scenarios while its measured
-window is open (not during imports, the group join or the warm-up) and writes collapsed
-stacks and a hotspot summary to ``bench/results/profiles/``.
+S1-S3 and the latency ladder (``L``) run on one embedded broker (:mod:`bench.fair`); S5
+and S6 get a broker each, S4 none. Every result is printed as a JSON line and, at the end,
+written to ``bench/results/<mode>.json``, ``<mode>.md`` and ``<mode>.png`` with the
+targets, judged from the same run. Contenders that cannot run here (a package or the Java
+runner missing) are recorded as not available, with the reason.
 """
 
 from __future__ import annotations
@@ -18,26 +13,24 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
-import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
-from bench.scenarios import PUBLISHED, S6_QUOTA, Scenario
+from bench.scenarios import S6_QUOTA, Scenario, Sizes
 from bench.workload import Spec, make_tasks, produce_paced, produce_tasks
 
 __all__ = ["REPO", "RESULTS", "Run", "emit_line", "say"]
 
 REPO = Path(__file__).absolute().parent.parent
 RESULTS = REPO / "bench" / "results"
-SESSION_TIMEOUT_MS = 3000
-_PEER_IMPORTS = {"faust": "faust", "faststream": "faststream.kafka"}
+SESSION_TIMEOUT_MS = 6000
+_FAIR = ("S1", "S2", "S3", "L")
 
 
 def say(text: str) -> None:
@@ -51,16 +44,14 @@ def emit_line(result: dict[str, Any]) -> None:
 class Run:
     """State of one ``python -m bench`` invocation."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, sizes: Sizes) -> None:
         self.args = args
-        self.quick: bool = args.quick
-        self.mode = "quick" if self.quick else "full"
+        self.sizes = sizes
+        self.mode = "quick" if sizes.quick else "full"
         self.out: Path = args.out
         self.logs = self.out / "logs"
-        self.profiles = self.out / "profiles"
         self.python: str = args.python
-        self.peers_python: str = args.peers_python or args.python
-        self.facts = machine_facts(REPO, self.peers_python)
+        self.facts = machine_facts(REPO)
         self.compact_facts = {
             "cores": self.facts["cores"],
             "python": self.facts["python"],
@@ -68,33 +59,33 @@ class Run:
             "git": self.facts["git"].get("commit"),
         }
         self.results: list[dict[str, Any]] = []
-        self.broker: str | None = None  # the flavor of the scenario running now
+        self.broker: str | None = None
         self._unavailable: dict[str, str | None] = {}
-
-    # ----------------------------------------------------------------- helpers
+        self.java: dict[str, list[str]] = {}  # contender -> java ... -cp CLASSPATH
 
     def record(self, result: dict[str, Any]) -> None:
+        result.setdefault("event", "result")
         result.setdefault("mode", self.mode)
         result["machine"] = self.compact_facts
         if self.broker is not None:
             result.setdefault("broker", self.broker)
-        label = CONTENDERS.get(result.get("contender", ""))
-        if label is not None:
-            result.setdefault("label", label.label)
-            result.setdefault("ordered_by_design", label.ordered)
         self.results.append(result)
         emit_line(result)
 
-    def python_for(self, contender: str) -> str:
-        return self.peers_python if contender in _PEER_IMPORTS else self.python
-
     def unavailable(self, contender: str) -> str | None:
-        """Why a peer cannot run here, or ``None`` when it can."""
-        if contender not in _PEER_IMPORTS:
+        """Why a contender cannot run here, or ``None`` when it can."""
+        who = CONTENDERS.get(contender)
+        if who is None:
+            return "not a contender of this tree"
+        if who.kind == "java":
+            if contender not in self._unavailable:
+                self._unavailable[contender] = self._build_java(contender, who.requires)
+            return self._unavailable[contender]
+        if not who.requires:
             return None
         if contender not in self._unavailable:
             done = subprocess.run(
-                [self.python_for(contender), "-c", f"import {_PEER_IMPORTS[contender]}"],
+                [self.python, "-c", f"import {who.requires}"],
                 capture_output=True,
                 text=True,
                 cwd=REPO,
@@ -102,24 +93,132 @@ class Run:
             reason = None
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["import failed"])[-1]
-                reason = f"not installed in {self.python_for(contender)}: {last}"
+                reason = f"not installed in {self.python}: {last}"
             self._unavailable[contender] = reason
         return self._unavailable[contender]
 
+    def _wanted(self, scn: Scenario) -> list[str]:
+        chosen = [
+            c for c in scn.contenders if not self.args.contenders or c in self.args.contenders
+        ]
+        ready = []
+        for contender in chosen:
+            reason = self.unavailable(contender)
+            if reason is None:
+                ready.append(contender)
+            elif scn.name == "S1":
+                self.record(
+                    {
+                        "event": "unavailable",
+                        "scenario": "S1",
+                        "contender": contender,
+                        "reason": reason,
+                    }
+                )
+        return ready
+
+    def _build_java(self, contender: str, profile: str) -> str | None:
+        """Build ``profile`` of bench/java (cached) and note how to run ``contender``;
+        return why it cannot run, or None."""
+        from bench.jvm import JvmBuildError, build
+
+        try:
+            built = build((profile,))
+        except JvmBuildError as exc:
+            return str(exc).splitlines()[0]
+        java = built.java
+        if contender == "decaton-virtual":
+            found = _java_at_least(21)
+            if found is None:
+                return "VIRTUAL_THREAD needs Java 21+: none found on the path or in /usr/lib/jvm"
+            java = found
+        # The JVM's own defaults (G1), a heap the size of the Python processes' largest.
+        self.java[contender] = [java, "-Xms256m", "-Xmx1g", "-cp", built.classpath]
+        return None
+
+    # ----------------------------------------------------------------- fair part
+
+    async def fair(self, scenarios: list[Scenario], flavor: str) -> None:
+        """S1, S3, S2 and the ladder on one broker (S2-S3 and L need S1's best settings)."""
+        from bench.fair import FairRun
+        from bench.measure import Harness
+        from decaton_aio.embedded import EmbeddedBroker
+        from decaton_aio.testing import TopicAdmin
+
+        by_name = {s.name: s for s in scenarios}
+        self.broker = flavor
+        say(f"S1-S3 and latency on {flavor}")
+        broker = EmbeddedBroker(flavor=flavor, log_path=self.logs / f"broker-{flavor}.log").start()
+        admin = TopicAdmin(broker.bootstrap_servers)
+        workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=self.logs))
+        seed = self.args.seed if self.args.seed is not None else int(time.time())
+        emit_line({"event": "order", "seed": seed})
+        harness = Harness(
+            broker.bootstrap_servers,
+            broker.pids,
+            workdir,
+            self.python,
+            java=self.java,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+        )
+        fair = FairRun(harness, admin, self.sizes, self.record, say, seed)
+        try:
+            s1 = by_name.get("S1")
+            if s1 is not None:
+                contenders = self._wanted(s1)
+                say(f"S1: {s1.title}; sweep")
+                await fair.sweep(s1, contenders)
+                say("S1: repeats at each contender's best setting")
+                await fair.repeats(s1, contenders)
+            for name in ("S3", "S2"):
+                if name in by_name:
+                    scn = by_name[name]
+                    say(f"{name}: {scn.title}")
+                    if name == "S3":
+                        await fair.sweep(scn, self._wanted(scn))
+                    await fair.repeats(scn, self._wanted(scn))
+            if "L" in by_name and s1 is not None:
+                say(f"L: {by_name['L'].title}")
+                await fair.ladder(s1, self._wanted(by_name["L"]))
+            elif "L" in by_name:
+                say("L needs S1 (each contender's capacity): skipped")
+        finally:
+            await admin.close(delete=False)
+            broker.stop()
+
+    # ------------------------------------------------------- S4 to S6, one process
+
+    async def legacy(self, scn: Scenario, flavor: str) -> None:
+        """S4 (no broker), S5 and S6 (a broker each), through ``bench.child``."""
+        from decaton_aio.embedded import EmbeddedBroker
+        from decaton_aio.testing import TopicAdmin
+
+        say(f"{scn.name}: {scn.title}")
+        if scn.name == "S4":
+            self.broker = None
+            await self._tracker(scn)
+            return
+        self.broker = flavor
+        log = self.logs / f"broker-{flavor}-{scn.name}.log"
+        broker = EmbeddedBroker(flavor=flavor, log_path=log).start()
+        admin = TopicAdmin(broker.bootstrap_servers)
+        try:
+            if scn.name == "S5":
+                await self._memory(scn, broker.bootstrap_servers, admin)
+            else:
+                for variant in scn.contenders:
+                    await self._hot_key(scn, variant, broker.bootstrap_servers, admin)
+        finally:
+            await admin.close(delete=False)
+            broker.stop()
+
     async def child(
-        self,
-        spec: Spec,
-        *,
-        timeout_s: float,
-        profile: Path | None = None,
-        paced: dict[str, Any] | None = None,
+        self, spec: Spec, *, timeout_s: float, paced: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
-        """Run one contender process; return its result lines (or an error line)."""
-        argv = [self.python_for(spec.contender), "-m", "bench.child", spec.to_json()]
-        name = f"{spec.scenario}-{spec.contender}"
-        log_path = self.logs / f"{name}.log"
-        paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+        """Run one ``bench.child`` process; return its result lines (or an error line)."""
+        argv = [self.python, "-m", "bench.child", spec.to_json()]
+        log_path = self.logs / f"{spec.scenario}-{spec.contender}.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
         with _open_log(log_path) as log:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -130,29 +229,28 @@ class Run:
                 stderr=log,
             )
             try:
-                return await asyncio.wait_for(self._talk(proc, spec, paced, profile), timeout_s)
+                return await asyncio.wait_for(self._talk(proc, spec, paced), timeout_s)
             except TimeoutError:
-                return [self._error(spec, f"no result within {timeout_s:.0f}s; log {log_path}")]
+                return [
+                    {
+                        "event": "error",
+                        "scenario": spec.scenario,
+                        "contender": spec.contender,
+                        "error": f"no result within {timeout_s:.0f}s; log {log_path}",
+                    }
+                ]
             finally:
                 if proc.returncode is None:
-                    try:
-                        await asyncio.wait_for(proc.wait(), 2)
-                    except TimeoutError:
-                        proc.kill()
-                        await proc.wait()
+                    proc.kill()
+                    await proc.wait()
 
     async def _talk(
-        self,
-        proc: asyncio.subprocess.Process,
-        spec: Spec,
-        paced: dict[str, Any] | None,
-        profile: Path | None,
+        self, proc: asyncio.subprocess.Process, spec: Spec, paced: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
         assert proc.stdout is not None
         assert proc.stdin is not None
         lines: list[dict[str, Any]] = []
         producing: asyncio.Task[dict[str, int]] | None = None
-        sampler: asyncio.subprocess.Process | None = None
         while True:
             raw = await proc.stdout.readline()
             if not raw:
@@ -160,22 +258,11 @@ class Run:
             text = raw.decode(errors="replace").strip()
             if "{" not in text:
                 continue
-            text = text[text.index("{") :]  # faust's spinner writes escape codes first
-            msg = json.loads(text)
+            msg = json.loads(text[text.index("{") :])
             event = msg.get("event")
             if event == "ready" and paced is not None:
                 producing = asyncio.create_task(self._pace(proc, spec, paced))
-            elif event == "window" and profile is not None:
-                sampler = await asyncio.create_subprocess_exec(
-                    _find_py_spy(self.python),
-                    *("record", "--nonblocking", "-r", "250", "-f", "raw", "-o", str(profile)),
-                    *("--pid", str(proc.pid)),
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
-                )
             elif event in ("result", "error"):
-                if sampler is not None:  # it writes its file when the child exits
-                    await asyncio.wait_for(sampler.wait(), 30)
                 if producing is not None:
                     msg["produced"] = await producing
                 lines.append(msg)
@@ -183,7 +270,14 @@ class Run:
                     break
         if not lines:
             code = await proc.wait()
-            lines.append(self._error(spec, f"exited with code {code} and no result"))
+            lines.append(
+                {
+                    "event": "error",
+                    "scenario": spec.scenario,
+                    "contender": spec.contender,
+                    "error": f"exited with code {code} and no result",
+                }
+            )
         return lines
 
     async def _pace(
@@ -204,162 +298,84 @@ class Run:
         await proc.stdin.drain()
         return counts
 
-    @staticmethod
-    def _error(spec: Spec, error: str) -> dict[str, Any]:
-        return {
-            "event": "error",
-            "scenario": spec.scenario,
-            "contender": spec.contender,
-            "error": error,
-        }
+    async def _memory(self, scn: Scenario, bootstrap: str, admin: Any) -> None:
+        points = []
+        for size in scn.options["ours"]["pending_sizes"]:
+            topic = await admin.create(1, name=f"bench-s5-{size}-{time.time_ns() % 10**6}")
+            await produce_tasks(
+                bootstrap, topic, make_tasks(size, keys=scn.keys, partitions=1, sleep_ms=10)
+            )
+            spec = Spec(
+                scenario="S5",
+                contender="ours",
+                bootstrap=bootstrap,
+                topic=topic,
+                partitions=1,
+                keys=scn.keys,
+                measured=size,
+                measure_max_s=scn.measure_max_s,
+                session_timeout_ms=SESSION_TIMEOUT_MS,
+                options={"max_pending": size},
+            )
+            for line in await self.child(spec, timeout_s=60 + scn.measure_max_s):
+                if line.get("event") == "result":
+                    points.append(
+                        (line["pending"], line["rss_after_bytes"] - line["rss_before_bytes"])
+                    )
+                    line["phase"] = "point"
+                self.record(line)
+        if len(points) >= 2:
+            import numpy as np
 
-    # --------------------------------------------------------------- scenarios
+            slope = float(np.polyfit([p for p, _ in points], [b for _, b in points], 1)[0])
+            self.record(
+                {
+                    "event": "result",
+                    "scenario": "S5",
+                    "contender": "ours",
+                    "bytes_per_pending": round(slope, 1),
+                    "points": points,
+                    "note": "least-squares slope of RSS growth over pending records",
+                }
+            )
 
-    async def scenario(self, scn: Scenario, flavor: str) -> None:
-        from decaton_aio.embedded import EmbeddedBroker
-        from decaton_aio.testing import TopicAdmin
-
-        if scn.name == "S4":
-            say(f"{scn.name}: {scn.title}")
-            self.broker = None
-            await self._tracker(scn)
-            return
-        say(f"{scn.name} on {flavor}: {scn.title}")
-        self.broker = flavor
-        log = self.logs / f"broker-{flavor}-{scn.name}.log"
-        broker = EmbeddedBroker(flavor=flavor, log_path=log).start()
-        admin = TopicAdmin(broker.bootstrap_servers)
-        try:
-            for contender in scn.contenders:
-                wanted = self.args.contenders
-                if wanted and contender in CONTENDERS and contender not in wanted:
-                    continue  # S6 variants are not contenders: they always run
-                await self._contender(scn, contender, broker.bootstrap_servers, admin)
-        finally:
-            await admin.close(delete=False)
-            broker.stop()
-        if scn.name == "S1":
-            for published in PUBLISHED:
-                self.record(
-                    {
-                        "event": "result",
-                        "scenario": "S1",
-                        **published,
-                        "published": True,
-                        "note": "published by Decaton's maintainers, not measured here",
-                    }
-                )
-
-    async def _contender(self, scn: Scenario, contender: str, bootstrap: str, admin: Any) -> None:
-        reason = self.unavailable(contender)
-        if scn.name == "S6" and contender == "hot-key+quota" and not S6_QUOTA["available"]:
-            reason = S6_QUOTA["reason"]
-        if reason is not None:
+    async def _hot_key(self, scn: Scenario, variant: str, bootstrap: str, admin: Any) -> None:
+        assert scn.paced is not None
+        if variant == "hot-key+quota" and not S6_QUOTA["available"]:
             self.record(
                 {
                     "event": "unavailable",
-                    "scenario": scn.name,
-                    "contender": contender,
-                    "reason": reason,
+                    "scenario": "S6",
+                    "contender": "ours",
+                    "variant": variant,
+                    "reason": S6_QUOTA["reason"],
                 }
             )
             return
-        options = dict(scn.options.get(contender) or scn.options.get("*") or {})
-        for name, value in self.args.set:
-            who, _, key = name.partition(".")
-            if who == contender or (who == "ours" and scn.name in ("S5", "S6")):
-                options[key] = value
         topic = await admin.create(
-            scn.partitions, name=f"bench-{scn.name.lower()}-{contender}-{uuid.uuid4().hex[:6]}"
+            scn.partitions, name=f"bench-s6-{variant.replace('+', '-')}-{time.time_ns() % 10**6}"
         )
         spec = Spec(
-            scenario=scn.name,
-            contender="ours" if scn.name in ("S5", "S6") else contender,
+            scenario="S6",
+            contender="ours",
             bootstrap=bootstrap,
             topic=topic,
             partitions=scn.partitions,
             keys=scn.keys,
-            warmup=scn.warmup,
-            measured=scn.measured,
-            warmup_max_s=scn.warmup_max_s,
-            measure_max_s=scn.measure_max_s,
-            announce_window=contender == "ours" and scn.name in self.args.profile,
             session_timeout_ms=SESSION_TIMEOUT_MS,
-            paced=scn.paced is not None,
-            drain_s=scn.paced["drain_s"] if scn.paced else 0.0,
-            options=dict(options),
+            paced=True,
+            drain_s=scn.paced["drain_s"],
+            options=dict(scn.options[variant]),
         )
-        if scn.paced is None:
-            # Beyond the window's last task: keeps the window from ending in a drain (the
-            # last slow tasks of S3 would otherwise stretch it by up to 500 ms).
-            tail = max(5_000, scn.measured // 10)
-            total = scn.measured if scn.name == "S5" else scn.warmup + scn.measured + tail
-            started = time.perf_counter()
-            produced = await produce_tasks(
-                bootstrap,
-                topic,
-                make_tasks(
-                    total,
-                    keys=scn.keys,
-                    partitions=scn.partitions,
-                    sleep_ms=scn.sleep_ms,
-                    slow_ratio=scn.slow_ratio,
-                    slow_ms=scn.slow_ms,
-                ),
-            )
-            say(
-                f"  {contender}: produced {produced} tasks in "
-                f"{time.perf_counter() - started:.1f}s; consuming"
-            )
-        else:
-            say(f"  {contender}: paced {scn.paced['rate']}/s for {scn.paced['duration_s']}s")
-        timeout = 30 + scn.warmup_max_s + scn.measure_max_s
-        if scn.paced:
-            timeout += scn.paced["duration_s"] + scn.paced["drain_s"]
-        profile = None
-        if self.args.profile and contender == "ours" and scn.name in self.args.profile:
-            self.profiles.mkdir(parents=True, exist_ok=True)
-            profile = self.profiles / f"{scn.name}-ours.txt"
-        paced = None
-        if scn.paced is not None:
-            paced = {
-                **scn.paced,
-                "hot_share": 0.0 if contender == "uniform" else scn.paced["hot_share"],
-            }
-        results = await self.child(spec, timeout_s=timeout, profile=profile, paced=paced)
-        if self.args.repeat > 1 and scn.name in ("S1", "S2", "S3") and profile is None:
-            results = await self._repeat(spec, timeout, results)
-        for result in results:
-            if scn.name == "S6":
-                result["variant"] = contender
-            if profile is not None:
-                result["profiled"] = True  # py-spy sampled it: slower than a clean run
+        paced = {**scn.paced, "hot_share": 0.0 if variant == "uniform" else scn.paced["hot_share"]}
+        timeout = 60 + scn.paced["duration_s"] + scn.paced["drain_s"]
+        for result in await self.child(spec, timeout_s=timeout, paced=paced):
+            result["variant"] = variant
             self.record(result)
-        if profile is not None and profile.exists():
-            from bench.profile import summarize
-
-            summary = summarize(profile)
-            (self.profiles / f"{scn.name}-ours.summary.txt").write_text(summary)
-            say(f"  profile of {scn.name}/ours:\n{summary}")
-
-    async def _repeat(
-        self, spec: Spec, limit_s: float, first: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        # Run again (a fresh group reads the same topic) and keep the median run.
-        runs = [r for r in first if r.get("event") == "result"]
-        for attempt in range(1, self.args.repeat):
-            again = replace(spec, attempt=attempt)
-            runs += [
-                r for r in await self.child(again, timeout_s=limit_s) if r.get("event") == "result"
-            ]
-        if not runs:
-            return first
-        runs.sort(key=lambda r: r["tasks_per_s"])
-        median = dict(runs[len(runs) // 2])
-        median["runs_tasks_per_s"] = [r["tasks_per_s"] for r in runs]
-        return [median]
 
     async def _tracker(self, scn: Scenario) -> None:
+        from bench.tracker import TRACKERS
+
         for contender in scn.contenders:
             spec = Spec(
                 scenario="S4",
@@ -370,8 +386,6 @@ class Run:
                 options=dict(scn.options["*"]),
             )
             for result in await self.child(spec, timeout_s=120):
-                from bench.tracker import TRACKERS
-
                 result["label"] = TRACKERS[contender][1]
                 self.record(result)
 
@@ -382,11 +396,17 @@ class Run:
 
         targets = evaluate_targets(self.results)
         for target in targets:
+            verdict = {True: "PASS", False: "FAIL", None: "n/a"}[target["pass"]]
+            say(
+                f"{verdict:4} {target['target']}: {target['value']} {target.get('op', '')} "
+                f"{target['bound']} {target.get('detail', '')}"
+            )
             emit_line({"event": "target", **target})
         document = {
             "mode": self.mode,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": self.facts,
+            "sizes": self.sizes.__dict__,
             "results": self.results,
             "targets": targets,
         }
@@ -403,16 +423,25 @@ def _open_log(path: Path) -> BinaryIO:
     return open(path, "wb")  # the caller closes it
 
 
-def _find_py_spy(python: str) -> str:
-    candidates = [
-        os.environ.get("PY_SPY", ""),
-        shutil.which("py-spy") or "",
-        str(Path(python).parent / "py-spy"),
-        str(Path(sys.executable).parent / "py-spy"),
-        str(REPO / ".venv" / "bin" / "py-spy"),
-        str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "py-spy"),
-    ]
-    for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    raise SystemExit("--profile needs py-spy: pip install py-spy (or set PY_SPY)")
+def _java_at_least(version: int) -> str | None:
+    """A ``java`` of at least ``version``: the one on the path, else one of
+    ``/usr/lib/jvm/*``."""
+    import glob
+    import shutil
+
+    candidates = [shutil.which("java") or "", *sorted(glob.glob("/usr/lib/jvm/*/bin/java"))]
+    for java in filter(None, candidates):
+        try:
+            done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        text = done.stderr.split('"')
+        major = text[1].split(".")[0] if len(text) > 1 else ""
+        if major.isdigit() and int(major) >= version:
+            return java
+    return None
+
+
+def fair_scenarios(scenarios: list[Scenario]) -> tuple[list[Scenario], list[Scenario]]:
+    """Split a plan into the fair part (S1-S3, L) and the rest."""
+    return [s for s in scenarios if s.name in _FAIR], [s for s in scenarios if s.name not in _FAIR]

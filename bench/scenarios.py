@@ -1,8 +1,8 @@
-"""The scenarios, their sizes for ``bench`` and ``bench-quick``, and who runs in each.
+"""The scenarios, the settings every contender is swept over, and the sizes of each mode.
 
-Sizes follow the benchmark issue: S1 measures 100,000 tasks after a warm-up; slow peers
-(a sequential consumer does about 100 tasks/s at 10 ms) are cut by the time limit of the
-window instead, and the result says how many tasks were measured.
+``make bench`` (full) and ``make bench-quick`` (quick) have the same structure: the same
+sweeps, repeats in random order, the same checks; quick has short windows and fewer
+repeats. Every size can be overridden on the command line (``--window-s``, ...).
 """
 
 from __future__ import annotations
@@ -10,13 +10,106 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PUBLISHED", "S6_QUOTA", "Scenario", "plan"]
+__all__ = ["LADDER", "S6_QUOTA", "SWEEPS", "Scenario", "Sizes", "plan"]
 
-#: Our settings: the runtime's defaults (``decaton.partition.concurrency`` 384 tasks in
-#: flight per partition, 10,000 pending). At 10 ms per task, 384 per partition saturated one
-#: core here; 256 left a fifth of it idle.
-OURS_IO = {"max_pending": 10_000}  # concurrency: the runtime default
-OURS_NOOP = {"max_pending": 10_000}
+#: Shares of a contender's own S1 capacity at which the latency ladder paces it.
+LADDER = (0.25, 0.5, 0.65, 0.8, 0.9, 1.0)
+
+#: Every contender's settings: its concurrency knob and its batch size. The first of each
+#: list is the contender's default (or the usual setting), quick sweeps take the first two.
+SWEEPS: dict[str, list[dict[str, Any]]] = {
+    # decaton.partition.concurrency (default 384) and decaton.max.pending.records.
+    "ours": [
+        {},
+        {"concurrency": 1000},
+        {"concurrency": 128},
+        {"concurrency": 1000, "max_pending": 30_000},
+    ],
+    "ours-2w": [{}, {"concurrency": 1000}],
+    # getmany(max_records=...) and an optional cap of tasks in flight.
+    "sequential": [{"batch_records": 500}, {"batch_records": 10_000}],
+    "gather": [
+        {"batch_records": 500},
+        {"batch_records": 10_000},
+        {"batch_records": 2_000},
+        {"batch_records": 10_000, "max_in_flight": 2_000},
+    ],
+    "keyed": [
+        {"batch_records": 500},
+        {"batch_records": 10_000},
+        {"batch_records": 2_000},
+        {"batch_records": 10_000, "max_in_flight": 2_000},
+    ],
+    "confluent-keyed": [
+        {"batch_records": 500},
+        {"batch_records": 10_000},
+        {"batch_records": 2_000},
+    ],
+    "confluent-gather": [
+        {"batch_records": 500},
+        {"batch_records": 10_000},
+        {"batch_records": 2_000},
+    ],
+    # agent concurrency and the fetch size (broker_max_poll_records).
+    "faust": [
+        {"concurrency": 100},
+        {"concurrency": 1000, "max_poll_records": 10_000},
+        {"concurrency": 1000},
+    ],
+    "faststream": [{"workers": 100}, {"workers": 1000}, {"workers": 300}],
+    # decaton.partition.concurrency and decaton.max.pending.records of Decaton 9.
+    "decaton-threads": [
+        {"concurrency": 100},
+        {"concurrency": 384, "max_pending": 10_000},
+        {"concurrency": 30},
+    ],
+    "decaton-virtual": [
+        {"concurrency": 384, "max_pending": 10_000},
+        {"concurrency": 1000, "max_pending": 10_000},
+        {"concurrency": 100},
+    ],
+    # maxConcurrency of parallel-consumer (KEY ordering).
+    "parallel-consumer": [
+        {"max_concurrency": 500},
+        {"max_concurrency": 1000},
+        {"max_concurrency": 100},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Windows, repeats and records of one mode.
+
+    Attributes:
+        quick: the reduced mode.
+        warmup_s: after the first finished task, before the window opens.
+        window_s: the measured window of a repeat.
+        sweep_window_s: the window of a sweep run.
+        repeats: runs of each contender at its best setting.
+        ladder_warmup_s: a paced rung's warm-up.
+        ladder_window_s: a paced rung's measured part.
+        rate_cap: S1/S3 records are produced for this many tasks/s (S2: 3 times as many);
+            a run that still reads them all is repeated with more.
+    """
+
+    quick: bool
+    warmup_s: float
+    window_s: float
+    sweep_window_s: float
+    repeats: int
+    ladder_warmup_s: float
+    ladder_window_s: float
+    rate_cap: int = 100_000
+
+    def records(self, scn: Scenario, window_s: float) -> int:
+        """Records to produce so a contender at the cap never reads them all."""
+        rate = self.rate_cap * (3 if scn.sleep_ms == 0 else 1)
+        return int(rate * (self.warmup_s + window_s) * 1.2)
+
+
+FULL = Sizes(False, 5.0, 20.0, 5.0, 5, 3.0, 20.0)
+QUICK = Sizes(True, 2.0, 3.0, 2.0, 3, 2.0, 3.0)
 
 
 def _quota_available() -> bool:
@@ -36,40 +129,37 @@ S6_QUOTA: dict[str, Any] = {
     "per_key_quota": 100,
 }
 
-#: Decaton's own figures for S1's shape, from its maintainers' comparison (Java, threads).
-PUBLISHED = [
-    {
-        "contender": "decaton-java-10-threads",
-        "label": "Decaton (Java), 10 threads per partition",
-        "tasks_per_s": 2900,
-    },
-    {
-        "contender": "decaton-java-sequential",
-        "label": "plain Java consumer, sequential",
-        "tasks_per_s": 250,
-    },
-]
+_PYTHON_PEERS = (
+    "sequential",
+    "gather",
+    "keyed",
+    "confluent-keyed",
+    "confluent-gather",
+    "faust",
+    "faststream",
+)
+_JAVA_PEERS = ("decaton-threads", "decaton-virtual", "parallel-consumer")
+ALL = ("ours", "ours-2w", *_PYTHON_PEERS, *_JAVA_PEERS)
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """One scenario of one run mode.
+    """One scenario.
 
     Attributes:
-        name: ``S1`` .. ``S6``.
+        name: ``S1`` .. ``S6``, ``L`` (the latency ladder).
         title: what it measures.
-        contenders: contender names, in run order (S6: variants of ours).
-        partitions: partitions of each contender's topic.
+        contenders: contender names (S6: variants of ours).
+        partitions: partitions of the topic.
         keys: distinct ordinary keys.
         sleep_ms: simulated I/O per task (0: no-op).
         slow_ratio: share of tasks taking ``slow_ms`` instead (S3).
         slow_ms: simulated I/O of a slow task.
-        warmup: completions before the window opens.
-        measured: completions in the window.
-        warmup_max_s: the warm-up ends at the latest this long after the first task.
-        measure_max_s: the window closes at the latest after this long.
-        options: contender name -> options.
+        p99_bound_ms: the latency ladder's bound.
+        options: legacy scenarios (S4-S6): contender name -> options.
+        measure_max_s: legacy scenarios: how long a measurement may take.
         paced: S6 settings (rate, duration_s, hot_share, drain_s) or ``None``.
+        measured: S5: pending records per size.
     """
 
     name: str
@@ -80,61 +170,33 @@ class Scenario:
     sleep_ms: int = 10
     slow_ratio: float = 0.0
     slow_ms: int = 500
-    warmup: int = 10_000
-    measured: int = 100_000
-    warmup_max_s: float = 2.0
-    measure_max_s: float = 10.0
+    p99_bound_ms: float = 50.0
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    measure_max_s: float = 10.0
     paced: dict[str, Any] | None = None
+    warmup: int = 0
+    measured: int = 0
+    warmup_max_s: float = 0.0
+
+    def sweep(self, contender: str, quick: bool) -> list[dict[str, Any]]:
+        """The settings ``contender`` is swept over in this mode."""
+        settings = SWEEPS.get(contender, [{}])
+        return settings[:2] if quick else settings
 
 
-_PEERS = ("sequential", "gather", "keyed", "faust", "faststream")
-_PEER_OPTIONS: dict[str, dict[str, Any]] = {
-    "gather": {"batch_records": 500},
-    "keyed": {"batch_records": 500},
-    "sequential": {"batch_records": 500},
-    "faust": {"concurrency": 100},
-    "faststream": {"workers": 100},
-}
-
-
-def plan(quick: bool) -> list[Scenario]:
-    """The scenarios of ``make bench`` (``quick=False``) or ``make bench-quick``."""
-    warm_s, window_s = (1.0, 3.0) if quick else (2.0, 10.0)
-    io = {**_PEER_OPTIONS, "ours": OURS_IO}
-    noop = {**_PEER_OPTIONS, "ours": OURS_NOOP}
-    return [
+def plan(quick: bool) -> tuple[Sizes, list[Scenario]]:
+    """The sizes and scenarios of ``make bench`` (``quick=False``) or ``make bench-quick``."""
+    sizes = QUICK if quick else FULL
+    return sizes, [
+        Scenario("S1", "I/O bound: 10 ms asyncio.sleep per task, 10,000 keys, 3 partitions", ALL),
+        Scenario("S2", "no-op tasks, 10,000 keys, 3 partitions", ALL, sleep_ms=0),
         Scenario(
-            "S1",
-            "I/O bound: 10 ms asyncio.sleep per task, 10,000 keys, 3 partitions",
-            ("ours", *_PEERS),
-            warmup=5_000 if quick else 10_000,
-            measured=30_000 if quick else 100_000,
-            warmup_max_s=warm_s,
-            measure_max_s=window_s,
-            options=io,
+            "S3", "outliers: as S1, 1% of tasks (random keys) take 500 ms", ALL, slow_ratio=0.01
         ),
         Scenario(
-            "S2",
-            "no-op tasks, 10,000 keys, 3 partitions",
-            ("ours", "sequential", "gather") if quick else ("ours", *_PEERS),
-            sleep_ms=0,
-            warmup=20_000,
-            measured=100_000 if quick else 200_000,
-            warmup_max_s=warm_s,
-            measure_max_s=window_s,
-            options=noop,
-        ),
-        Scenario(
-            "S3",
-            "outliers: as S1, 1% of tasks (random keys) take 500 ms",
-            ("ours", "gather") if quick else ("ours", *_PEERS),
-            slow_ratio=0.01,
-            warmup=5_000 if quick else 10_000,
-            measured=30_000 if quick else 100_000,
-            warmup_max_s=warm_s,
-            measure_max_s=window_s,
-            options=io,
+            "L",
+            "latency: paced at shares of each contender's S1 capacity, produce-to-done",
+            ALL,
         ),
         Scenario(
             "S4",
@@ -145,21 +207,23 @@ def plan(quick: bool) -> list[Scenario]:
         ),
         Scenario(
             "S5",
-            "memory: RSS per pending record at decaton.max.pending.records = 100,000",
+            "memory: RSS per pending record, the slope over 25k, 50k and 100k pending",
             ("ours",),
             partitions=1,
-            measured=100_000,
             measure_max_s=30.0,
-            options={"ours": {**OURS_IO, "max_pending": 100_000}},
+            options={"ours": {"pending_sizes": [25_000, 50_000, 100_000]}},
         ),
         Scenario(
             "S6",
             "hot key, paced: fixed rate, one key ~1/3 of traffic, 10 ms I/O",
             ("uniform", "hot-key", "hot-key+quota"),
             options={
-                "uniform": OURS_IO,
-                "hot-key": OURS_IO,
-                "hot-key+quota": {**OURS_IO, "per_key_quota": S6_QUOTA["per_key_quota"]},
+                "uniform": {"max_pending": 10_000},
+                "hot-key": {"max_pending": 10_000},
+                "hot-key+quota": {
+                    "max_pending": 10_000,
+                    "per_key_quota": S6_QUOTA["per_key_quota"],
+                },
             },
             paced={
                 "rate": 6000,

@@ -3,6 +3,11 @@ they time code, which a unit test must not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+
+from bench.taskfacts import Facts, FactsWriter, load_facts, produce_to_done_ms
 from bench.tracker import TRACKERS, measure_tracker
 
 
@@ -12,3 +17,59 @@ def test_s4_times_the_hot_path_of_every_tracker() -> None:
         result = measure_tracker(name, 2000, 0.0)
         assert result["cycles"] >= 3
         assert result["completions_per_s"] > 0
+
+
+def test_task_facts_round_trip_and_a_cut_record_is_ignored(tmp_path: Path) -> None:
+    """What a contender writes is read back whole; a record cut by a kill is dropped."""
+    writer = FactsWriter(tmp_path)
+    writer.add(7, 1, 10, 100, 200)
+    writer.add(8, 2, 11, 150, 260)
+    writer.close()
+    with open(next(tmp_path.glob("*.facts")), "ab") as f:
+        f.write(b"\x01" * 17)  # half a record
+    facts = load_facts(tmp_path)
+    assert facts.key.tolist() == [7, 8]
+    assert facts.offset.tolist() == [10, 11]
+    assert facts.last_offsets() == {1: 10, 2: 11}
+    assert len(facts.ended_in(0, 250)) == 1
+
+
+def _facts(rows: list[tuple[int, int, int, int, int]]) -> Facts:
+    table = np.array(rows, dtype=np.int64)
+    return Facts(*(table[:, i].copy() for i in range(5)))
+
+
+def test_order_checks_count_overlaps_order_violations_and_duplicates() -> None:
+    """A key's task starting before its previous one ended is an overlap; a lower offset
+    after a higher one is an order violation; the same offset twice is a duplicate."""
+    facts = _facts(
+        [
+            (1, 0, 0, 0, 10),
+            (1, 0, 3, 5, 20),  # overlaps the first
+            (1, 0, 2, 30, 40),  # offset 2 after 3
+            (2, 0, 1, 0, 10),
+            (2, 0, 4, 10, 20),  # ok: starts when the previous ended
+            (2, 0, 4, 50, 60),  # offset 4 again: order violation and a duplicate
+        ]
+    )
+    checks = facts.order_checks()
+    assert checks["key_overlaps"] == 1
+    assert checks["order_violations"] == 2
+    assert facts.duplicates() == 1
+
+
+def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished() -> None:
+    """Latency is first end minus send time; tasks never done push a percentile that
+    falls among them to a lower bound."""
+    facts = _facts([(1, 0, 0, 0, 1_005_000_000), (1, 0, 0, 0, 1_009_000_000)])
+    sent = {
+        "partition": np.array([0, 0], dtype=np.int64),
+        "offset": np.array([0, 1], dtype=np.int64),
+        "sent_ns": np.array([1_000_000_000, 1_000_000_001], dtype=np.int64),
+    }
+    out = produce_to_done_ms(facts, sent, 0, 2_000_000_000)
+    assert out["sent"] == 2
+    assert out["not_done"] == 1
+    assert out["p50_ms"] == 5.0
+    assert out["p99_ms"] is None
+    assert out["p99_ms_lower_bound"] is not None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 
 __all__ = [
     "HOT_KEY_ID",
+    "RunSpec",
     "Spec",
     "Task",
     "make_tasks",
@@ -99,6 +101,42 @@ class Spec:
 
     @classmethod
     def from_json(cls, text: str) -> Spec:
+        """Decode what :meth:`to_json` made."""
+        return cls(**msgspec.json.decode(text))
+
+
+@dataclass
+class RunSpec:
+    """What one contender process of S1-S3 and the paced runs consumes: passed to
+    ``python -m bench.body`` (Python peers) as JSON, to our CLI and the Java runners as
+    arguments.
+
+    Attributes:
+        contender: a key of ``bench.contenders.CONTENDERS``.
+        bootstrap: the broker.
+        topic: the topic to consume from its start.
+        group: a consumer group of its own.
+        partitions: partitions of the topic.
+        facts_dir: where the contender's processes write their task facts.
+        options: the contender's setting (concurrency, batch size, ...).
+        session_timeout_ms: the consumer group session timeout.
+    """
+
+    contender: str
+    bootstrap: str
+    topic: str
+    group: str
+    partitions: int
+    facts_dir: str
+    options: dict[str, Any] = field(default_factory=dict)
+    session_timeout_ms: int = 10_000
+
+    def to_json(self) -> str:
+        """Encode for the child's command line."""
+        return msgspec.json.encode(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
         """Decode what :meth:`to_json` made."""
         return cls(**msgspec.json.decode(text))
 
@@ -247,3 +285,85 @@ async def produce_paced(
     finally:
         await producer.stop()
     return {"total": hot + others, "hot": hot, "others": others}
+
+
+def pace_with_librdkafka(
+    bootstrap: str,
+    topic: str,
+    *,
+    rate: float,
+    duration_s: float,
+    keys: int,
+    partitions: int,
+    sleep_ms: int,
+    seq: list[int],
+    seed: int,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Produce tasks at ``rate`` per second for ``duration_s`` (blocking; run it in a
+    thread) and return, per record, where it went and when it was handed to the producer
+    (``partition``, ``offset``, ``sent_ns``: numpy columns; ``time.time_ns()``).
+
+    librdkafka (confluent-kafka) produces at a fraction of the CPU per record of a Python
+    client, which leaves the cores to the contender and the broker. ``linger.ms`` is 1:
+    a record waits at most a millisecond for its batch.
+
+    Args:
+        seq: the next sequence number per key, carried across calls.
+        seed: random keys; the same seed gives every contender the same keys.
+        stop: ends production early when set.
+    """
+    import numpy as np
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": 1, "enable.idempotence": False}
+    )
+    rng = random.Random(seed)
+    parts: list[int] = []
+    offsets: list[int] = []
+    sent_at: list[int] = []
+    failed = 0
+    meta = encode_metadata(TaskMetadata(timestamp_ms=int(time.time() * 1000)))
+    headers = [(METADATA_HEADER, meta)]
+
+    def delivered(sent_ns: int, err: Any, msg: Any) -> None:
+        nonlocal failed
+        if err is not None:
+            failed += 1
+            return
+        parts.append(msg.partition())
+        offsets.append(msg.offset())
+        sent_at.append(sent_ns)
+
+    started = time.perf_counter()
+    produced = 0
+    while True:
+        elapsed = time.perf_counter() - started
+        if elapsed >= duration_s or (stop is not None and stop.is_set()):
+            break
+        due = int(elapsed * rate) - produced
+        for _ in range(due):
+            k = rng.randrange(keys)
+            s = seq[k]
+            seq[k] = s + 1
+            now = time.time_ns()
+            producer.produce(
+                topic,
+                _encode(Task(k, s, sleep_ms)),
+                b"%d" % k,
+                partition=k % partitions,
+                headers=headers,
+                on_delivery=lambda err, msg, now=now: delivered(now, err, msg),
+            )
+        produced += max(due, 0)
+        producer.poll(0)
+        time.sleep(0.0005)
+    producer.flush(30)
+    return {
+        "partition": np.asarray(parts, dtype=np.int64),
+        "offset": np.asarray(offsets, dtype=np.int64),
+        "sent_ns": np.asarray(sent_at, dtype=np.int64),
+        "failed": failed,
+        "produced": produced,
+    }

@@ -53,6 +53,7 @@ __all__ = [
     "DecatonCollector",
     "FastHistogram",
     "Metrics",
+    "MetricsEndpoint",
     "PartitionLabels",
     "PartitionStats",
     "StatsSource",
@@ -380,74 +381,20 @@ class DecatonCollector:
         )
 
 
-class Metrics:
-    """The metrics of one runtime: partition stats, a private registry and an endpoint.
-
-    Each object owns its own ``CollectorRegistry`` (not prometheus_client's global one), so
-    several runtimes and tests in one process do not clash.
+class MetricsEndpoint:
+    """A registry and the HTTP endpoint that exports it from a daemon thread.
 
     Args:
-        process_metrics: also export prometheus_client's process, platform and garbage
-            collector metrics (CPU, memory, file descriptors, Python version).
+        registry: what :meth:`render` and the endpoint export.
 
     Attributes:
-        registry: the registry the endpoint and :meth:`render` export.
+        registry: the registry.
     """
 
-    def __init__(self, *, process_metrics: bool = True) -> None:
-        self.registry = CollectorRegistry()
-        self._live: dict[PartitionLabels, PartitionStats] = {}
-        self._collector = DecatonCollector(lambda: list(self._live.items()))
-        self.registry.register(self._collector)
-        if process_metrics:
-            prometheus_client.ProcessCollector(registry=self.registry)
-            prometheus_client.PlatformCollector(registry=self.registry)
-            prometheus_client.GCCollector(registry=self.registry)
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
-
-    def register_partition(self, subscription: str, topic: str, partition: int) -> PartitionStats:
-        """Start exporting a newly assigned partition.
-
-        If the partition is still registered (its revocation was never reported), its old
-        stats are retired first, so counters stay monotonic either way.
-
-        Args:
-            subscription: the subscription (consumer group) id.
-            topic: the topic name.
-            partition: the partition number.
-
-        Returns:
-            The stats object the runtime updates for this partition.
-
-        Caller: the event loop, on assignment. Briefly waits for a scrape in progress.
-        """
-        labels = PartitionLabels(subscription, topic, partition)
-        stats = PartitionStats()
-        with self._collector.lock:
-            old = self._live.pop(labels, None)
-            if old is not None:
-                self._collector.retire(labels, old)
-            self._live[labels] = stats
-        return stats
-
-    def retire_partition(self, subscription: str, topic: str, partition: int) -> None:
-        """Stop exporting a revoked partition's gauges; its counters keep their totals.
-
-        A partition that is not registered is ignored.
-
-        Args:
-            subscription: the subscription (consumer group) id.
-            topic: the topic name.
-            partition: the partition number.
-
-        Caller: the event loop, on revocation, after the partition's final commit.
-        """
-        labels = PartitionLabels(subscription, topic, partition)
-        with self._collector.lock:
-            stats = self._live.pop(labels, None)
-            if stats is not None:
-                self._collector.retire(labels, stats)
 
     def render(self) -> bytes:
         """Return every metric in the Prometheus text format (for tests and the CLI)."""
@@ -492,3 +439,71 @@ class Metrics:
             server.server_close()
         if thread is not None:
             thread.join()
+
+
+class Metrics(MetricsEndpoint):
+    """The metrics of one runtime: partition stats, a private registry and an endpoint.
+
+    Each object owns its own ``CollectorRegistry`` (not prometheus_client's global one), so
+    several runtimes and tests in one process do not clash.
+
+    Args:
+        process_metrics: also export prometheus_client's process, platform and garbage
+            collector metrics (CPU, memory, file descriptors, Python version).
+
+    Attributes:
+        registry: the registry the endpoint and :meth:`render` export.
+    """
+
+    def __init__(self, *, process_metrics: bool = True) -> None:
+        super().__init__(CollectorRegistry())
+        self._live: dict[PartitionLabels, PartitionStats] = {}
+        self._collector = DecatonCollector(lambda: list(self._live.items()))
+        self.registry.register(self._collector)
+        if process_metrics:
+            prometheus_client.ProcessCollector(registry=self.registry)
+            prometheus_client.PlatformCollector(registry=self.registry)
+            prometheus_client.GCCollector(registry=self.registry)
+
+    def register_partition(self, subscription: str, topic: str, partition: int) -> PartitionStats:
+        """Start exporting a newly assigned partition.
+
+        If the partition is still registered (its revocation was never reported), its old
+        stats are retired first, so counters stay monotonic either way.
+
+        Args:
+            subscription: the subscription (consumer group) id.
+            topic: the topic name.
+            partition: the partition number.
+
+        Returns:
+            The stats object the runtime updates for this partition.
+
+        Caller: the event loop, on assignment. Briefly waits for a scrape in progress.
+        """
+        labels = PartitionLabels(subscription, topic, partition)
+        stats = PartitionStats()
+        with self._collector.lock:
+            old = self._live.pop(labels, None)
+            if old is not None:
+                self._collector.retire(labels, old)
+            self._live[labels] = stats
+        return stats
+
+    def retire_partition(self, subscription: str, topic: str, partition: int) -> None:
+        """Stop exporting a revoked partition's gauges; its counters keep their totals.
+
+        A partition that is not registered is ignored.
+
+        Args:
+            subscription: the subscription (consumer group) id.
+            topic: the topic name.
+            partition: the partition number.
+
+        Caller: the event loop, on revocation, after the partition's final commit.
+        """
+        labels = PartitionLabels(subscription, topic, partition)
+        with self._collector.lock:
+            stats = self._live.pop(labels, None)
+            if stats is not None:
+                self._collector.retire(labels, stats)

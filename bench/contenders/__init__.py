@@ -1,9 +1,12 @@
 """The contenders: our runtime and the peers it is measured against.
 
-Each module has ``main(spec, recorder)``, run in a fresh process by ``bench.child``; it
-consumes ``spec.topic``, awaits ``recorder.processor()`` for each task, and returns once
-the recorder's window closed (the child then emits the result and exits). Imports are
-lazy so a peer that is not installed only fails its own run.
+A Python peer's module has ``main(spec, body)`` (or ``run_blocking``), run by
+``python -m bench.body`` in a fresh process until the harness stops it; it consumes
+``spec.topic`` from its start and awaits ``body.run_raw(partition, offset, value)`` for
+each record. Ours runs through ``python -m decaton_aio run`` (:mod:`bench.contenders.ours_app`),
+the Java peers through their Maven-built runner (``bench/java``). Every contender writes the
+same per-task facts (:mod:`bench.taskfacts`). Imports are lazy so a peer that is not
+installed only fails its own run.
 """
 
 from __future__ import annotations
@@ -14,26 +17,94 @@ __all__ = ["CONTENDERS", "Contender"]
 
 
 class Contender(NamedTuple):
-    """A contender: where it lives and what it is, for the tables."""
+    """A contender: how it runs and what it is, for the tables and the targets.
+
+    Attributes:
+        module: the Python module (``python``, ``cli``) or the runner's mode (``java``).
+        label: what it is, for the tables.
+        ordered: keeps per-key order by design.
+        kind: ``python`` (``python -m bench.body``), ``cli`` (ours) or ``java``.
+        batch_based: processes a polled batch to its end before the next (head-of-line).
+        processes: consumer processes it runs.
+        requires: the import (python) that must work, for "not available".
+    """
 
     module: str
     label: str
-    ordered: bool  # keeps per-key order by design
+    ordered: bool
+    kind: str = "python"
+    batch_based: bool = False
+    processes: int = 1
+    requires: str = ""
 
 
 CONTENDERS: dict[str, Contender] = {
     "ours": Contender(
-        "bench.contenders.ours", "decaton-aio (per-key lanes, watermark commits)", True
+        "bench.contenders.ours_app:app",
+        "decaton-aio, python -m decaton_aio run (per-key lanes, watermark commits)",
+        True,
+        kind="cli",
+    ),
+    "ours-2w": Contender(
+        "bench.contenders.ours_app:app",
+        "decaton-aio, run --workers 2 (two processes)",
+        True,
+        kind="cli",
+        processes=2,
     ),
     "sequential": Contender("bench.contenders.plain", "aiokafka, sequential, auto-commit", True),
     "gather": Contender(
-        "bench.contenders.plain", "aiokafka, gather per batch of 500 + commit", False
+        "bench.contenders.plain", "aiokafka, gather per batch + commit", False, batch_based=True
     ),
     "keyed": Contender(
-        "bench.contenders.plain", "aiokafka, per-key groups per batch of 500 + commit", True
+        "bench.contenders.plain",
+        "aiokafka, per-key groups per batch + commit",
+        True,
+        batch_based=True,
     ),
-    "faust": Contender("bench.contenders.faust_peer", "faust-streaming, concurrency 100", False),
+    "confluent-keyed": Contender(
+        "bench.contenders.confluent_peer",
+        "confluent-kafka (librdkafka), per-key groups per batch + commit",
+        True,
+        batch_based=True,
+        requires="confluent_kafka",
+    ),
+    "confluent-gather": Contender(
+        "bench.contenders.confluent_peer",
+        "confluent-kafka (librdkafka), gather per batch + commit",
+        False,
+        batch_based=True,
+        requires="confluent_kafka",
+    ),
+    "faust": Contender(
+        "bench.contenders.faust_peer", "faust-streaming agent", False, requires="faust"
+    ),
     "faststream": Contender(
-        "bench.contenders.faststream_peer", "FastStream, max_workers=100", False
+        "bench.contenders.faststream_peer",
+        "FastStream subscriber",
+        False,
+        requires="faststream.kafka",
+    ),
+    # Java: module is the runner's main class, requires the Maven profile that builds it.
+    "decaton-threads": Contender(
+        "io.github.decatonaio.bench.peers.DecatonRunner",
+        "Decaton 9.5 (Java), ProcessorSubscription, THREAD_POOL",
+        True,
+        kind="java",
+        requires="decaton",
+    ),
+    "decaton-virtual": Contender(
+        "io.github.decatonaio.bench.peers.DecatonRunner",
+        "Decaton 9.5 (Java), ProcessorSubscription, VIRTUAL_THREAD (Java 21+)",
+        True,
+        kind="java",
+        requires="decaton",
+    ),
+    "parallel-consumer": Contender(
+        "io.github.decatonaio.bench.peers.ParallelConsumerRunner",
+        "Confluent parallel-consumer 0.5.3 (Java), KEY ordering",
+        True,
+        kind="java",
+        requires="parallel-consumer",
     ),
 }

@@ -1,4 +1,5 @@
-"""Peer (e): a FastStream Kafka subscriber with ``max_workers=100``.
+"""FastStream: a Kafka subscriber with ``max_workers`` concurrent handlers (option
+``workers``, default 100).
 
 With more than one worker FastStream acknowledges a record when it is taken (its
 ``ACK_FIRST`` default, so at-most-once) and runs the handlers concurrently, unordered.
@@ -14,10 +15,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
-import msgspec
-
-from bench.recorder import Recorder
-from bench.workload import Spec, Task
+from bench.body import Body
+from bench.workload import RunSpec
 from decaton_aio.metadata import METADATA_HEADER
 
 __all__ = ["WORKERS", "main"]
@@ -25,16 +24,16 @@ __all__ = ["WORKERS", "main"]
 WORKERS = 100
 
 
-async def main(spec: Spec, recorder: Recorder) -> None:
+async def main(spec: RunSpec, body: Body) -> None:
+    from faststream import Context
     from faststream.kafka import KafkaBroker
 
     broker = KafkaBroker(spec.bootstrap, logger=None)
-    process = recorder.processor()
-    decode = msgspec.json.Decoder(Task).decode
+    run_raw = body.run_raw
 
     async def raw_body(message: Any) -> bytes:
-        body: bytes = message.body
-        return body
+        value: bytes = message.body
+        return value
 
     async def without_dt_meta(record: Any, original: Any) -> Any:
         headers = [(k, v) for k, v in record.headers if k != METADATA_HEADER]
@@ -42,7 +41,7 @@ async def main(spec: Spec, recorder: Recorder) -> None:
 
     @broker.subscriber(  # type: ignore[misc]
         spec.topic,
-        group_id=spec.group_id,
+        group_id=spec.group,
         auto_offset_reset="earliest",
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
@@ -50,12 +49,9 @@ async def main(spec: Spec, recorder: Recorder) -> None:
         parser=without_dt_meta,
         decoder=raw_body,
     )
-    async def handle(body):  # type: ignore[no-untyped-def]  # untyped: no validation cost
-        await process(None, decode(body))
+    async def handle(value, message=Context("message")):  # type: ignore[no-untyped-def]  # noqa: B008
+        record = message.raw_message
+        await run_raw(record.partition, record.offset, value)
 
     await broker.start()
-    ticker = asyncio.create_task(recorder.ticker())
-    try:
-        await recorder.wait()
-    finally:
-        ticker.cancel()
+    await asyncio.Event().wait()  # until the harness stops the process

@@ -1,9 +1,10 @@
-"""Peer (d): a faust-streaming agent with ``concurrency=100``.
+"""faust-streaming: an agent with ``concurrency`` copies (option ``concurrency``, default
+100) on one stream; ``max_poll_records`` (option, default faust's) bounds each fetch.
 
-Faust runs 100 copies of the agent on one stream; a record is handed to whichever copy
-is free, so tasks of one key can run concurrently and out of order. Faust owns the event
-loop (its worker starts and runs it), so this contender runs blocking; a startup task
-of the app waits for the recorder's window and ends the process with the result.
+A record is handed to whichever copy is free, so tasks of one key can run concurrently and
+out of order. Faust owns the event loop (its worker starts and runs it), so this
+contender runs blocking until the harness stops the process. Faust commits the offsets of
+acknowledged records on its own interval.
 """
 
 from __future__ import annotations
@@ -11,22 +12,23 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgspec
-
-from bench.recorder import Recorder
-from bench.workload import Spec, Task
+from bench.body import Body
+from bench.workload import RunSpec
 
 __all__ = ["CONCURRENCY", "run_blocking"]
 
 CONCURRENCY = 100
 
 
-def run_blocking(spec: Spec, recorder: Recorder) -> None:
+def run_blocking(spec: RunSpec, body: Body) -> None:
     import faust
     from faust.worker import Worker
 
+    extra: dict[str, Any] = {}
+    if spec.options.get("max_poll_records"):
+        extra["broker_max_poll_records"] = int(spec.options["max_poll_records"])
     app = faust.App(
-        spec.group_id,
+        spec.group,
         broker=f"kafka://{spec.bootstrap}",
         key_serializer="raw",
         value_serializer="raw",
@@ -37,25 +39,16 @@ def run_blocking(spec: Spec, recorder: Recorder) -> None:
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=spec.session_timeout_ms / 1000,
         broker_heartbeat_interval=max(0.1, spec.session_timeout_ms / 10_000),
+        **extra,
     )
     topic = app.topic(spec.topic, key_type=bytes, value_type=bytes)
-    process = recorder.processor()
-    decode = msgspec.json.Decoder(Task).decode
     concurrency = int(spec.options.get("concurrency", CONCURRENCY))
+    run_raw = body.run_raw
 
     @app.agent(topic, concurrency=concurrency)
     async def tasks(stream: Any) -> None:
-        async for value in stream:
-            await process(None, decode(value))
-
-    @app.task
-    async def measure() -> None:
-        import asyncio
-
-        ticker = asyncio.ensure_future(recorder.ticker())
-        await recorder.wait()
-        ticker.cancel()
-        recorder.finish()
+        async for event in stream.events():
+            await run_raw(event.message.partition, event.message.offset, event.value)
 
     logging.getLogger("faust").setLevel(logging.WARNING)
     Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False).execute_from_commandline()

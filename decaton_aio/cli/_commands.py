@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import urllib.request
@@ -22,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.cli._supervisor import SupervisorConfig, supervise, worker_role
 from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError
@@ -246,9 +249,10 @@ def _retry_config(args: argparse.Namespace, current: RetryConfig | None) -> Retr
     )
 
 
-def run_target(args: argparse.Namespace) -> int:
+def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     app = _application(args)
     overrides = parse_assignments(args.property)
+    role = worker_role()
     install_event_loop_policy()
     with contextlib.ExitStack() as stack:
         servers = args.bootstrap_servers
@@ -257,6 +261,14 @@ def run_target(args: argparse.Namespace) -> int:
             servers = broker.bootstrap_servers
             print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
             asyncio.run(_create_topics(servers, app.topics))
+        if args.workers > 1 and role is None:
+            return _supervise(args, argv, servers)
+        spool_dir, metrics_addr = args.spool_dir, args.metrics_addr
+        if role is not None:
+            structlog.contextvars.bind_contextvars(worker=role.index)
+            role.watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM))
+            if spool_dir is not None:  # a spool belongs to one process
+                spool_dir = spool_dir / f"worker-{role.index}"
         options = RunOptions(
             consumer=ConsumerConfig(
                 bootstrap_servers=servers,
@@ -272,16 +284,35 @@ def run_target(args: argparse.Namespace) -> int:
                 idempotence=args.idempotence,
                 compression_type=args.compression_type,
                 application_id=app.subscription_id,
-                spool_dir=args.spool_dir,
+                spool_dir=spool_dir,
             ),
             properties=overrides,
             properties_file=args.properties_file,
             properties_topic=args.properties_topic,
             metrics_port=args.metrics_port,
-            metrics_addr=args.metrics_addr,
+            metrics_addr=metrics_addr,
+            metrics_port_file=role.port_file if role is not None else None,
         )
         asyncio.run(run_application(app, options))
     return EXIT_OK
+
+
+def _supervise(args: argparse.Namespace, argv: Sequence[str], servers: str) -> int:
+    config = SupervisorConfig(
+        args.workers,
+        restart_backoff_ms=args.worker_restart_backoff_ms,
+        restart_backoff_max_ms=max(30_000, args.worker_restart_backoff_ms),
+        max_restarts=args.max_worker_restarts,
+    )
+    # The worker's command line: ours, as one worker of the group, on the same cluster;
+    # the last occurrence of an option wins.
+    worker = [sys.executable, "-m", "decaton_aio", *argv, "--workers", "1"]
+    worker += ["--bootstrap-servers", servers]
+    if args.metrics_port is not None:  # each worker on a free loopback port, scraped by us
+        worker += ["--metrics-port", "0", "--metrics-addr", "127.0.0.1"]
+    return asyncio.run(
+        supervise(config, worker, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr)
+    )
 
 
 async def _create_topics(servers: str, topics: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ from decaton_aio.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from decaton_aio.cli._supervisor import parse_workers
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
@@ -134,6 +135,31 @@ def _build_parser() -> _Parser:
     )
     run.add_argument("target", metavar="MODULE:ATTR")
     _add_bootstrap(run, required=False)
+    run.add_argument(
+        "--workers",
+        type=_workers,
+        default=os.environ.get("DECATON_AIO_WORKERS", "1"),  # parsed by argparse
+        metavar="N|auto",
+        help="worker processes in the group, run by a supervisor that forwards signals, "
+        "restarts a worker that dies and serves one metrics endpoint; auto: one per CPU "
+        "(default 1: no supervisor; env DECATON_AIO_WORKERS)",
+    )
+    run.add_argument(
+        "--max-worker-restarts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with --workers: consecutive crashes of one worker that are restarted before "
+        "the supervisor gives up (default 5)",
+    )
+    run.add_argument(
+        "--worker-restart-backoff-ms",
+        type=int,
+        default=1000,
+        metavar="MS",
+        help="with --workers: wait before restarting a crashed worker, doubling with each "
+        "consecutive crash up to 30 s (default 1000)",
+    )
     run.add_argument(
         "--topic",
         action="append",
@@ -259,6 +285,13 @@ def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _workers(text: str) -> int:
+    try:
+        return parse_workers(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--workers takes ")) from None
+
+
 def _idempotence(text: str) -> Idempotence:
     try:
         return _IDEMPOTENCE_CHOICES[text.strip().lower()]
@@ -315,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_commands.produce(args))
         if args.command == "inspect":
             return asyncio.run(_commands.inspect(args))
-        return _commands.run_target(args)
+        return _commands.run_target(args, list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except _commands.DataError as exc:

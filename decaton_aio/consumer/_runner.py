@@ -51,6 +51,8 @@ class RunOptions:
         properties_topic: a Kafka topic of property changes, read by every instance.
         metrics_port: serve Prometheus metrics on this port (0: a free one; None: off).
         metrics_addr: the address the metrics endpoint listens on.
+        metrics_port_file: write the bound metrics port here (how a supervisor finds its
+            workers' endpoints).
         environ: where ``DECATON_*`` property variables are read from.
     """
 
@@ -61,6 +63,7 @@ class RunOptions:
     properties_topic: str | None = None
     metrics_port: int | None = None
     metrics_addr: str = DEFAULT_METRICS_ADDR
+    metrics_port_file: Path | None = None
     environ: Mapping[str, str] | None = None
 
 
@@ -132,6 +135,10 @@ async def run_application(
     if options.metrics_port is not None:
         port = metrics.start_http_server(options.metrics_port, options.metrics_addr)
         log.info("metrics endpoint", url=f"http://{options.metrics_addr}:{port}/metrics")
+        if options.metrics_port_file is not None:
+            partial = options.metrics_port_file.with_suffix(".partial")
+            partial.write_text(str(port))
+            partial.replace(options.metrics_port_file)  # never seen half written
     loop = asyncio.get_running_loop()
     signals = 0
     stopping: set[asyncio.Task[None]] = set()

@@ -1,0 +1,268 @@
+"""One contender process, measured: a throughput run (S1-S3) or a paced ladder.
+
+Throughput run: the contender consumes a topic produced beforehand, from its start, in a
+consumer group of its own. The harness waits for its first finished task, lets it warm up
+for ``warmup_s``, then opens a window of ``window_s``: the CPU time of the contender's
+process tree and of the broker are read at both ends. Tasks/s counts the tasks that ended
+in the window (from the facts). The contender keeps running after the window until the
+group's committed offsets cover the last counted task of every partition (awaited, up to
+``COMMIT_WAIT_S``), then it is stopped.
+
+Paced ladder: the contender consumes an empty topic while the harness produces at
+increasing rates (a share of the contender's own capacity); per rung, produce-to-done
+latency of the tasks sent after the rung's warm-up, until the tasks sent are done (or a
+drain time ran out: a percentile among the unfinished ones is a lower bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.body import FACTS_ENV_VAR, GC_POLICY
+from bench.contenders import CONTENDERS
+from bench.procs import cpu_delta, cpu_times, start_process, stop_process
+from bench.taskfacts import count_facts, load_facts, produce_to_done_ms
+from bench.workload import RunSpec, pace_with_librdkafka
+
+__all__ = ["COMMIT_WAIT_S", "Harness", "command_line"]
+
+COMMIT_WAIT_S = 30.0
+STARTUP_S = 90.0
+REPO = Path(__file__).absolute().parent.parent
+
+#: Our options -> runtime properties.
+_OUR_PROPERTIES = {
+    "concurrency": "decaton.partition.concurrency",
+    "max_pending": "decaton.max.pending.records",
+}
+
+
+def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None = None) -> list[str]:
+    """The command that runs ``spec``'s contender."""
+    who = CONTENDERS[spec.contender]
+    if who.kind == "cli":
+        argv = [python, "-m", "decaton_aio", "--log-level", "warning", "--log-format", "json"]
+        argv += ["run", who.module, "--bootstrap-servers", spec.bootstrap]
+        argv += ["--topic", spec.topic, "--group", spec.group, "--workers", str(who.processes)]
+        argv += ["--session-timeout-ms", str(spec.session_timeout_ms)]
+        argv += ["--heartbeat-interval-ms", str(max(100, spec.session_timeout_ms // 10))]
+        for name, value in spec.options.items():
+            argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
+        return argv
+    if who.kind == "java":
+        if not java or spec.contender not in java:
+            raise RuntimeError(f"the Java runner of {spec.contender} is not built")
+        return [*java[spec.contender], who.module, spec.to_json()]
+    return [python, "-m", "bench.body", spec.to_json()]
+
+
+@dataclass
+class Harness:
+    """What every run of one scenario shares."""
+
+    bootstrap: str
+    broker_pids: list[int]
+    workdir: Path
+    python: str
+    java: dict[str, list[str]] | None = None  # contender -> java ... -cp CLASSPATH
+    session_timeout_ms: int = 10_000
+
+    def _spec(
+        self, contender: str, topic: str, partitions: int, options: dict[str, Any], tag: str
+    ) -> RunSpec:
+        facts = self.workdir / tag
+        facts.mkdir(parents=True, exist_ok=False)
+        return RunSpec(
+            contender=contender,
+            bootstrap=self.bootstrap,
+            topic=topic,
+            group=f"bench-{tag}",
+            partitions=partitions,
+            facts_dir=str(facts),
+            options=options,
+            session_timeout_ms=self.session_timeout_ms,
+        )
+
+    async def _start(self, spec: RunSpec, tag: str) -> tuple[asyncio.subprocess.Process, Path]:
+        log = self.workdir / f"{tag}.log"
+        env = {**os.environ, FACTS_ENV_VAR: spec.facts_dir, "PYTHONPATH": str(REPO)}
+        argv = command_line(spec, self.python, self.java)
+        return await start_process(argv, env=env, cwd=REPO, log=log), log
+
+    async def _first_task(self, proc: asyncio.subprocess.Process, facts: Path, log: Path) -> None:
+        deadline = time.monotonic() + STARTUP_S
+        while count_facts(facts) == 0:
+            if proc.returncode is not None:
+                raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no task finished within {STARTUP_S:.0f}s: {_tail(log)}")
+            await asyncio.sleep(0.1)
+
+    async def throughput(
+        self,
+        contender: str,
+        options: dict[str, Any],
+        *,
+        topic: str,
+        partitions: int,
+        end_offsets: dict[int, int],
+        warmup_s: float,
+        window_s: float,
+        tag: str,
+    ) -> dict[str, Any]:
+        """One throughput run; the result's keys are described in bench/README.md."""
+        spec = self._spec(contender, topic, partitions, options, tag)
+        facts_dir = Path(spec.facts_dir)
+        proc, log = await self._start(spec, tag)
+        try:
+            await self._first_task(proc, facts_dir, log)
+            await asyncio.sleep(warmup_s)
+            roots = [proc.pid]
+            cpu0, broker0, t0 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
+            await asyncio.sleep(window_s)
+            cpu1, broker1, t1 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
+            if proc.returncode is not None:
+                raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
+            await asyncio.sleep(0.5)  # the contender's facts of the window reach its file
+            facts = load_facts(facts_dir)
+            counted = facts.ended_in(t0, t1)
+            last = counted.last_offsets()
+            commit = await _await_commit(spec, last)
+        finally:
+            await stop_process(proc)
+        window = (t1 - t0) / 1e9
+        n = len(counted)
+        cpu, broker_cpu = cpu_delta(cpu0, cpu1), cpu_delta(broker0, broker1)
+        since_open = facts.select(facts.start_ns >= t0)
+        p50, p99 = counted.processing_ms()
+        consumed = facts.last_offsets()
+        ran_out = all(consumed.get(p, -1) + 1 >= end for p, end in end_offsets.items())
+        return {
+            "tasks_per_s": round(n / window, 1),
+            "measured_tasks": n,
+            "window_s": round(window, 3),
+            "cpu_s_per_1000": round(cpu / max(n, 1) * 1000, 5),
+            "cpu_util": round(cpu / window, 3),
+            "broker_cpu_s_per_1000": round(broker_cpu / max(n, 1) * 1000, 5),
+            "broker_cpu_util": round(broker_cpu / window, 3),
+            "latency_p50_ms": p50,
+            "latency_p99_ms": p99,
+            **since_open.order_checks(),
+            "duplicates": facts.duplicates(),
+            "commit": commit,
+            "ran_out_of_records": ran_out,
+            "timeline": counted.timeline(t0, t1),
+            "gc_policy": list(GC_POLICY) if CONTENDERS[contender].kind != "java" else None,
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+        }
+
+    async def ladder(
+        self,
+        contender: str,
+        options: dict[str, Any],
+        *,
+        topic: str,
+        partitions: int,
+        keys: int,
+        rates: list[float],
+        warmup_s: float,
+        window_s: float,
+        drain_s: float,
+        p99_bound_ms: float,
+        tag: str,
+    ) -> list[dict[str, Any]]:
+        """Paced rungs at ``rates`` tasks/s (ascending) on one process of the contender;
+        stops after two rungs in a row over ``p99_bound_ms``."""
+        spec = self._spec(contender, topic, partitions, options, tag)
+        facts_dir = Path(spec.facts_dir)
+        proc, log = await self._start(spec, tag)
+        seq = [0] * keys
+        rungs: list[dict[str, Any]] = []
+        try:
+            # A trickle until the contender processes: it joined and is assigned.
+            stop = threading.Event()
+            priming = asyncio.create_task(
+                self._pace(topic, 50, STARTUP_S, keys, partitions, seq, 1, stop)
+            )
+            try:
+                await self._first_task(proc, facts_dir, log)
+            finally:
+                stop.set()
+                await priming
+            failures = 0
+            for i, rate in enumerate(rates, start=2):
+                started = time.time_ns()
+                t0 = started + int(warmup_s * 1e9)
+                sent = await self._pace(topic, rate, warmup_s + window_s, keys, partitions, seq, i)
+                t1 = time.time_ns()
+                deadline = time.monotonic() + drain_s
+                while True:
+                    await asyncio.sleep(0.25)
+                    latency = produce_to_done_ms(load_facts(facts_dir), sent, t0, t1)
+                    if latency["not_done"] == 0 or time.monotonic() > deadline:
+                        break
+                if proc.returncode is not None:
+                    raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
+                p99 = latency.get("p99_ms")
+                ok = p99 is not None and p99 < p99_bound_ms
+                rungs.append({"rate": round(rate), "p99_under_bound": ok, **latency})
+                failures = 0 if ok else failures + 1
+                if failures >= 2:
+                    break
+        finally:
+            await stop_process(proc)
+        return rungs
+
+    async def _pace(
+        self,
+        topic: str,
+        rate: float,
+        duration_s: float,
+        keys: int,
+        partitions: int,
+        seq: list[int],
+        seed: int,
+        stop: threading.Event | None = None,
+    ) -> dict[str, Any]:
+        return await asyncio.to_thread(
+            pace_with_librdkafka,
+            self.bootstrap,
+            topic,
+            rate=rate,
+            duration_s=duration_s,
+            keys=keys,
+            partitions=partitions,
+            sleep_ms=10,
+            seq=seq,
+            seed=seed,
+            stop=stop,
+        )
+
+
+async def _await_commit(spec: RunSpec, last: dict[int, int]) -> dict[str, Any]:
+    """Wait until the group's commits cover ``last`` (partition -> highest counted offset)."""
+    from decaton_aio.offsets import committed_offsets
+
+    started = time.monotonic()
+    committed: dict[int, int | None] = {}
+    while time.monotonic() - started < COMMIT_WAIT_S:
+        committed = await committed_offsets(spec.bootstrap, spec.group, spec.topic, last)
+        if all((committed.get(p) or 0) > o for p, o in last.items()):
+            return {"covered": True, "after_s": round(time.monotonic() - started, 2)}
+        await asyncio.sleep(0.25)
+    short = {p: (committed.get(p), o + 1) for p, o in last.items() if (committed.get(p) or 0) <= o}
+    return {"covered": False, "waited_s": COMMIT_WAIT_S, "committed_vs_needed": short}
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        text = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"see {log}"
+    return " | ".join(text[-lines:]) + f" (log {log})"

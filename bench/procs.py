@@ -1,0 +1,96 @@
+"""Processes of a run: a contender's process tree, its CPU time and the broker's.
+
+CPU time is read from ``/proc/<pid>/stat`` (user + system) of a process and all its
+descendants, so a supervisor's workers and a JVM's threads all count. Sampled at the
+window's open and close; a process that started in between counts from zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["cpu_delta", "cpu_times", "descendants", "start_process", "stop_process"]
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces: fields start after its closing paren.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def descendants(roots: Iterable[int]) -> list[int]:
+    """``roots`` and every live process below them."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def cpu_times(roots: Iterable[int]) -> dict[int, float]:
+    """CPU seconds (user + system) of each process of the trees under ``roots``."""
+    out: dict[int, float] = {}
+    for pid in descendants(roots):
+        fields = _stat(pid)
+        if fields is not None:
+            out[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two :func:`cpu_times` samples."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
+async def start_process(
+    argv: list[str], *, env: dict[str, str], cwd: Path, log: Path
+) -> asyncio.subprocess.Process:
+    """Start a contender in a session of its own, its output into ``log``."""
+    with _open_log(log) as out:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")  # the caller closes it
+
+
+async def stop_process(proc: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL of the whole tree after ``grace_s``."""
+    tree = descendants([proc.pid])  # before the root exits and its children move away
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace_s)
+    for pid in reversed(tree):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if proc.returncode is None:
+        await proc.wait()

@@ -1,0 +1,259 @@
+"""`python -m decaton_aio run --workers N`: a supervisor and N worker processes in one group.
+
+A worker killed with SIGKILL is restarted and no task is lost; SIGINT to the supervisor
+(a terminal's Ctrl-C) makes every worker drain; a worker that keeps crashing ends the
+supervisor with one clear line and a non-zero exit; the supervisor's metrics endpoint
+serves every worker's series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import textwrap
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from decaton_aio.testing import BrokerHandle, committed_offsets
+
+pytestmark = pytest.mark.integration
+
+APP = textwrap.dedent(
+    """
+    import asyncio, os
+    from decaton_aio import Application, JsonSerializer
+
+    ROLE = os.environ.get("DECATON_AIO_WORKER", "0:").split(":")[0]
+    if ROLE != "0" and os.environ.get("CRASH_AT_START"):
+        os._exit(3)  # a worker that cannot start
+    LOG = open(os.path.join(os.environ["OUT_DIR"], f"w{ROLE}-{os.getpid()}.log"), "a", buffering=1)
+
+    async def process(ctx, task):
+        LOG.write(f"start {ctx.partition} {ctx.offset}\\n")
+        await asyncio.sleep(task["sleep_s"])
+        LOG.write(f"end {ctx.partition} {ctx.offset}\\n")
+
+    app = Application(process, topics=("unused",), serializer=JsonSerializer(dict))
+    """
+)
+
+
+class Supervisor:
+    """A `run --workers N` process, its stderr lines and its workers' task logs."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, out: Path) -> None:
+        self.proc = proc
+        self.out = out
+        self.lines: list[str] = []
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip())
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = []
+        for line in self.lines:
+            if line.startswith("{"):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    found.append(event)
+        return found
+
+    def logs(self) -> dict[str, list[tuple[str, int, int]]]:
+        """Each worker incarnation's (kind, partition, offset) events, by 'w<i>-<pid>'."""
+        runs = {}
+        for path in self.out.glob("w*.log"):
+            rows = [line.split() for line in path.read_text().splitlines()]
+            runs[path.stem] = [(k, int(p), int(o)) for k, p, o in (r for r in rows if len(r) == 3)]
+        return runs
+
+    def ended(self) -> set[tuple[int, int]]:
+        return {(p, o) for run in self.logs().values() for k, p, o in run if k == "end"}
+
+    async def wait(self, timeout_s: float = 60) -> int:
+        code = await asyncio.wait_for(self.proc.wait(), timeout_s)
+        await self.reader
+        return code
+
+
+async def eventually(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
+    """Poll ``check`` (reading files and logs of other processes) until it is truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def start_supervisor(
+    tmp_path: Path, kafka_broker: BrokerHandle
+) -> Callable[..., Awaitable[Supervisor]]:
+    (tmp_path / "workers_app.py").write_text(APP)
+    started: list[Supervisor] = []
+
+    async def start(topic: str, group: str, *extra: str, **env: str) -> Supervisor:
+        out = tmp_path / f"out-{uuid.uuid4().hex[:6]}"
+        out.mkdir()
+        argv = [sys.executable, "-m", "decaton_aio", "--log-format", "json", "run"]
+        argv += ["workers_app:app", "--bootstrap-servers", kafka_broker.bootstrap_servers]
+        argv += ["--topic", topic, "--group", group, *extra]
+        argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=tmp_path,
+            env={**os.environ, "OUT_DIR": str(out), **env},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        sup = Supervisor(proc, out)
+        started.append(sup)
+        return sup
+
+    yield start  # type: ignore[misc]
+    for sup in started:
+        if sup.proc.returncode is None:
+            sup.proc.kill()
+        for event in sup.events("worker started"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(event["pid"], signal.SIGKILL)
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text: str = response.read().decode()
+        return text
+
+
+async def test_a_killed_worker_is_restarted_and_no_task_is_lost(
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
+    start_supervisor: Callable[..., Awaitable[Supervisor]],
+) -> None:
+    """SIGKILL of one of two workers: the supervisor starts it again, every task produced
+    before and after the kill is processed, the endpoint shows both workers and the
+    restart, and SIGINT then drains both and commits to the end."""
+    topic = await topic_factory(partitions=4)
+    group = f"workers-{uuid.uuid4().hex[:8]}"
+    producer = await task_producer(topic)
+    sup = await start_supervisor(topic, group, "--workers", "2", "--metrics-port", "0")
+    url = (await eventually(lambda: sup.events("metrics endpoint of all workers"), "endpoint"))[0]
+    url = url["url"]
+
+    def assigned_workers() -> set[str]:
+        # Only assigned partitions export the pending gauge: both workers hold some.
+        found = re.findall(r'decaton_partition_tasks_pending\{[^}]*worker="(\d)"', scrape(url))
+        return set(found) if set(found) == {"1", "2"} else set()
+
+    await eventually(assigned_workers, "both workers assigned partitions", 90)
+    for i in range(200):
+        await producer.put(f"k{i}", b'{"sleep_s": 0.01}')
+    await eventually(lambda: len(sup.ended()) >= 200, "the first 200 tasks")
+
+    victim = sup.events("worker started")[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    for i in range(200, 400):
+        await producer.put(f"k{i}", b'{"sleep_s": 0.01}')
+    restarted = await eventually(
+        lambda: [e for e in sup.events("worker started") if e["worker"] == victim["worker"]][1:],
+        "the killed worker started again",
+    )
+    assert restarted[0]["pid"] != victim["pid"]
+    assert any("worker exited: restarting" in line for line in sup.lines)
+    await eventually(lambda: len(sup.ended()) >= 400, "all 400 tasks", 90)
+    offsets = {(p, o) for p, o in sup.ended()}
+    assert len(offsets) == 400  # every produced record, none missing
+    text = scrape(url)
+    assert f'decaton_supervisor_worker_restarts_total{{worker="{victim["worker"]}"}} 1.0' in text
+
+    sup.proc.send_signal(signal.SIGINT)
+    assert await sup.wait() == 0
+    committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, range(4))
+    per_partition: dict[int, int] = {}
+    for p, o in offsets:
+        per_partition[p] = max(per_partition.get(p, -1), o + 1)
+    assert committed == per_partition
+
+
+async def test_sigint_drains_every_worker(
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
+    start_supervisor: Callable[..., Awaitable[Supervisor]],
+) -> None:
+    """SIGINT to the supervisor while both workers have tasks running: each worker lets
+    its running tasks finish and commits them, every worker process is gone, exit 0."""
+    topic = await topic_factory(partitions=2)
+    group = f"workers-{uuid.uuid4().hex[:8]}"
+    producer = await task_producer(topic)
+    for i in range(40):
+        await producer.put(f"k{i}", b'{"sleep_s": 2.0}')
+    sup = await start_supervisor(topic, group, "--workers", "2")
+
+    def both_running() -> bool:
+        started = {name.split("-")[0] for name, run in sup.logs().items() if run}
+        return started == {"w1", "w2"}
+
+    await eventually(both_running, "tasks running in both workers", 90)
+    sup.proc.send_signal(signal.SIGINT)
+    assert await sup.wait() == 0
+    begun = {(p, o) for run in sup.logs().values() for k, p, o in run if k == "start"}
+    assert begun, "no task had started"
+    assert begun <= sup.ended(), "a running task was cut instead of drained"
+    for event in sup.events("worker started"):
+        with pytest.raises(ProcessLookupError):
+            os.kill(event["pid"], 0)
+    assert len(sup.events("worker stopped")) == 2
+    assert all(e["exit"] == "exit code 0" for e in sup.events("worker stopped"))
+    committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, range(2))
+    for p, end in committed.items():
+        assert end is not None
+        done = {o for q, o in sup.ended() if q == p}
+        assert set(range(end)) <= done  # the commit covers only finished tasks
+        assert end == max(done) + 1  # and every finished one: the drain committed them
+
+
+async def test_a_worker_that_keeps_crashing_ends_the_supervisor(
+    topic_factory: Any, start_supervisor: Callable[..., Awaitable[Supervisor]]
+) -> None:
+    """Workers that exit as they start are restarted with backoff, then the supervisor
+    gives up: one line naming the worker and how it ended, a non-zero exit."""
+    topic = await topic_factory(partitions=1)
+    sup = await start_supervisor(
+        topic,
+        "never-joins",
+        *("--workers", "2", "--max-worker-restarts", "2"),
+        *("--worker-restart-backoff-ms", "50"),
+        CRASH_AT_START="1",
+    )
+    code = await sup.wait()
+    assert code == 1
+    last = [line for line in sup.lines if line.startswith("decaton-aio:")]
+    assert len(last) == 1
+    assert re.match(
+        r"decaton-aio: worker [12] exited 3 times in a row, each within 60 s of starting "
+        r"\(last: exit code 3\); gave up after 2 restarts",
+        last[0],
+    ), last[0]
+    restarts = sup.events("worker exited: restarting")
+    assert [e["after_s"] for e in restarts if e["worker"] == restarts[0]["worker"]][:2] == [
+        0.05,
+        0.1,
+    ]
