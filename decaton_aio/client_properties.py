@@ -30,16 +30,26 @@ from typing import Any, Final
 
 from decaton_aio.errors import ConfigError
 from decaton_aio.properties import parse_properties_text
-from decaton_aio.security import PLAINTEXT, SecuritySettings
+from decaton_aio.security import PLAINTEXT, SecuritySettings, env_security_fields
 
 __all__ = [
+    "BOOTSTRAP_ENV_VAR",
+    "CLIENT_PROPERTIES_ENV_VAR",
     "CLIENT_PROPERTY_KEYS",
     "ClientProperties",
+    "ClusterSettings",
     "client_property_entries",
+    "cluster_settings",
     "parse_client_properties",
     "read_client_properties",
     "render_client_properties",
 ]
+
+#: Names the cluster when no ``--bootstrap-servers`` is given (it wins over the file's).
+BOOTSTRAP_ENV_VAR: Final = "DECATON_AIO_BOOTSTRAP_SERVERS"
+
+#: Names a ``client.properties`` file when no ``--client-properties`` is given.
+CLIENT_PROPERTIES_ENV_VAR: Final = "DECATON_AIO_CLIENT_PROPERTIES"
 
 _LOGIN_MODULES: Final = {
     "org.apache.kafka.common.security.plain.PlainLoginModule": ("PLAIN",),
@@ -315,3 +325,55 @@ def render_client_properties(entries: Mapping[str, str], *, comment: str = "") -
     """``client.properties`` text of ``entries`` (one ``key=value`` line each)."""
     head = "".join(f"# {line}\n" for line in comment.splitlines())
     return head + "".join(f"{key}={value}\n" for key, value in entries.items())
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Where the cluster is and how to reach it, from every source at once.
+
+    Attributes:
+        bootstrap_servers: the cluster, or ``None`` when no source names it.
+        security: the TLS and SASL settings.
+        client_properties: the file read, if any (its unsupported keys are in it).
+    """
+
+    bootstrap_servers: str | None
+    security: SecuritySettings
+    client_properties: ClientProperties | None = None
+
+
+def cluster_settings(
+    *,
+    bootstrap_servers: str | None = None,
+    client_properties: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> ClusterSettings:
+    """Merge the sources of cluster settings, later ones winning: a ``client.properties``
+    file (``client_properties`` or ``$DECATON_AIO_CLIENT_PROPERTIES``), the environment
+    (``$DECATON_AIO_BOOTSTRAP_SERVERS`` and the variables of
+    :data:`~decaton_aio.security.SECURITY_ENV_VARS`), then ``bootstrap_servers`` and the
+    :class:`SecuritySettings` fields in ``overrides`` that are not ``None``.
+
+    Raises:
+        ConfigError: a source cannot be read, or the merged settings are not valid.
+    """
+    env = os.environ if environ is None else environ
+    path = client_properties or env.get(CLIENT_PROPERTIES_ENV_VAR, "").strip() or None
+    props = read_client_properties(path) if path is not None else None
+    fields_ = {
+        **(props.security_fields if props is not None else {}),
+        **env_security_fields(env),
+        **{k: v for k, v in overrides.items() if v is not None},
+    }
+    servers = (
+        bootstrap_servers
+        or env.get(BOOTSTRAP_ENV_VAR, "").strip()
+        or (props.bootstrap_servers if props is not None else None)
+    )
+    try:
+        security = replace(PLAINTEXT, **fields_)
+    except ConfigError as exc:
+        where = f" (with {props.source})" if props is not None else ""
+        raise ConfigError(f"security settings{where}: {exc}") from None
+    return ClusterSettings(servers or None, security, props)

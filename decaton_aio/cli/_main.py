@@ -18,12 +18,20 @@ from decaton_aio.cli._common import (
     EXIT_DATA,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    EXIT_NOPERM,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from decaton_aio.cli._security import add_security_arguments
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
-from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
+from decaton_aio.errors import (
+    BrokerError,
+    ConfigError,
+    DecatonError,
+    ProducerError,
+    SecurityError,
+)
 from decaton_aio.logs import LOG_LEVELS, configure_logging
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR
 from decaton_aio.offsets import ISOLATION_LEVELS
@@ -43,15 +51,15 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: {message} (see --help)")
 
 
-def _add_bootstrap(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    env = os.environ.get(BOOTSTRAP_ENV_VAR)
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-servers",
-        default=env,
-        required=required and not env,
+        default=os.environ.get(BOOTSTRAP_ENV_VAR),
         metavar="HOST:PORT",
-        help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR})",
+        help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR}; or bootstrap.servers in "
+        "--client-properties)",
     )
+    add_security_arguments(parser)
 
 
 def _build_parser() -> _Parser:
@@ -84,6 +92,17 @@ def _build_parser() -> _Parser:
     broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
     broker.add_argument("--log-file", type=Path, help="broker log file (default: a temp file)")
     broker.add_argument(
+        "--sasl-scram",
+        metavar="USER[:PASSWORD]",
+        help="Apache Kafka only: a SASL_SSL listener with this SCRAM-SHA-512 user (a random "
+        "password when none is given; it is written to the printed client.properties only)",
+    )
+    broker.add_argument(
+        "--mtls",
+        action="store_true",
+        help="Apache Kafka only: a TLS listener that requires client certificates",
+    )
+    broker.add_argument(
         "--resolve-only",
         action="store_true",
         help="download Apache Kafka's jars into the cache, print where, and exit",
@@ -96,7 +115,7 @@ def _build_parser() -> _Parser:
         '(optional "scheduled_time_ms", "partition"). The task is stored as JSON. '
         "Every line is checked before anything is sent.",
     )
-    _add_bootstrap(produce, required=True)
+    _add_cluster(produce)
     produce.add_argument("--topic", required=True)
     produce.add_argument("--file", type=Path, help="JSON lines file (default: standard input)")
     produce.add_argument("--application-id", default="decaton-aio-cli")
@@ -114,7 +133,7 @@ def _build_parser() -> _Parser:
         help="show a group's committed offsets (watermarks) and lag, and a running "
         "instance's pending records",
     )
-    _add_bootstrap(inspect, required=True)
+    _add_cluster(inspect)
     inspect.add_argument("--group", required=True, help="the consumer group")
     inspect.add_argument("--topic", required=True, action="append", help="repeatable")
     inspect.add_argument(
@@ -129,11 +148,12 @@ def _build_parser() -> _Parser:
         "run",
         help="run a processor: MODULE:ATTR",
         description="Run an Application object or a bare 'async def process(ctx, task)' "
-        "until SIGINT/SIGTERM (a second signal exits at once). Without "
-        "--bootstrap-servers an embedded broker is started.",
+        "until SIGINT/SIGTERM (a second signal exits at once). When no cluster is named "
+        "(--bootstrap-servers, the environment or --client-properties) an embedded broker "
+        "is started.",
     )
     run.add_argument("target", metavar="MODULE:ATTR")
-    _add_bootstrap(run, required=False)
+    _add_cluster(run)
     run.add_argument(
         "--topic",
         action="append",
@@ -321,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _commands.DataError as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
         return EXIT_DATA
+    except SecurityError as exc:
+        print(f"decaton-aio: {exc}", file=sys.stderr)
+        return EXIT_NOPERM
     except (BrokerError, ProducerError) as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
