@@ -31,6 +31,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="embedded broker flavors to run every scenario on, in order, e.g. apache,tansu "
         "(default apache; env DECATON_AIO_BROKER); targets are checked on the first",
     )
+    parser.add_argument(
+        "--secured",
+        action="store_true",
+        help="Apache Kafka over SASL_SSL (SCRAM-SHA-512): the cost of TLS and SASL; the "
+        "peers are left out",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
     parser.add_argument(

@@ -69,6 +69,7 @@ class Run:
         }
         self.results: list[dict[str, Any]] = []
         self.broker: str | None = None  # the flavor of the scenario running now
+        self.client_properties: Path | None = None  # the secured broker's (--secured)
         self._unavailable: dict[str, str | None] = {}
 
     # ----------------------------------------------------------------- helpers
@@ -92,6 +93,8 @@ class Run:
         """Why a peer cannot run here, or ``None`` when it can."""
         if contender not in _PEER_IMPORTS:
             return None
+        if self.args.secured:
+            return "the peers are run against a plain listener only (not with --secured)"
         if contender not in self._unavailable:
             done = subprocess.run(
                 [self.python_for(contender), "-c", f"import {_PEER_IMPORTS[contender]}"],
@@ -198,6 +201,7 @@ class Run:
             partitions=spec.partitions,
             sleep_ms=10,
             hot_share=paced["hot_share"],
+            security=spec.security,
         )
         assert proc.stdin is not None
         proc.stdin.write(f"done {counts['others']}\n".encode())
@@ -216,7 +220,7 @@ class Run:
     # --------------------------------------------------------------- scenarios
 
     async def scenario(self, scn: Scenario, flavor: str) -> None:
-        from decaton_aio.embedded import EmbeddedBroker
+        from decaton_aio.embedded import BrokerSecurity, EmbeddedBroker
         from decaton_aio.testing import TopicAdmin
 
         if scn.name == "S4":
@@ -227,8 +231,10 @@ class Run:
         say(f"{scn.name} on {flavor}: {scn.title}")
         self.broker = flavor
         log = self.logs / f"broker-{flavor}-{scn.name}.log"
-        broker = EmbeddedBroker(flavor=flavor, log_path=log).start()
-        admin = TopicAdmin(broker.bootstrap_servers)
+        secured = BrokerSecurity({"bench": uuid.uuid4().hex}) if self.args.secured else None
+        broker = EmbeddedBroker(flavor=flavor, log_path=log, security=secured).start()
+        self.client_properties = broker.client_properties
+        admin = TopicAdmin(broker.bootstrap_servers, security=broker.security)
         try:
             for contender in scn.contenders:
                 wanted = self.args.contenders
@@ -288,6 +294,7 @@ class Run:
             paced=scn.paced is not None,
             drain_s=scn.paced["drain_s"] if scn.paced else 0.0,
             options=dict(options),
+            client_properties=str(self.client_properties) if self.client_properties else None,
         )
         if scn.paced is None:
             # Beyond the window's last task: keeps the window from ending in a drain (the
@@ -306,6 +313,7 @@ class Run:
                     slow_ratio=scn.slow_ratio,
                     slow_ms=scn.slow_ms,
                 ),
+                security=spec.security,
             )
             say(
                 f"  {contender}: produced {produced} tasks in "

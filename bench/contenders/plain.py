@@ -38,6 +38,7 @@ async def main(spec: Spec, recorder: Recorder) -> None:
         auto_offset_reset="earliest",
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
+        **spec.security.client_kwargs(),
     )
     await consumer.start()
     process = recorder.processor()

@@ -23,7 +23,11 @@ from decaton_aio.cli._common import (
     import_object,
 )
 from decaton_aio.cli._main import add_producer_arguments, entrypoint, main
-from decaton_aio.cli._security import add_security_arguments, cluster_from_args
+from decaton_aio.cli._security import (
+    TOKEN_PROVIDER_ENV_VAR,
+    add_security_arguments,
+    cluster_from_args,
+)
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -34,6 +38,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
+    "TOKEN_PROVIDER_ENV_VAR",
     "add_producer_arguments",
     "add_security_arguments",
     "cluster_from_args",
