@@ -236,7 +236,11 @@ class SecuritySettings:
         """
         if not self.uses_tls:
             return None
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        if self.ssl_cafile is None:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        else:
+            # Like a Java trust store: the given CAs only, not the system's as well.
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = self.ssl_check_hostname
         if self.ssl_cafile is not None:
             cafile = os.fspath(self.ssl_cafile)

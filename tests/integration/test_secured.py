@@ -268,7 +268,7 @@ async def test_wrong_password_fails_at_once_with_an_authentication_error(
 ) -> None:
     """A wrong password ends produce (exit 77, one line saying authentication failed)
     and the Python clients' start with SecurityError: no hang, no retry loop, no secret
-    in any message or log line."""
+    in any message, log line, or the broker's log."""
     handle = secured_kafka_broker
     wrong = "not-the-password-" + uuid.uuid4().hex[:6]
     bad = handle.security.with_overrides(sasl_password=wrong)
@@ -302,7 +302,9 @@ async def test_wrong_password_fails_at_once_with_an_authentication_error(
         await Subscription(app, handle.consumer_config("g", security=bad)).start()
     with pytest.raises(SecurityError, match="authentication failed"):
         await read_records(handle.bootstrap_servers, "anything", 1, security=bad)
-    for text in [*outputs.text, caplog.text, repr(bad)]:
+    assert handle.embedded is not None
+    broker_log = handle.embedded.log_tail(1_000_000)
+    for text in [*outputs.text, caplog.text, repr(bad), broker_log]:
         assert wrong not in text
         assert _password(handle) not in text
 
