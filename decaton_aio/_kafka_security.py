@@ -55,8 +55,9 @@ class BrokerSecurity:
             and these users exist (created when the storage is formatted).
         mtls: also (or only) a TLS listener that requires client certificates.
         sasl_mechanisms: the SASL mechanisms the ``SASL_SSL`` listener enables; the first
-            is the one written into its ``client.properties``. ``PLAIN`` uses the same
-            users; ``OAUTHBEARER`` accepts unsecured tokens (for tests only).
+            (SCRAM-SHA-512 when it is OAUTHBEARER) is the one written into its
+            ``client.properties``. ``PLAIN`` uses the same users; ``OAUTHBEARER`` accepts
+            unsecured tokens (for tests only).
     """
 
     scram_users: Mapping[str, str] = field(default_factory=dict)

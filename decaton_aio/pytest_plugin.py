@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from decaton_aio.client_properties import cluster_settings
 from decaton_aio.embedded import FLAVOR_ENV_VAR, EmbeddedBroker
 from decaton_aio.producer import TaskProducer
 from decaton_aio.serializers import BytesSerializer
@@ -60,8 +61,7 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
 
 @pytest.fixture(scope="session")
 def _secured_embedded_broker(request: pytest.FixtureRequest) -> Iterator[EmbeddedBroker]:
-    handle: BrokerHandle | None = request.config.stash.get(_handle_key, None)
-    if (handle is not None and not handle.is_embedded) or _flavor() == "tansu":
+    if cluster_settings().bootstrap_servers or _flavor() == "tansu":
         pytest.skip("the secured broker is an embedded Apache Kafka (not Tansu or external)")
     broker = start_secured_broker()
     request.config.stash[_secured_key] = broker

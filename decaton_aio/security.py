@@ -32,6 +32,7 @@ __all__ = [
     "SECURITY_ENV_VARS",
     "SECURITY_PROTOCOLS",
     "SecuritySettings",
+    "env_security_fields",
     "read_secret_file",
     "security_from_env",
 ]

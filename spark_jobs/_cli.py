@@ -35,6 +35,7 @@ from decaton_aio.cli import (
     add_producer_arguments,
     add_security_arguments,
     cluster_from_args,
+    password_on_command_line,
 )
 from decaton_aio.errors import (
     BrokerError,
@@ -82,7 +83,13 @@ class UsageError(Exception):
 
 
 class JobParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line and a return code, not an exit."""
+    """An argument parser whose errors are one line and a return code, not an exit (and
+    no abbreviated flags: ``--sasl-password`` must never pass for ``--sasl-password-file``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Raise :class:`UsageError` instead of printing usage and exiting."""
@@ -259,6 +266,9 @@ def run_job(
     Returns:
         ``EXIT_OK``, or the exit code of the failure, after one line on stderr.
     """
+    refused = password_on_command_line(sys.argv[1:] if argv is None else argv)
+    if refused is not None:
+        return _fail(EXIT_USAGE, prog, refused)
     try:
         args = parser.parse_args(argv)
         _resolve_cluster(args)

@@ -27,6 +27,7 @@ from decaton_aio.cli._security import (
     TOKEN_PROVIDER_ENV_VAR,
     add_security_arguments,
     cluster_from_args,
+    password_on_command_line,
 )
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "entrypoint",
     "import_object",
     "main",
+    "password_on_command_line",
 ]

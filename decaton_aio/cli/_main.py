@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from decaton_aio._version import __version__
 from decaton_aio.cli import _commands
@@ -23,7 +23,7 @@ from decaton_aio.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from decaton_aio.cli._security import add_security_arguments
+from decaton_aio.cli._security import add_security_arguments, password_on_command_line
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
 from decaton_aio.errors import (
     BrokerError,
@@ -46,7 +46,12 @@ class _UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     # argparse prints the whole usage block and exits 2 on a bad argument; we want one
-    # line and a return value from main(), so errors become exceptions.
+    # line and a return value from main(), so errors become exceptions. No abbreviated
+    # flags: "--sasl-password" must never pass for "--sasl-password-file".
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog}: {message} (see --help)")
 
@@ -319,6 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         One of the ``EXIT_*`` codes of :mod:`decaton_aio.cli`.
     """
+    refused = password_on_command_line(sys.argv[1:] if argv is None else argv)
+    if refused is not None:
+        print(f"decaton-aio: {refused}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         args = _build_parser().parse_args(argv)
     except _UsageError as exc:

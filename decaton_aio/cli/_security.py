@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,33 @@ from decaton_aio.security import (
     read_secret_file,
 )
 
-__all__ = ["TOKEN_PROVIDER_ENV_VAR", "add_security_arguments", "cluster_from_args"]
+__all__ = [
+    "TOKEN_PROVIDER_ENV_VAR",
+    "add_security_arguments",
+    "cluster_from_args",
+    "password_on_command_line",
+]
 
 #: Names the OAUTHBEARER token provider (``MODULE:ATTR``) when no flag does.
 TOKEN_PROVIDER_ENV_VAR = "DECATON_AIO_SASL_OAUTH_TOKEN_PROVIDER"
+
+
+def password_on_command_line(argv: Sequence[str]) -> str | None:
+    """The one-line refusal of a flag that would carry a password (``--sasl-password X``,
+    or any other ``--...pass...`` flag but the ``-file`` ones, abbreviations included), or
+    ``None``.
+
+    Checked before parsing, since argparse would echo the value in its error.
+    """
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--") and "pass" in flag and not flag.endswith("-file"):
+            return (
+                f"{flag} is refused: a password on the command line is visible to every user "
+                "of the machine; use --sasl-password-file FILE (--ssl-key-password-file for "
+                f"a key) or {SECURITY_ENV_VARS['sasl_password']}"
+            )
+    return None
 
 
 def add_security_arguments(parser: argparse.ArgumentParser) -> None:
