@@ -15,7 +15,7 @@ help:
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
-	@echo "make chaos  instances killed and restarted while tasks flow, 3 times (~5 min)"
+	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
