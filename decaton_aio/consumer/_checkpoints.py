@@ -298,7 +298,7 @@ class CheckpointStore:
             async with self._reader() as consumer:
                 tp = TopicPartition(self.topic, 0)
                 consumer.assign([tp])
-                consumer.seek_to_beginning(tp)
+                await consumer.seek_to_beginning(tp)
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + _READ_TIMEOUT_S
                 while True:
