@@ -89,6 +89,9 @@ class PartitionTransaction:
         self._producer: Any = None
         self._open = False
         self.fenced = False
+        self._broken = False  # a restart after a failure did not work: try at next commit
+        self._starting = False
+        self._dropped = False  # stopped while starting: the start closes what it opened
         #: Held while outputs enter the transaction and while it commits.
         self.lock = asyncio.Lock()
 
@@ -117,6 +120,7 @@ class PartitionTransaction:
             request_timeout_ms=config.request_timeout_ms,
             client_id=f"decaton-aio-txn-{self.transactional_id}",
         )
+        self._starting, self._dropped = True, False
         try:
             await producer.start()
         except _FENCED as exc:
@@ -126,8 +130,14 @@ class PartitionTransaction:
         except BaseException:
             await producer.stop()
             raise
+        finally:
+            self._starting = False
+        if self._dropped:  # stop() was called meanwhile (a revoke, a shutdown)
+            await producer.stop()
+            return
         self._producer = producer
         self._open = False
+        self._broken = False
 
     async def restart(self) -> None:
         """Throw the producer away and start a new one (aborting what it had open)."""
@@ -139,6 +149,7 @@ class PartitionTransaction:
         owner's start)."""
         producer, self._producer = self._producer, None
         self._open = False
+        self._dropped = self._starting
         if producer is not None:
             try:
                 await asyncio.wait_for(producer.stop(), 10.0)
@@ -204,7 +215,9 @@ class PartitionTransaction:
         async with self.lock:
             if self.fenced:
                 return None
-            if self._producer is None:  # a restart after a failure did not work
+            if self._producer is None:
+                if not self._broken:
+                    return None  # not started yet (or stopped)
                 try:
                     await self.start()
                 except (KafkaError, OSError) as exc:
@@ -243,4 +256,5 @@ class PartitionTransaction:
         except FencedError:
             raise
         except (KafkaError, OSError) as exc:
+            self._broken = True
             log.error("cannot restart the transactional producer", error=repr(exc))
