@@ -184,9 +184,12 @@ def encode(checkpoint: Checkpoint) -> bytes:
     kind, payload = _BITMAP, b""
     if nbits:
         bits = np.unpackbits(np.frombuffer(checkpoint.bitmap, dtype=np.uint8))
-        runs = zlib.compress(_varints(_runs(bits)), _ZLIB_LEVEL)
-        packed = zlib.compress(checkpoint.bitmap, _ZLIB_LEVEL)
-        kind, payload = (_RUNS, runs) if len(runs) <= len(packed) else (_BITMAP, packed)
+        kind, payload = _BITMAP, zlib.compress(checkpoint.bitmap, _ZLIB_LEVEL)
+        lengths = _runs(bits)
+        if lengths.size < len(payload):  # else at least a byte per run: cannot be smaller
+            runs = zlib.compress(_varints(lengths), _ZLIB_LEVEL)
+            if len(runs) <= len(payload):
+                kind, payload = _RUNS, runs
     head = bytes((_MAGIC, _VERSION, kind)) + _varint(checkpoint.base) + _varint(nbits)
     body = head + payload
     return body + zlib.crc32(body).to_bytes(4, "big")
