@@ -394,13 +394,11 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        fresh = []
-        for tp in assigned:
-            if tp not in self._partitions:
-                processor = self._partitions[tp] = self._new_partition(tp)
-                fresh.append(processor)
+        fresh = [self._new_partition(tp) for tp in assigned if tp not in self._partitions]
         if fresh and self._committer.loads and self._consumer is not None:
             await self._load(self._consumer, fresh)
+        for processor in fresh:  # visible (and fed) once ready
+            self._partitions[processor.tp] = processor
         log.info(
             "partitions assigned",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
@@ -410,7 +408,8 @@ class Subscription:
 
     async def _load(self, consumer: AIOKafkaConsumer, fresh: list[PartitionProcessor]) -> None:
         # No record may reach a partition before its checkpoint is imported (it would be
-        # processed again) or, with exactly-once, before its previous owner is fenced.
+        # processed again) or, with exactly-once, before its previous owner is fenced: it
+        # is paused (before any await) and joins the fed partitions afterwards.
         consumer.pause(*(p.tp for p in fresh))
         try:
             await self._committer.assign(consumer, fresh)
@@ -421,7 +420,7 @@ class Subscription:
             self._stop_task = asyncio.get_running_loop().create_task(self.stop())
             return
         for processor in fresh:
-            if self._partitions.get(processor.tp) is processor and not processor.paused:
+            if not processor.paused and not processor.closed:
                 consumer.resume(processor.tp)
 
     def _rewind_partition(
@@ -446,7 +445,7 @@ class Subscription:
         # Another instance took the partition over: stop it here until the rebalance
         # takes it away (its records are not fetched meanwhile).
         processor.close()
-        if self._consumer is not None and processor.tp in self._partitions:
+        if self._consumer is not None:
             self._consumer.pause(processor.tp)
 
     def _new_partition(self, tp: TopicPartition) -> PartitionProcessor:
