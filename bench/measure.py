@@ -44,18 +44,28 @@ _OUR_PROPERTIES = {
 }
 
 
+def _truthy(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
 def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None = None) -> list[str]:
     """The command that runs ``spec``'s contender."""
     who = CONTENDERS[spec.contender]
     if who.kind == "cli":
+        options = dict(spec.options)
+        target = who.module
+        if _truthy(options.pop("exactly_once", False)):
+            target = who.module.replace(":app", ":exactly_once_app")
+        if not _truthy(options.pop("checkpoints", True)):
+            target = who.module.replace(":app", ":no_checkpoints_app")
         argv = [python, "-m", "decaton_aio", "--log-level", "warning", "--log-format", "json"]
-        argv += ["run", who.module, "--bootstrap-servers", spec.bootstrap]
+        argv += ["run", target, "--bootstrap-servers", spec.bootstrap]
         argv += ["--topic", spec.topic, "--group", spec.group, "--workers", str(who.processes)]
         argv += ["--session-timeout-ms", str(spec.session_timeout_ms)]
         argv += ["--heartbeat-interval-ms", str(max(100, spec.session_timeout_ms // 10))]
         if spec.client_properties is not None:
             argv += ["--client-properties", spec.client_properties]
-        for name, value in spec.options.items():
+        for name, value in options.items():
             argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
         return argv
     if who.kind == "java":

@@ -55,6 +55,9 @@ class ConsumerConfig:
             within this time (Kafka's default, 5 minutes).
         security: TLS and SASL settings of every client the subscription makes (its
             consumer, topic administration, and its producer unless one is given).
+        commit_metadata_max_bytes: the cluster's ``offset.metadata.max.bytes``: a
+            checkpoint larger than this goes to the checkpoint topic instead of the
+            commit metadata (0: always the topic).
     """
 
     bootstrap_servers: str
@@ -69,6 +72,7 @@ class ConsumerConfig:
     isolation_level: str = "read_uncommitted"
     metadata_max_age_ms: int = 300_000
     security: SecuritySettings = PLAINTEXT
+    commit_metadata_max_bytes: int = 4096
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -92,6 +96,10 @@ class ConsumerConfig:
             raise ConfigError(f"fetch_max_wait_ms must be >= 0, got {self.fetch_max_wait_ms}")
         if self.metadata_max_age_ms < 100:
             raise ConfigError(f"metadata_max_age_ms must be >= 100, got {self.metadata_max_age_ms}")
+        if self.commit_metadata_max_bytes < 0:
+            raise ConfigError(
+                f"commit_metadata_max_bytes must be >= 0, got {self.commit_metadata_max_bytes}"
+            )
         if self.max_fetch_records < 1:
             raise ConfigError(f"max_fetch_records must be >= 1, got {self.max_fetch_records}")
 
@@ -123,6 +131,15 @@ class Application:
             after ``decaton.deferred.complete.timeout.ms``: ``give_up`` completes it and
             counts it as discarded, ``extend`` waits another timeout (and logs), ``retry``
             sends it to the retry topic.
+        checkpoints: at every commit, save which records above the committed offset are
+            already done (in the commit metadata, or the checkpoint topic when too large),
+            so a restart or rebalance skips them instead of processing them again.
+        checkpoint_topic: the compacted topic for checkpoints too large for the commit
+            metadata (and for brokers that drop it); ``<group>-checkpoints`` when
+            omitted, created on first use.
+        exactly_once: commit each interval's outputs (``ctx.produce``), offsets and
+            checkpoints in one Kafka transaction per partition; input is read
+            ``read_committed``. Needs checkpoints and a broker with transactions.
     """
 
     processor: TaskFunction
@@ -135,6 +152,9 @@ class Application:
     side_topics: SideTopics = field(default_factory=SideTopics)
     shaping: bool = False
     deferred_timeout_policy: DeferredTimeoutPolicy = "give_up"
+    checkpoints: bool = True
+    checkpoint_topic: str | None = None
+    exactly_once: bool = False
 
     def __post_init__(self) -> None:
         call = self.processor
@@ -156,10 +176,20 @@ class Application:
                 f"got {self.deferred_timeout_policy!r}"
             )
 
+        if self.exactly_once and not self.checkpoints:
+            raise ConfigError(
+                "exactly_once needs checkpoints (they say which outputs were committed): "
+                "drop checkpoints=False"
+            )
+
     @property
     def group(self) -> str:
         """The consumer group: ``group_id`` or the subscription id."""
         return self.group_id or self.subscription_id
+
+    def checkpoint_topic_for(self, group_id: str) -> str:
+        """The checkpoint topic of this application in consumer group ``group_id``."""
+        return self.checkpoint_topic or f"{group_id}-checkpoints"
 
     @property
     def subscribed_topics(self) -> tuple[str, ...]:

@@ -10,9 +10,12 @@ outcome into a finish, a deferred completion, a retry or a dead letter.
 
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
 (lanes, slots, pause), ``_execution`` (a task's outcome), ``_watermark`` (the commit
-point), ``_records`` (fetched records without per-record objects), ``_eager`` (starting a
-coroutine inline), ``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals,
-properties, metrics around a subscription).
+point), ``_committer`` (commits, checkpoints at assignment, transactions),
+``_checkpoint_codec`` and ``_checkpoints`` (the checkpoint's encoding and store),
+``_outputs`` (``ctx.produce`` delivery), ``_transactions`` (exactly-once), ``_records``
+(fetched records without per-record objects), ``_eager`` (starting a coroutine inline),
+``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties, metrics
+around a subscription).
 """
 
 from __future__ import annotations

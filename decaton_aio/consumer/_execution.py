@@ -37,6 +37,7 @@ from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
+from decaton_aio.consumer._outputs import DurableOutputs, OutputSink, deliver_outputs
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
@@ -98,6 +99,7 @@ class TaskExecutor:
         self._on_finished = self._finished  # bound once, not per task
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
         self._tasks = self._starter.tasks  # processor continuations and sends
+        self._outputs = DurableOutputs(sender) if sender is not None else None
 
     # ---------------------------------------------------------------------- start
 
@@ -187,7 +189,11 @@ class TaskExecutor:
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
-            partition.finish(record)  # the common case: done
+            if ctx.outputs is None:
+                partition.finish(record)  # the common case: done
+            else:
+                partition.release(record)
+                self._emit(partition, ctx)
             return
         if completion is not None:
             if completion.retry_delay_s is not None:
@@ -195,7 +201,13 @@ class TaskExecutor:
             if exc is None and completion.failure is not None:
                 exc = completion.failure
         if exc is None and ctx.retry_delay_s is None:
-            if completion is None or completion.done:
+            if ctx.outputs is not None:
+                partition.release(record)
+                if completion is None or completion.done:
+                    self._emit(partition, ctx)
+                else:
+                    self._defer(partition, ctx, released=True)
+            elif completion is None or completion.done:
                 partition.finish(record)
             else:
                 self._defer(partition, ctx)
@@ -250,18 +262,24 @@ class TaskExecutor:
             partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
         )
 
-    def _defer(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+    def _defer(
+        self, partition: TaskHost, ctx: ProcessingContext, *, released: bool = False
+    ) -> None:
         completion = ctx.completion
         assert completion is not None
         record = ctx.record
-        partition.release(record)
+        if not released:
+            partition.release(record)
         timer: asyncio.TimerHandle | None = None
 
         def completed() -> None:
             if timer is not None:
                 timer.cancel()
             partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
-            partition.complete_released(record)
+            if ctx.outputs is not None:  # produced after returning: they go out now
+                self._emit(partition, ctx)
+            else:
+                partition.complete_released(record)
 
         def retry_later(delay_s: float | None, exc: BaseException | None) -> None:
             if timer is not None:
@@ -292,6 +310,20 @@ class TaskExecutor:
             partition.complete_released(record)
 
         timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, timed_out)
+
+    def _emit(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+        # A released task's outputs: its offset completes once they are delivered.
+        outputs, ctx.outputs = ctx.outputs or [], None
+        sink: OutputSink | None = getattr(partition, "outputs", None) or self._outputs
+        if sink is None:
+            log.error("no producer for the task's outputs: dropping them", count=len(outputs))
+            partition.complete_released(ctx.record)
+            return
+        task = asyncio.get_running_loop().create_task(
+            deliver_outputs(sink, partition, ctx.record, outputs)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _retry_released(
         self,

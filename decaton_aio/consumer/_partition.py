@@ -47,6 +47,7 @@ from decaton_aio.typing import Record
 if TYPE_CHECKING:
     from decaton_aio.consumer._contract import TaskRunner
     from decaton_aio.consumer._hotkeys import HotKeyDetector
+    from decaton_aio.consumer._outputs import OutputSink
 
 __all__ = ["PartitionProcessor", "PartitionState"]
 
@@ -89,6 +90,11 @@ class PartitionProcessor:
         ignore_keys: keys whose records are skipped and completed at once.
         hot_keys: detects keys over their quota; their records are handed to the
             executor for shaping instead of being run here.
+
+    Attributes:
+        outputs: where the outputs of this partition's tasks go (the partition's
+            transaction with exactly-once); the executor's default when ``None``.
+        first_offset: the first offset fed to this assignment, ``None`` before any.
     """
 
     def __init__(
@@ -119,6 +125,8 @@ class PartitionProcessor:
         self._bucket = TokenBucket(rate) if rate != -1 else None
         self._ignore = frozenset(ignore_keys)
         self.hot_keys = hot_keys
+        self.outputs: OutputSink | None = None
+        self.first_offset: int | None = None
         # key -> None (busy, nothing queued) or the records waiting behind it: a list while
         # short (a deque costs 632 bytes even for one record), a deque once longer.
         self._lanes: dict[bytes, _Lane | None] = {}
@@ -263,6 +271,8 @@ class PartitionProcessor:
         expected = self.tracker.next_offset
         if expected is not None and records[0].offset < expected:
             return False
+        if self.first_offset is None:
+            self.first_offset = records[0].offset
         done = self.tracker.register_batch([r.offset for r in records])
         skip = set(done.tolist()) if done.size else None
         self._pending += len(records) - done.size
@@ -429,7 +439,10 @@ class PartitionProcessor:
         """Stop starting tasks and drop queued and postponed records (redelivered later).
 
         Caller: the rebalance listener, before it waits for running tasks and commits.
+        A closed partition stays closed.
         """
+        if self.state is PartitionState.CLOSED:
+            return
         self.state = PartitionState.DRAINING
         self._drop_queued()
 
@@ -445,7 +458,7 @@ class PartitionProcessor:
         # that goes on to start more tasks: check the counts again after each wake-up.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._in_flight or self._awaiting:
+        while (self._in_flight or self._awaiting) and self.state is not PartitionState.CLOSED:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
