@@ -120,7 +120,9 @@ class BrokerHandle:
         timeout) and a fresh group unless one is named."""
         settings = {**TEST_CONSUMER_SETTINGS, **consumer}
         config = ConsumerConfig(
-            self.bootstrap_servers, group_id or f"{app.group}-{uuid.uuid4().hex[:8]}", **settings
+            self.bootstrap_servers,
+            group_id or f"{app.group_id or app.subscription_id}-{uuid.uuid4().hex[:8]}",
+            **settings,
         )
         return Subscription(app, config, producer=self.producer_config())
 
@@ -341,7 +343,7 @@ async def drain(
     wrapped = dataclasses.replace(app, processor=recording)
     consumer = ConsumerConfig(
         bootstrap_servers,
-        group_id or f"{app.group}-{uuid.uuid4().hex[:8]}",
+        group_id or f"{app.group_id or app.subscription_id}-{uuid.uuid4().hex[:8]}",
         **TEST_CONSUMER_SETTINGS,
     )
     subscription = Subscription(

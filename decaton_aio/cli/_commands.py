@@ -25,8 +25,9 @@ import msgspec
 
 from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
 from decaton_aio.admin import TopicAdmin
-from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.app import Application
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.cli._consumer_args import consumer_config
 from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError
@@ -222,6 +223,7 @@ def _application(args: argparse.Namespace) -> Application:
     app = dataclasses.replace(app, **changes) if changes else app
     if not app.topics:
         raise ConfigError(f"{args.target} names no topics: pass --topic")
+    _ = app.group  # no group named: fail before anything starts
     return app
 
 
@@ -258,14 +260,8 @@ def run_target(args: argparse.Namespace) -> int:
             print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
             asyncio.run(_create_topics(servers, app.topics))
         options = RunOptions(
-            consumer=ConsumerConfig(
-                bootstrap_servers=servers,
-                group_id=app.group,
-                session_timeout_ms=args.session_timeout_ms,
-                heartbeat_interval_ms=args.heartbeat_interval_ms,
-                auto_offset_reset=args.auto_offset_reset,
-                metadata_max_age_ms=args.metadata_max_age_ms,
-                isolation_level=args.isolation_level,
+            consumer=consumer_config(
+                args, servers, app.group, isolation_level=args.isolation_level
             ),
             producer=ProducerConfig(
                 servers,

@@ -22,6 +22,7 @@ from decaton_aio.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from decaton_aio.cli._consumer_args import add_consumer_arguments
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
@@ -208,16 +209,7 @@ def _build_parser() -> _Parser:
         help="queue: through <topic>-retry (default); in-place: in the key's lane, which "
         "waits (env DECATON_AIO_RETRY_MODE)",
     )
-    run.add_argument("--session-timeout-ms", type=int, default=10_000)
-    run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)
-    run.add_argument("--auto-offset-reset", choices=("earliest", "latest"), default="earliest")
-    run.add_argument(
-        "--metadata-max-age-ms",
-        type=int,
-        default=300_000,
-        help="refresh the cluster's metadata this often: a recreated task topic is noticed "
-        "within it (default 5 minutes)",
-    )
+    add_consumer_arguments(run)
     _add_isolation_level(run, "read_committed: records of aborted transactions are never processed")
     run.add_argument(
         "--side-topic-replication-factor",

@@ -46,6 +46,12 @@ __all__ = ["TaskExecutor"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 _SEND_BACKOFF_BASE_S = 0.2
+# What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
+_SEND_COUNTERS = {
+    "retry": ("retry_queued", "retry_failed"),
+    "dead letter": ("dead_letter_queued", "dead_letter_failed"),
+    "shaping": ("shaping_queued", "shaping_failed"),
+}
 _SEND_BACKOFF_MAX_S = 10.0
 
 
@@ -114,12 +120,16 @@ class TaskExecutor:
                     scheduled = scheduled_time_of(headers)
             else:
                 scheduled = scheduled_time_of(headers)
+                if attempt == 1 and all(name != METADATA_HEADER for name, _ in headers):
+                    partition.stats.without_metadata += 1
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
         now = time.time()
         if scheduled and scheduled > now * 1000:
-            partition.run_again(record, attempt, scheduled / 1000 - now)
+            delay = scheduled / 1000 - now
+            partition.stats.scheduling_delay.observe(delay)
+            partition.run_again(record, attempt, delay)
             return
         try:
             value = record.value
@@ -167,11 +177,13 @@ class TaskExecutor:
         # Every task whose processor ended (returned or raised, at once or after waiting)
         # comes here: count it, then finish, defer, retry or dead-letter it.
         stats = partition.stats
-        stats.process_duration.observe(time.perf_counter() - ctx.started_at)
+        took = time.perf_counter() - ctx.started_at
+        stats.process_duration.observe(took)
         stats.processed += 1
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
+            stats.completion_duration.observe(took)
             partition.finish(record)  # the common case: done
             return
         if completion is not None:
@@ -181,7 +193,7 @@ class TaskExecutor:
                 exc = completion.failure
         if exc is None and ctx.retry_delay_s is None:
             if completion is None or completion.done:
-                partition.finish(record)
+                self._complete(partition, ctx)
             else:
                 self._defer(partition, ctx)
             return
@@ -189,7 +201,7 @@ class TaskExecutor:
             if isinstance(exc, SkipTask):
                 stats.discarded += 1
                 ctx.logger.info("task skipped", reason=exc.reason)
-            partition.finish(record)
+            self._complete(partition, ctx)
             return
         requested = exc is None or isinstance(exc, RetryTask)
         if requested:
@@ -204,7 +216,7 @@ class TaskExecutor:
                 ctx.logger.warning("retry requested but the application has no retry config")
                 self._dead_letter(partition, ctx, "RetryNotConfigured", "no retry config", exc)
             else:
-                partition.finish(record)
+                self._complete(partition, ctx)
             return
         if exc is not None and not requested and not retry.policy.is_retriable(exc):
             self._dead_letter(partition, ctx, _type(exc), str(exc), exc)
@@ -232,8 +244,19 @@ class TaskExecutor:
             delay_s=delay,
         )
         self._send_then_complete(
-            partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
+            partition,
+            record,
+            self._topics.retry_topic(partition.tp.topic),
+            headers,
+            "retry",
+            started_at=ctx.started_at,
         )
+
+    def _complete(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+        # A task done after its processor returned, off the common path: finish it and
+        # count its completion duration.
+        partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+        partition.finish(ctx.record)
 
     def _defer(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         completion = ctx.completion
@@ -262,6 +285,7 @@ class TaskExecutor:
             nonlocal timer
             if completion.done or partition.closed:
                 return
+            partition.stats.timeouts += 1
             ctx.logger.warning(
                 "deferred completion timed out", timeout_ms=timeout_ms, policy=self._deferred_policy
             )
@@ -316,7 +340,12 @@ class TaskExecutor:
             delay_s=retry.policy.delay_s(attempt) if delay_s is None else delay_s,
         )
         self._send_then_complete(
-            partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
+            partition,
+            record,
+            self._topics.retry_topic(partition.tp.topic),
+            headers,
+            "retry",
+            started_at=ctx.started_at,
         )
 
     def _poison_pill(self, partition: TaskHost, ctx: ProcessingContext, exc: DecodeError) -> None:
@@ -369,6 +398,7 @@ class TaskExecutor:
             self._topics.dead_letter_topic(partition.tp.topic),
             headers,
             "dead letter",
+            started_at=ctx.started_at or None,  # 0: a poison pill, never started
         )
 
     # ---------------------------------------------------------------------- sends
@@ -382,13 +412,16 @@ class TaskExecutor:
         what: str,
         *,
         timestamp_ms: int | None = None,
+        started_at: float | None = None,
     ) -> None:
         # The record was released (or handed off) by the caller; its offset completes
         # when the replacement record is durable. Retry and dead letter records are
         # stamped with the time they are sent (timestamp_ms None), so time-based retention
         # of their topic counts from the failure; the task's own time is in its dt_meta.
+        # started_at: when the task started processing (its completion duration ends when
+        # the replacement is durable); None for a record that never ran.
         task = asyncio.get_running_loop().create_task(
-            self._send_routine(partition, record, topic, headers, what, timestamp_ms)
+            self._send_routine(partition, record, topic, headers, what, timestamp_ms, started_at)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -401,8 +434,10 @@ class TaskExecutor:
         headers: Sequence[tuple[str, bytes]],
         what: str,
         timestamp_ms: int | None,
+        started_at: float | None,
     ) -> None:
         sender = self._sender
+        queued, failed = _SEND_COUNTERS[what]
         if sender is None:
             log.error(f"no producer for the {what} record: completing the task", topic=topic)
             partition.complete_released(record)
@@ -423,6 +458,8 @@ class TaskExecutor:
                 )
             except Exception as exc:
                 attempt += 1
+                stats = partition.stats
+                setattr(stats, failed, getattr(stats, failed) + 1)
                 delay = compute_backoff(
                     attempt,
                     base_s=_SEND_BACKOFF_BASE_S,
@@ -439,6 +476,10 @@ class TaskExecutor:
                 )
                 await asyncio.sleep(delay)
                 continue
+            stats = partition.stats
+            setattr(stats, queued, getattr(stats, queued) + 1)
+            if started_at is not None:
+                stats.completion_duration.observe(time.perf_counter() - started_at)
             partition.complete_released(record)
             return
 

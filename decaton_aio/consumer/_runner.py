@@ -94,6 +94,19 @@ def install_event_loop_policy() -> bool:
     return True
 
 
+async def _shut_down(app: Application) -> None:
+    # Every shutdown hook runs, even after one failed; the first failure is raised.
+    failure: Exception | None = None
+    for hook in app.shutdown_hooks:
+        try:
+            await hook()
+        except Exception as exc:
+            log.error("an on_shutdown hook failed", hook=repr(hook), exc_info=exc)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
 async def run_application(
     app: Application,
     options: RunOptions,
@@ -103,6 +116,10 @@ async def run_application(
 ) -> None:
     """Run ``app`` until SIGINT/SIGTERM (or until the subscription stops by itself).
 
+    The application's ``on_startup`` hooks are awaited once before consuming starts, its
+    ``on_shutdown`` hooks once after the subscription drained and committed (not when a
+    startup hook failed).
+
     Args:
         app: the application.
         options: consumer settings, property sources and metrics.
@@ -111,6 +128,7 @@ async def run_application(
 
     Raises:
         ConfigError: when a property (from any source) is unknown or invalid.
+        Exception: what a startup or shutdown hook raised.
     """
     tune_gc()
     environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
@@ -149,20 +167,27 @@ async def run_application(
     if install_signal_handlers:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal, signum)
+    started_up = False
     try:
-        await subscription.start()
-        for index, source in enumerate(sources, start=1):  # layer 0: the application's
-            await source.start(properties, layer=index)
-        if on_started is not None:
-            maybe = on_started(subscription)
-            if maybe is not None:
-                await maybe
-        await subscription.wait_stopped()
+        for hook in app.startup_hooks:
+            await hook()
+        started_up = True
+        if not signals:  # a signal during the startup hooks: nothing to consume
+            await subscription.start()
+            for index, source in enumerate(sources, start=1):  # layer 0: the application's
+                await source.start(properties, layer=index)
+            if on_started is not None:
+                maybe = on_started(subscription)
+                if maybe is not None:
+                    await maybe
+            await subscription.wait_stopped()
     finally:
         if subscription.state.value != "terminated":
             await subscription.stop()
         for source in sources:
             await source.stop()
+        if started_up:
+            await _shut_down(app)
         metrics.stop()
         if install_signal_handlers:
             for signum in (signal.SIGINT, signal.SIGTERM):

@@ -131,6 +131,11 @@ class Subscription:
             deferred_timeout_policy=app.deferred_timeout_policy,
         )
         self.state = SubscriptionState.INITIALIZING
+        self._stats = self.metrics.register_subscription(
+            app.subscription_id, tuple(s.value for s in SubscriptionState)
+        )
+        #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
+        self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
         self._fetch_task: asyncio.Task[None] | None = None
@@ -157,6 +162,7 @@ class Subscription:
             return
         log.info("subscription state", subscription=self.app.subscription_id, state=state.value)
         self.state = state
+        self._stats.state = state.value
         for listener in self._listeners:
             try:
                 listener(state)
@@ -187,12 +193,17 @@ class Subscription:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
                 group_id=cfg.group_id,
+                group_instance_id=cfg.group_instance_id,
                 client_id=cfg.client_id,
+                client_rack=cfg.client_rack,
                 enable_auto_commit=False,
                 auto_offset_reset=cfg.auto_offset_reset,
                 session_timeout_ms=cfg.session_timeout_ms,
                 heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                max_poll_interval_ms=cfg.max_poll_interval_ms,
                 max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+                fetch_min_bytes=cfg.fetch_min_bytes,
+                fetch_max_bytes=cfg.fetch_max_bytes,
                 fetch_max_wait_ms=cfg.fetch_max_wait_ms,
                 isolation_level=cfg.isolation_level,
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
@@ -285,8 +296,13 @@ class Subscription:
             end_of = consumer.last_stable_offset
         else:
             end_of = consumer.highwater
+        clock = time.monotonic
+        observe = self._stats.fetch_latency.observe
         while True:
+            began = clock()
             batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
+            self.last_fetch_at = now = clock()
+            observe(now - began)
             for tp, records in batches.items():
                 processor = partitions.get(tp)
                 if processor is None or not records:
@@ -309,6 +325,7 @@ class Subscription:
     async def _commit_routine(self) -> None:
         while True:
             await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
+            self._stats.fetch_latency.fold()  # keeps the observation queue short
             await self._commit()
 
     async def _commit(

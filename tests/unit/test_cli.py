@@ -183,8 +183,8 @@ from decaton_aio import Application, RetryConfig, RetryPolicy
 async def process(ctx, task):
     return None
 
-plain = Application(process, topics=("t",))
-retrying = Application(process, topics=("t",), retry=RetryConfig(RetryPolicy(max_attempts=5)))
+plain = Application(process, topics=("t",), group_id="g")
+retrying = Application(process, topics=("t",), group_id="g", retry=RetryConfig(RetryPolicy(max_attempts=5)))
 """
 
 

@@ -161,8 +161,10 @@ def test_counters_and_histograms_are_exported_per_partition() -> None:
 
 
 def test_every_family_has_type_and_help() -> None:
-    """All fourteen decaton_ families are exported with the right type and a help text."""
+    """Every decaton_ family (Decaton's set, lag, subscription state, fetch latency) is
+    exported with the right type and a help text."""
     metrics = Metrics(process_metrics=False)
+    metrics.register_subscription("sub", ("initializing", "running"))
     stats = metrics.register_partition("sub", "t", 0)
     stats.committed_offset, stats.consumed_offset, stats.high_watermark = 1, 2, 3
     text = metrics.render().decode()
@@ -173,15 +175,28 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_tasks_discarded": "counter",
         "decaton_tasks_retried": "counter",
         "decaton_tasks_compacted": "counter",
+        "decaton_tasks_timeout": "counter",
         "decaton_partition_throttled_seconds": "counter",
+        "decaton_partition_paused_seconds": "counter",
+        "decaton_partition_queue_starved_seconds": "counter",
+        "decaton_retry_queued_tasks": "counter",
+        "decaton_retry_queueing_failed": "counter",
+        "decaton_dead_letter_queued_tasks": "counter",
+        "decaton_dead_letter_queueing_failed": "counter",
+        "decaton_shaping_queued_tasks": "counter",
+        "decaton_shaping_queueing_failed": "counter",
+        "decaton_records_consumed": "counter",
         "decaton_task_process_duration_seconds": "histogram",
         "decaton_task_completion_duration_seconds": "histogram",
         "decaton_task_delivery_latency_seconds": "histogram",
+        "decaton_task_scheduling_delay_seconds": "histogram",
         "decaton_partition_tasks_pending": "gauge",
         "decaton_partition_paused": "gauge",
         "decaton_partition_committed_offset": "gauge",
         "decaton_partition_consumed_offset": "gauge",
         "decaton_consumer_lag": "gauge",
+        "decaton_subscription_state": "gauge",
+        "decaton_consumer_fetch_latency_seconds": "histogram",
     }
     assert {name: fam.type for name, fam in families.items()} == expected
     assert all(len(fam.documentation) > 20 for fam in families.values())
