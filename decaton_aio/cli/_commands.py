@@ -27,7 +27,7 @@ from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_ka
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
-from decaton_aio.cli._consumer_args import consumer_config
+from decaton_aio.cli._run_args import consumer_config, health_config
 from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError
@@ -275,6 +275,7 @@ def run_target(args: argparse.Namespace) -> int:
             properties_topic=args.properties_topic,
             metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr,
+            health=health_config(args),
         )
         asyncio.run(run_application(app, options))
     return EXIT_OK

@@ -22,7 +22,7 @@ from decaton_aio.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from decaton_aio.cli._consumer_args import add_consumer_arguments
+from decaton_aio.cli._run_args import add_consumer_arguments, add_probe_arguments
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
 from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
 from decaton_aio.logs import LOG_LEVELS, configure_logging
@@ -178,6 +178,7 @@ def _build_parser() -> _Parser:
         default=os.environ.get("DECATON_AIO_METRICS_ADDR", DEFAULT_METRICS_ADDR),
         help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
     )
+    add_probe_arguments(run)
     add_producer_arguments(run)
     run.add_argument(
         "--spool-dir",

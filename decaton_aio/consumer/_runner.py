@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.consumer._health import HealthCheck, HealthConfig
 from decaton_aio.consumer._subscription import Subscription
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR, Metrics
 from decaton_aio.producer import ProducerConfig
@@ -49,8 +50,10 @@ class RunOptions:
         properties: property overrides from the command line (highest precedence).
         properties_file: a watched ``.json`` or ``.properties`` file of properties.
         properties_topic: a Kafka topic of property changes, read by every instance.
-        metrics_port: serve Prometheus metrics on this port (0: a free one; None: off).
+        metrics_port: serve Prometheus metrics, and the ``/healthz`` and ``/readyz`` probes,
+            on this port (0: a free one; None: off).
         metrics_addr: the address the metrics endpoint listens on.
+        health: the probes' thresholds.
         environ: where ``DECATON_*`` property variables are read from.
     """
 
@@ -61,6 +64,7 @@ class RunOptions:
     properties_topic: str | None = None
     metrics_port: int | None = None
     metrics_addr: str = DEFAULT_METRICS_ADDR
+    health: HealthConfig = field(default_factory=HealthConfig)
     environ: Mapping[str, str] | None = None
 
 
@@ -148,8 +152,12 @@ async def run_application(
         app, options.consumer, producer=options.producer, properties=properties, metrics=metrics
     )
     if options.metrics_port is not None:
-        port = metrics.start_http_server(options.metrics_port, options.metrics_addr)
-        log.info("metrics endpoint", url=f"http://{options.metrics_addr}:{port}/metrics")
+        probes = HealthCheck(subscription, options.health)
+        port = metrics.start_http_server(options.metrics_port, options.metrics_addr, probes=probes)
+        url = f"http://{options.metrics_addr}:{port}"
+        log.info(
+            "metrics endpoint", url=f"{url}/metrics", probes=[f"{url}/healthz", f"{url}/readyz"]
+        )
     loop = asyncio.get_running_loop()
     signals = 0
     stopping: set[asyncio.Task[None]] = set()

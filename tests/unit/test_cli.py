@@ -184,7 +184,9 @@ async def process(ctx, task):
     return None
 
 plain = Application(process, topics=("t",), group_id="g")
-retrying = Application(process, topics=("t",), group_id="g", retry=RetryConfig(RetryPolicy(max_attempts=5)))
+retrying = Application(
+    process, topics=("t",), group_id="g", retry=RetryConfig(RetryPolicy(max_attempts=5))
+)
 """
 
 

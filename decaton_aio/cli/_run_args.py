@@ -1,8 +1,10 @@
-"""The Kafka consumer settings of ``run``: one flag (and environment variable where a
-deployment sets it per instance) per :class:`~decaton_aio.ConsumerConfig` field.
+"""Flags of ``run`` that map onto config objects: the Kafka consumer settings (one flag,
+and an environment variable where a deployment sets it per instance, per
+:class:`~decaton_aio.ConsumerConfig` field) and the probes' thresholds
+(:class:`~decaton_aio.consumer.HealthConfig`).
 
-A flag left out keeps the field's default, so the defaults live in one place
-(:class:`~decaton_aio.ConsumerConfig`).
+A flag left out keeps the field's default, so the defaults live in one place: the config
+classes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import os
 from typing import Any
 
 from decaton_aio.app import ConsumerConfig
+from decaton_aio.consumer import HealthConfig
 
-__all__ = ["add_consumer_arguments", "consumer_config"]
+__all__ = ["add_consumer_arguments", "add_probe_arguments", "consumer_config", "health_config"]
 
 # (flag, ConsumerConfig field, type, environment variable or None, help)
 _FLAGS: tuple[tuple[str, str, type, str | None, str], ...] = (
@@ -85,3 +88,30 @@ def consumer_config(
         if name.startswith("consumer_") and value is not None
     }
     return ConsumerConfig(bootstrap_servers, group_id, **{**given, **fields})
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the thresholds of ``/healthz`` and ``/readyz`` to ``run``."""
+    for flag, field, text in (
+        ("--stall-timeout-ms", "stall_timeout_ms", "not ready when a partition with pending "
+         "records has not completed its first one for this long (default 300000)"),
+        ("--fetch-timeout-ms", "fetch_timeout_ms", "not ready when no fetch returned for this "
+         "long (default 30000)"),
+        ("--probe-answer-timeout-ms", "answer_timeout_ms", "a probe fails when the event loop "
+         "does not answer within this (default 2000)"),
+    ):  # fmt: skip
+        parser.add_argument(flag, dest=f"health_{field}", type=int, metavar="MS", help=text)
+
+
+def health_config(args: argparse.Namespace) -> HealthConfig:
+    """The probes' thresholds of the parsed flags.
+
+    Raises:
+        ConfigError: a value is out of range.
+    """
+    given = {
+        name.removeprefix("health_"): value
+        for name, value in vars(args).items()
+        if name.startswith("health_") and value is not None
+    }
+    return HealthConfig(**given)
