@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := embedded,dev,spark
+EXTRAS := embedded,dev,spark,tracing
 JAVA_PACKAGE := openjdk-17-jre-headless
 
 .PHONY: help install run quickstart bench bench-quick bench-test chaos test test-unit test-spark test-tansu lint \

@@ -13,7 +13,10 @@ suspend and, when most do, starts them as plain tasks; one task in :data:`PROBE_
 still goes the eager way, so a change of behaviour is noticed.
 
 Every coroutine runs in its own copy of the caller's context, so a context variable a
-processor sets never leaks into the runtime or into other tasks.
+processor sets never leaks into the runtime or into other tasks. A coroutine that runs on
+as a task runs inside a wrapper coroutine whose frame holds the ``second`` argument of
+:meth:`CoroutineStarter.start` (the task's context): log lines find their task through it
+(:func:`decaton_aio.logs.current_task_context`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import asyncio
 import contextvars
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
+
+from decaton_aio.logs import register_task_frame
 
 __all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
@@ -71,7 +76,7 @@ class CoroutineStarter:
             self._count += 1
             if self._count % PROBE_EVERY:
                 # create_task copies the current context itself.
-                task = asyncio.get_running_loop().create_task(coro)
+                task = asyncio.get_running_loop().create_task(_run(coro, second))
                 self._track(task, done, first, second)
                 return False
         # Eager path: the first step runs here, in a copy of the current context.
@@ -91,7 +96,7 @@ class CoroutineStarter:
             return True
         # It suspended: a task carries on from there, in the same context.
         loop = asyncio.get_running_loop()
-        task = loop.create_task(_resume(coro, yielded), context=context)
+        task = loop.create_task(_resume(coro, yielded, second), context=context)
         self._track(task, done, first, second)
         if score < _SCORE_MAX:
             self._score = score + 1
@@ -108,8 +113,17 @@ class CoroutineStarter:
         task.add_done_callback(finished)
 
 
-async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
+async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any, owner: Any) -> Any:
+    # ``owner``: read by log lines of the coroutine (a frame local, see the module doc).
     return await _Continue(coro, yielded)
+
+
+async def _run(coro: Coroutine[Any, Any, Any], owner: Any) -> Any:
+    return await coro
+
+
+register_task_frame(_resume.__code__, "owner")
+register_task_frame(_run.__code__, "owner")
 
 
 class _Continue:

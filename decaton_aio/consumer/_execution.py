@@ -35,6 +35,7 @@ from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
+from decaton_aio.logs import register_task_frame
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
 from decaton_aio.properties import DEFERRED_COMPLETE_TIMEOUT_MS, Properties
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
@@ -490,6 +491,10 @@ class TaskExecutor:
         _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
         for task in pending:
             task.cancel()
+
+
+# A log line inside a task's first step finds the task through this frame's ``ctx``.
+register_task_frame(TaskExecutor.start.__code__, "ctx")
 
 
 def _type(exc: BaseException | None) -> str:
