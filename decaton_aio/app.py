@@ -24,6 +24,7 @@ from decaton_aio.errors import ConfigError
 from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.serializers import BytesSerializer
+from decaton_aio.tracing import Tracing
 from decaton_aio.typing import Serializer
 
 __all__ = [
@@ -190,6 +191,8 @@ class Application:
         on_shutdown: hooks ``run`` awaits once per process after the subscription drained
             its tasks and committed: close the pool. Run in order, each even if an earlier
             one raised.
+        tracing: OpenTelemetry spans per task (see :mod:`decaton_aio.tracing`; needs the
+            ``tracing`` extra); ``None`` (the default): no tracing code runs.
     """
 
     processor: TaskFunction
@@ -204,6 +207,7 @@ class Application:
     deferred_timeout_policy: DeferredTimeoutPolicy = "give_up"
     on_startup: LifespanHook | Sequence[LifespanHook] = ()
     on_shutdown: LifespanHook | Sequence[LifespanHook] = ()
+    tracing: Tracing | None = None
 
     def __post_init__(self) -> None:
         if not _is_async(self.processor):

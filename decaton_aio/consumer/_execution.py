@@ -202,6 +202,9 @@ class TaskExecutor:
             if isinstance(exc, SkipTask):
                 stats.discarded += 1
                 ctx.logger.info("task skipped", reason=exc.reason)
+                self._outcome(partition, "skipped")
+            else:
+                self._outcome(partition, "cancelled")
             self._complete(partition, ctx)
             return
         requested = exc is None or isinstance(exc, RetryTask)
@@ -210,6 +213,7 @@ class TaskExecutor:
         else:
             stats.errors += 1
             ctx.logger.error("processor failed", error=_describe(exc), exc_info=exc)
+            self._outcome(partition, "error", exc)
             delay = None
         retry = self._retry
         if retry is None:
@@ -232,6 +236,7 @@ class TaskExecutor:
         if delay is None or delay < 0:
             delay = retry.policy.delay_s(attempt)
         stats.retries += 1
+        self._outcome(partition, "retry")
         if retry.mode == "in_place":
             partition.run_again(record, attempt + 1, delay)
             return
@@ -287,6 +292,7 @@ class TaskExecutor:
             if completion.done or partition.closed:
                 return
             partition.stats.timeouts += 1
+            self._outcome(partition, "timeout")
             ctx.logger.warning(
                 "deferred completion timed out", timeout_ms=timeout_ms, policy=self._deferred_policy
             )
@@ -318,6 +324,7 @@ class TaskExecutor:
         if exc is not None:
             partition.stats.errors += 1
             ctx.logger.error("deferred task failed", error=_describe(exc), exc_info=exc)
+            self._outcome(partition, "error", exc)
             if retry is None:
                 partition.complete_released(record)  # Decaton's default: log and go on
                 return
@@ -332,6 +339,7 @@ class TaskExecutor:
             self._send_dead_letter(partition, ctx, error_type, str(exc or reason), exc)
             return
         partition.stats.retries += 1
+        self._outcome(partition, "retry")
         headers = retry_headers(
             record.headers,
             ctx.metadata,
@@ -354,6 +362,7 @@ class TaskExecutor:
         ctx.logger.warning(
             "task cannot be decoded: dead-lettering it", part=exc.part, reason=exc.reason
         )
+        self._outcome(partition, "dead_letter", exc)
         self._dead_letter(partition, ctx, f"DecodeError:{exc.part}", exc.reason, None)
 
     def _dead_letter(
@@ -377,6 +386,7 @@ class TaskExecutor:
     ) -> None:
         # The record is already released: its offset completes once the dead letter is
         # durable.
+        self._outcome(partition, "dead_letter")
         record = ctx.record
         try:
             attempts = ctx.metadata.retry_count + ctx.attempt
@@ -401,6 +411,14 @@ class TaskExecutor:
             "dead letter",
             started_at=ctx.started_at or None,  # 0: a poison pill, never started
         )
+
+    def _outcome(self, partition: TaskHost, outcome: str, exc: BaseException | None = None) -> None:
+        """How a task ended, when not simply done: ``error`` (with the exception),
+        ``retry``, ``dead_letter``, ``skipped``, ``cancelled``, ``timeout``.
+
+        Called off the common path only; nothing here. The traced executor records it on
+        the task's span.
+        """
 
     # ---------------------------------------------------------------------- sends
 

@@ -53,6 +53,7 @@ from decaton_aio.properties import (
     SHAPING_RATE_PER_PARTITION,
     Properties,
 )
+from decaton_aio.tracing import require_opentelemetry
 
 __all__ = ["Subscription", "SubscriptionState"]
 
@@ -120,7 +121,9 @@ class Subscription:
             )
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
-        self._executor = TaskExecutor(
+        self._executor = _executor(
+            app,
+            consumer,
             subscription_id=app.subscription_id,
             process=app.processor,
             decode=app.serializer.decode,
@@ -510,6 +513,17 @@ class Subscription:
         if self._consumer is not None and not processor.paused and processor.needs_pause:
             processor.set_paused(True)
             self._consumer.pause(processor.tp)
+
+
+def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> TaskExecutor:
+    # The traced executor only when the application asks for tracing: without it, no
+    # tracing code is on the hot path (and OpenTelemetry need not be installed).
+    if app.tracing is None:
+        return TaskExecutor(**settings)
+    require_opentelemetry()
+    from decaton_aio.consumer._tracing import TracedTaskExecutor
+
+    return TracedTaskExecutor(tracing=app.tracing, group_id=consumer.group_id, **settings)
 
 
 def _key_set(keys: Sequence[str]) -> frozenset[bytes]:
