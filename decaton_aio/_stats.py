@@ -22,7 +22,10 @@ _SUMMED = (
     "consumed", "without_metadata", "retry_queued", "retry_failed", "dead_letter_queued",
     "dead_letter_failed", "shaping_queued", "shaping_failed",
 )  # fmt: skip
-_HISTOGRAMS = ("process_duration", "completion_duration", "delivery_latency", "scheduling_delay")
+_HISTOGRAMS = (
+    "process_duration", "completion_duration", "done_at_once", "delivery_latency",
+    "scheduling_delay",
+)  # fmt: skip
 
 
 class PartitionStats:
@@ -40,9 +43,11 @@ class PartitionStats:
     back-pressure), ``committed_offset`` (last committed, i.e. the next offset a restart
     reads), ``consumed_offset`` (one past the last fetched record) and ``high_watermark``
     (the partition's end offset, for the lag); ``-1`` means unknown and the gauge is not
-    exported. Histograms: ``process_duration`` (seconds the processor ran),
-    ``completion_duration`` (processing start to completion, for every task; longer than
-    the process duration with deferred completion or a retry being sent),
+    exported. Histograms: ``done_at_once`` (seconds the processor ran, for tasks complete
+    when it returned: their process and completion durations are the same, observed once
+    on the hot path), ``process_duration`` and ``completion_duration`` (the same two
+    durations of the other tasks: deferred, retried, dead-lettered; the completion is
+    longer), read together through :meth:`process_total` and :meth:`completion_total`;
     ``delivery_latency`` (record timestamp to processing start) and ``scheduling_delay``
     (seconds a scheduled task waited for its time).
 
@@ -80,6 +85,7 @@ class PartitionStats:
         self.high_watermark = -1
         self.process_duration = FastHistogram()
         self.completion_duration = FastHistogram()
+        self.done_at_once = FastHistogram()
         self.delivery_latency = FastHistogram()
         self.scheduling_delay = FastHistogram()
 
@@ -135,6 +141,14 @@ class PartitionStats:
         since = self.starved_since
         return self.starved_s + (self.clock() - since if since >= 0 else 0.0)
 
+    def process_total(self) -> FastHistogram:
+        """Seconds the processor ran, every task (a new histogram)."""
+        return _sum(self.done_at_once, self.process_duration)
+
+    def completion_total(self) -> FastHistogram:
+        """Seconds from processing start to completion, every task (a new histogram)."""
+        return _sum(self.done_at_once, self.completion_duration)
+
     def fold(self) -> None:
         """Sort the histograms' queued observations into buckets (see
         :meth:`FastHistogram.fold`); the runtime calls it once per commit interval."""
@@ -175,6 +189,13 @@ class PartitionStats:
         copy.committed_offset, copy.consumed_offset = self.committed_offset, self.consumed_offset
         copy.high_watermark = self.high_watermark
         return copy
+
+
+def _sum(a: FastHistogram, b: FastHistogram) -> FastHistogram:
+    total = FastHistogram(a.bounds)
+    total.merge(a)
+    total.merge(b)
+    return total
 
 
 class SubscriptionStats:

@@ -111,16 +111,17 @@ _CONSUMED = (
     "Records fetched from the partition, by format: with_dt_meta (a Decaton task with its "
     "metadata header) or without_dt_meta (a plain record; counted when it first runs).",
 )
-_HISTOGRAMS = (
+_HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], ...] = (
     ("decaton_task_process_duration_seconds", "Seconds the processor ran per task.",
-     "process_duration"),
+     lambda s: s.process_total()),
     ("decaton_task_completion_duration_seconds", "Seconds from processing start to task "
      "completion, for every task; longer than the process duration when completion is "
-     "deferred or a retry or dead letter record is being sent.", "completion_duration"),
+     "deferred or a retry or dead letter record is being sent.",
+     lambda s: s.completion_total()),
     ("decaton_task_delivery_latency_seconds", "Seconds from the record timestamp (the "
-     "task's produce time) to processing start.", "delivery_latency"),
+     "task's produce time) to processing start.", lambda s: s.delivery_latency),
     ("decaton_task_scheduling_delay_seconds", "Seconds a scheduled task (dt_meta "
-     "scheduled time) waited for its time once fetched.", "scheduling_delay"),
+     "scheduled time) waited for its time once fetched.", lambda s: s.scheduling_delay),
 )  # fmt: skip
 # Gauges of live partitions only; a value below 0 means unknown and the sample is left out.
 _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
@@ -204,8 +205,8 @@ class DecatonCollector:
             without = stats.without_metadata
             consumed.add_metric((*values, "with_dt_meta"), float(stats.consumed - without))
             consumed.add_metric((*values, "without_dt_meta"), float(without))
-            for histogram, (_, _, attr) in zip(histograms, _HISTOGRAMS, strict=True):
-                hist: FastHistogram = getattr(stats, attr)
+            for histogram, (_, _, read_hist) in zip(histograms, _HISTOGRAMS, strict=True):
+                hist = read_hist(stats)
                 histogram.add_metric(values, hist.cumulative(), hist.sum)
             for gauge, (_, _, read_gauge) in zip(gauges, _GAUGES, strict=True):
                 value = read_gauge(stats)

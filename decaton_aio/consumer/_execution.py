@@ -179,14 +179,14 @@ class TaskExecutor:
         # comes here: count it, then finish, defer, retry or dead-letter it.
         stats = partition.stats
         took = time.perf_counter() - ctx.started_at
-        stats.process_duration.observe(took)
         stats.processed += 1
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
-            stats.completion_duration.observe(took)
+            stats.done_at_once.observe(took)  # its process and completion duration
             partition.finish(record)  # the common case: done
             return
+        stats.process_duration.observe(took)
         if completion is not None:
             if completion.retry_delay_s is not None:
                 ctx.retry_delay_s = completion.retry_delay_s
