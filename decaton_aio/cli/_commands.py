@@ -36,6 +36,7 @@ from decaton_aio.producer import ProducerConfig, TaskProducer
 from decaton_aio.properties import parse_assignments
 from decaton_aio.retry import RetryConfig
 from decaton_aio.serializers import JsonSerializer
+from decaton_aio.tracing import Tracing
 
 __all__ = ["DataError", "inspect", "produce", "run_broker", "run_target"]
 
@@ -213,6 +214,8 @@ def _application(args: argparse.Namespace) -> Application:
         changes["group_id"] = args.group
     if args.subscription_id:
         changes["subscription_id"] = args.subscription_id
+    if args.tracing and app.tracing is None:
+        changes["tracing"] = Tracing()
     retry = _retry_config(args, app.retry)
     if retry is not app.retry:
         changes["retry"] = retry

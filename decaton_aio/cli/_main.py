@@ -179,6 +179,13 @@ def _build_parser() -> _Parser:
         help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
     )
     add_probe_arguments(run)
+    run.add_argument(
+        "--tracing",
+        action="store_true",
+        default=os.environ.get("DECATON_AIO_TRACING", "").lower() in ("1", "true", "yes"),
+        help="an OpenTelemetry span per task, with the global tracer provider (the tracing "
+        "extra; e.g. under opentelemetry-instrument; env DECATON_AIO_TRACING=1)",
+    )
     add_producer_arguments(run)
     run.add_argument(
         "--spool-dir",

@@ -312,3 +312,18 @@ def test_bad_consumer_flag_value_is_one_line(capsys: pytest.CaptureFixture[str])
 
     with pytest.raises(ConfigError, match="fetch_max_bytes"):
         consumer_config(args, "b:1", "g")
+
+
+def test_tracing_flag_turns_tracing_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--tracing gives the application the global tracer provider; without it, none."""
+    from decaton_aio.cli._commands import _application
+    from decaton_aio.tracing import Tracing
+
+    (tmp_path / "retry_app.py").write_text(RETRY_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("DECATON_AIO_TRACING", raising=False)
+    plain = _application(_build_parser().parse_args(["run", "retry_app:plain"]))
+    assert plain.tracing is None
+    traced = _application(_build_parser().parse_args(["run", "retry_app:plain", "--tracing"]))
+    assert traced.tracing == Tracing()
