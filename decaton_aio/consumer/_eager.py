@@ -14,19 +14,20 @@ still goes the eager way, so a change of behaviour is noticed.
 
 Every coroutine runs in its own copy of the caller's context, so a context variable a
 processor sets never leaks into the runtime or into other tasks. A coroutine that runs on
-as a task runs inside a wrapper coroutine whose frame holds the ``second`` argument of
-:meth:`CoroutineStarter.start` (the task's context): log lines find their task through it
-(:func:`decaton_aio.logs.current_task_context`).
+as a task is kept with the ``second`` argument of :meth:`CoroutineStarter.start` (its
+owner: the executor passes the task's context), so log lines inside it find their task
+(:func:`decaton_aio.logs.current_task_context`) without any per-task work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-from decaton_aio.logs import register_task_frame
+from decaton_aio.logs import register_task_lookup
 
 __all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
@@ -47,15 +48,18 @@ class CoroutineStarter:
     """Starts coroutines for one executor and keeps the ones that run.
 
     Attributes:
-        tasks: the tasks running now (to wait for or cancel them at shutdown).
+        tasks: the tasks running now (to wait for or cancel them at shutdown), each with
+            its owner (the ``second`` argument it was started with; ``None`` for tasks
+            added by the caller).
     """
 
-    __slots__ = ("_count", "_score", "tasks")
+    __slots__ = ("__weakref__", "_count", "_score", "tasks")
 
     def __init__(self) -> None:
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: dict[asyncio.Task[Any], Any] = {}
         self._score = 0
         self._count = 0
+        _STARTERS.add(self)
 
     @property
     def task_mode(self) -> bool:
@@ -76,7 +80,7 @@ class CoroutineStarter:
             self._count += 1
             if self._count % PROBE_EVERY:
                 # create_task copies the current context itself.
-                task = asyncio.get_running_loop().create_task(_run(coro, second))
+                task = asyncio.get_running_loop().create_task(coro)
                 self._track(task, done, first, second)
                 return False
         # Eager path: the first step runs here, in a copy of the current context.
@@ -96,7 +100,7 @@ class CoroutineStarter:
             return True
         # It suspended: a task carries on from there, in the same context.
         loop = asyncio.get_running_loop()
-        task = loop.create_task(_resume(coro, yielded, second), context=context)
+        task = loop.create_task(_resume(coro, yielded), context=context)
         self._track(task, done, first, second)
         if score < _SCORE_MAX:
             self._score = score + 1
@@ -104,26 +108,38 @@ class CoroutineStarter:
 
     def _track(self, task: asyncio.Task[Any], done: Done, first: Any, second: Any) -> None:
         tasks = self.tasks
-        tasks.add(task)
+        tasks[task] = second
 
         def finished(t: asyncio.Task[Any]) -> None:
-            tasks.discard(t)
+            tasks.pop(t, None)
             done(first, second, asyncio.CancelledError() if t.cancelled() else t.exception())
 
         task.add_done_callback(finished)
 
 
-async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any, owner: Any) -> Any:
-    # ``owner``: read by log lines of the coroutine (a frame local, see the module doc).
+async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
     return await _Continue(coro, yielded)
 
 
-async def _run(coro: Coroutine[Any, Any, Any], owner: Any) -> Any:
-    return await coro
+_STARTERS: weakref.WeakSet[CoroutineStarter] = weakref.WeakSet()
 
 
-register_task_frame(_resume.__code__, "owner")
-register_task_frame(_run.__code__, "owner")
+def _owner_of_current_task() -> Any:
+    # The owner of the asyncio task running now, if a starter started it.
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+    if task is None:
+        return None
+    for starter in list(_STARTERS):
+        owner = starter.tasks.get(task)
+        if owner is not None:
+            return owner
+    return None
+
+
+register_task_lookup(_owner_of_current_task)
 
 
 class _Continue:

@@ -442,8 +442,8 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             self._send_routine(partition, record, topic, headers, what, timestamp_ms, started_at)
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None  # a send: no task context of its own
+        task.add_done_callback(self._forget)
 
     async def _send_routine(
         self,
@@ -501,6 +501,9 @@ class TaskExecutor:
                 stats.completion_duration.observe(time.perf_counter() - started_at)
             partition.complete_released(record)
             return
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""
