@@ -15,7 +15,8 @@ cancel out::
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.hotpath --passes 3
 
 (instructions of 3 passes - instructions of 1 pass) / (2 * tasks per pass) is the cost of
-one task in instructions (``Collected`` in valgrind's summary line).
+one task in instructions (``Collected`` in valgrind's summary line). ``--measure`` does
+exactly that and prints the figure (``make bench-hotpath``; needs valgrind).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
+import re
+import shutil
+import subprocess
+import sys
 from typing import Any
 
 import msgspec
@@ -114,12 +120,39 @@ async def _run(pool: list[list[Any]], passes: int) -> int:
     return done
 
 
+def _instructions(passes: int, tasks: int) -> int:
+    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
+    argv += ["-m", "bench.hotpath", "--passes", str(passes), "--tasks", str(tasks)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def measure(tasks: int) -> int:
+    """Instructions per task: two runs under callgrind, one pass and three passes."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--measure needs valgrind (apt-get install valgrind)")
+    one, three = _instructions(1, tasks), _instructions(3, tasks)
+    per_task = (three - one) // (2 * tasks)
+    print(f"1 pass: {one} instructions, 3 passes: {three}; per task: {per_task}")
+    return per_task
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the passes and print how many tasks were processed."""
+    """Run the passes and print how many tasks were processed (or ``--measure``)."""
     parser = argparse.ArgumentParser(prog="python -m bench.hotpath")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks per pass")
+    parser.add_argument(
+        "--measure", action="store_true", help="print instructions per task (callgrind)"
+    )
     args = parser.parse_args(argv)
+    if args.measure:
+        measure(args.tasks)
+        return 0
     gc.set_threshold(50_000, 20, 100)  # as the runtime's tune_gc
     pool = _pool(args.tasks)
     done = asyncio.run(_run(pool, args.passes))
