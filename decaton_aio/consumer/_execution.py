@@ -121,7 +121,9 @@ class TaskExecutor:
                     scheduled = scheduled_time_of(headers)
             else:
                 scheduled = scheduled_time_of(headers)
-                if attempt == 1 and (not headers or _without_metadata(headers)):
+                if attempt == 1 and (
+                    not headers or all(name != METADATA_HEADER for name, _ in headers)
+                ):
                     partition.stats.without_metadata += 1
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
@@ -516,13 +518,6 @@ class TaskExecutor:
 
 # A log line inside a task's first step finds the task through this frame's ``ctx``.
 register_task_frame(TaskExecutor.start.__code__, "ctx")
-
-
-def _without_metadata(headers: Sequence[tuple[str, bytes]]) -> bool:
-    for name, _ in headers:
-        if name == METADATA_HEADER:
-            return False
-    return True
 
 
 def _type(exc: BaseException | None) -> str:
