@@ -72,6 +72,7 @@ async def test_readiness_follows_the_subscription_and_fails_on_a_stuck_processor
     and 503 after the stop. The metrics on the same port show the state and fetches."""
     topic = await topic_factory(partitions=1)
     producer = await task_producer(topic)
+    await producer.put("a", b"fine")  # the topic is known to the cluster before the start
     release = asyncio.Event()
     stuck = asyncio.Event()
 
@@ -95,7 +96,6 @@ async def test_readiness_follows_the_subscription_and_fails_on_a_stuck_processor
                 return (await probe(port, "/readyz"))[0] == 200
 
             await eventually(ready, "ready", timeout_s=60)
-            await producer.put("a", b"fine")
             await producer.put("b", b"stuck")
             await stuck.wait()
 
