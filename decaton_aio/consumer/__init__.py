@@ -15,15 +15,19 @@ point), ``_committer`` (commits, checkpoints at assignment, transactions),
 ``_outputs`` (``ctx.produce`` delivery), ``_transactions`` (exactly-once), ``_records``
 (fetched records without per-record objects), ``_eager`` (starting a coroutine inline),
 ``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties, metrics
-around a subscription).
+around a subscription), ``_health`` (the liveness and readiness probes,
+:class:`HealthCheck`).
 """
 
 from __future__ import annotations
 
+from decaton_aio.consumer._health import HealthCheck, HealthConfig
 from decaton_aio.consumer._runner import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.consumer._subscription import Subscription, SubscriptionState
 
 __all__ = [
+    "HealthCheck",
+    "HealthConfig",
     "RunOptions",
     "Subscription",
     "SubscriptionState",

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
 
 import structlog
 
 from decaton_aio.backoff import compute_backoff
-from decaton_aio.consumer._contract import TaskHost
+from decaton_aio.consumer._contract import OutputSink, TaskHost
 from decaton_aio.consumer._transactions import FencedError
 from decaton_aio.context import OutputRecord
 from decaton_aio.typing import Record, RecordSender
@@ -34,17 +33,6 @@ log = structlog.get_logger("decaton_aio.consumer")
 
 _BACKOFF_BASE_S = 0.2
 _BACKOFF_MAX_S = 10.0
-
-
-class OutputSink(Protocol):
-    """Where a partition's outputs go."""
-
-    async def deliver(
-        self, partition: TaskHost, record: Record, outputs: Sequence[OutputRecord]
-    ) -> None:
-        """Make ``outputs`` safe, then ``partition.complete_released(record)``; raise
-        (completing nothing) when they could not be."""
-        ...
 
 
 class DurableOutputs:

@@ -45,9 +45,8 @@ from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
 
 if TYPE_CHECKING:
-    from decaton_aio.consumer._contract import TaskRunner
+    from decaton_aio.consumer._contract import OutputSink, TaskRunner
     from decaton_aio.consumer._hotkeys import HotKeyDetector
-    from decaton_aio.consumer._outputs import OutputSink
 
 __all__ = ["PartitionProcessor", "PartitionState"]
 
@@ -207,7 +206,8 @@ class PartitionProcessor:
         Caller: the subscription, with its ``consumer.pause`` / ``resume`` call.
         Affects: :attr:`paused`, the paused metric, whether completions ask to resume.
         """
-        self._paused = self.stats.paused = paused
+        self._paused = paused
+        self.stats.set_paused(paused)
 
     def committed(self, offset: int) -> None:
         """Record a successful commit of ``offset``.
@@ -275,8 +275,13 @@ class PartitionProcessor:
             self.first_offset = records[0].offset
         done = self.tracker.register_batch([r.offset for r in records])
         skip = set(done.tolist()) if done.size else None
+        stats = self.stats
+        stats.fed()
+        stats.consumed += len(records)
+        stats.consumed_offset = records[-1].offset + 1
         self._pending += len(records) - done.size
-        self.stats.consumed_offset = records[-1].offset + 1
+        if not self._pending:
+            stats.starving()  # every record was completed before (a checkpoint)
         lanes = self._lanes
         ready = self._ready
         ignore = self._ignore
@@ -289,7 +294,7 @@ class PartitionProcessor:
             key = record.key
             if key is not None:
                 if ignore and key in ignore:
-                    self.stats.discarded += 1
+                    stats.discarded += 1
                     self._settle(record, True, False, False)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
@@ -408,6 +413,8 @@ class PartitionProcessor:
             if complete:
                 self._pending -= 1
                 self._mark(record.offset)
+                if not self._pending:
+                    self.stats.starving()  # nothing left: it waits for records
             if slot:
                 self._in_flight -= 1
             if lane:

@@ -59,6 +59,7 @@ from decaton_aio.properties import (
     SHAPING_RATE_PER_PARTITION,
     Properties,
 )
+from decaton_aio.tracing import require_opentelemetry
 
 __all__ = ["Subscription", "SubscriptionState"]
 
@@ -128,7 +129,9 @@ class Subscription:
             )
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
-        self._executor = TaskExecutor(
+        self._executor = _executor(
+            app,
+            consumer,
             subscription_id=app.subscription_id,
             process=app.processor,
             decode=app.serializer.decode,
@@ -154,6 +157,11 @@ class Subscription:
             on_fenced=self._fenced_partition,
         )
         self.state = SubscriptionState.INITIALIZING
+        self._stats = self.metrics.register_subscription(
+            app.subscription_id, tuple(s.value for s in SubscriptionState)
+        )
+        #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
+        self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
         self._fetch_task: asyncio.Task[None] | None = None
@@ -180,6 +188,7 @@ class Subscription:
             return
         log.info("subscription state", subscription=self.app.subscription_id, state=state.value)
         self.state = state
+        self._stats.state = state.value
         for listener in self._listeners:
             try:
                 listener(state)
@@ -211,12 +220,17 @@ class Subscription:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
                 group_id=cfg.group_id,
+                group_instance_id=cfg.group_instance_id,
                 client_id=cfg.client_id,
+                client_rack=cfg.client_rack,
                 enable_auto_commit=False,
                 auto_offset_reset=cfg.auto_offset_reset,
                 session_timeout_ms=cfg.session_timeout_ms,
                 heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                max_poll_interval_ms=cfg.max_poll_interval_ms,
                 max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+                fetch_min_bytes=cfg.fetch_min_bytes,
+                fetch_max_bytes=cfg.fetch_max_bytes,
                 fetch_max_wait_ms=cfg.fetch_max_wait_ms,
                 # Exactly-once reads only committed input (outputs of other transactions).
                 isolation_level="read_committed" if self.app.exactly_once else cfg.isolation_level,
@@ -315,8 +329,13 @@ class Subscription:
             end_of = consumer.last_stable_offset
         else:
             end_of = consumer.highwater
+        clock = time.monotonic
+        observe = self._stats.fetch_latency.observe
         while True:
+            began = clock()
             batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
+            self.last_fetch_at = now = clock()
+            observe(now - began)
             for tp, records in batches.items():
                 processor = partitions.get(tp)
                 if processor is None or not records:
@@ -339,6 +358,7 @@ class Subscription:
     async def _commit_routine(self) -> None:
         while True:
             await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
+            self._stats.fetch_latency.fold()  # keeps the observation queue short
             await self._commit()
 
     async def _commit(
@@ -553,6 +573,17 @@ class Subscription:
         if self._consumer is not None and not processor.paused and processor.needs_pause:
             processor.set_paused(True)
             self._consumer.pause(processor.tp)
+
+
+def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> TaskExecutor:
+    # The traced executor only when the application asks for tracing: without it, no
+    # tracing code is on the hot path (and OpenTelemetry need not be installed).
+    if app.tracing is None:
+        return TaskExecutor(**settings)
+    require_opentelemetry()
+    from decaton_aio.consumer._tracing import TracedTaskExecutor
+
+    return TracedTaskExecutor(tracing=app.tracing, group_id=consumer.group_id, **settings)
 
 
 def _key_set(keys: Sequence[str]) -> frozenset[bytes]:
