@@ -60,9 +60,9 @@ def _length_delimited(data: bytes, pos: int, what: str) -> tuple[bytes, int]:
 def decode_task_request(value: bytes) -> tuple[bytes, bytes]:
     """Split a ``DecatonTaskRequest`` into its metadata bytes and its task bytes.
 
-    As protobuf's parser: fields in any order, a repeated ``metadata`` merges (its bytes
-    concatenate), a repeated ``serialized_task`` keeps the last, unknown fields are
-    skipped, absent fields are empty.
+    As protobuf's parser: fields in any order, a repeated ``metadata`` merges (each one
+    must parse on its own; their bytes concatenate), a repeated ``serialized_task`` keeps
+    the last, unknown fields are skipped, absent fields are empty.
 
     Raises:
         DecodeError: with ``part == "body"`` when the value is not such a message or its
@@ -77,12 +77,14 @@ def decode_task_request(value: bytes) -> tuple[bytes, bytes]:
             tag, pos = _read_tag(value, pos)
             if tag == _TAG_METADATA:
                 part, pos = _length_delimited(value, pos, "field 1 (metadata)")
+                # Each occurrence must parse on its own (two truncated halves can join
+                # into a valid message); valid occurrences concatenate into a valid one.
+                decode_metadata(part)
                 metadata += part
             elif tag == _TAG_TASK:
                 task, pos = _length_delimited(value, pos, "field 2 (serialized_task)")
             else:
                 pos = _skip_field(value, pos, tag, tag_pos)
-        decode_metadata(metadata)
     except DecodeError as exc:
         raise DecodeError(
             "body",
