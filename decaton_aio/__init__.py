@@ -41,6 +41,7 @@ from decaton_aio.serializers import (
     MsgpackSerializer,
     ProtobufSerializer,
 )
+from decaton_aio.state import KeyState, StateStoreConfig
 from decaton_aio.typing import Record, Serializer
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "DurableSender",
     "EmbeddedBroker",
     "JsonSerializer",
+    "KeyState",
     "MsgpackSerializer",
     "ProcessingContext",
     "ProcessingError",
@@ -79,6 +81,7 @@ __all__ = [
     "Serializer",
     "SideTopics",
     "SkipTask",
+    "StateStoreConfig",
     "Subscription",
     "SubscriptionState",
     "TaskFunction",

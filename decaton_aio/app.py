@@ -19,6 +19,7 @@ from decaton_aio.errors import ConfigError
 from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.serializers import BytesSerializer
+from decaton_aio.state import StateStoreConfig
 from decaton_aio.typing import Serializer
 
 __all__ = ["DEFAULT_MAX_FETCH_RECORDS", "Application", "ConsumerConfig"]
@@ -119,6 +120,8 @@ class Application:
             after ``decaton.deferred.complete.timeout.ms``: ``give_up`` completes it and
             counts it as discarded, ``extend`` waits another timeout (and logs), ``retry``
             sends it to the retry topic.
+        state: the state store behind ``ctx.state`` (see :mod:`decaton_aio.state`);
+            ``None``: no state.
     """
 
     processor: TaskFunction
@@ -131,6 +134,7 @@ class Application:
     side_topics: SideTopics = field(default_factory=SideTopics)
     shaping: bool = False
     deferred_timeout_policy: DeferredTimeoutPolicy = "give_up"
+    state: StateStoreConfig | None = None
 
     def __post_init__(self) -> None:
         call = self.processor

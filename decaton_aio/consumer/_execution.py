@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -46,7 +46,11 @@ from decaton_aio.properties import (
     Properties,
 )
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
+from decaton_aio.state import KeyState
 from decaton_aio.typing import Record, RecordSender
+
+if TYPE_CHECKING:
+    from decaton_aio.consumer._changelog import ChangelogWriter
 
 __all__ = ["TaskExecutor"]
 
@@ -71,6 +75,8 @@ class TaskExecutor:
         retry: the retry configuration, ``None`` for Decaton's default (log and go on).
         side_topics: names of the retry, dead letter and shaping topics.
         deferred_timeout_policy: what a timed-out deferred completion does.
+        state_writer: writes tasks' ``ctx.state`` changes to the store's changelog
+            before they complete; ``None`` when the application has no state store.
     """
 
     def __init__(
@@ -84,7 +90,9 @@ class TaskExecutor:
         retry: RetryConfig | None = None,
         side_topics: SideTopics | None = None,
         deferred_timeout_policy: DeferredTimeoutPolicy = "give_up",
+        state_writer: ChangelogWriter | None = None,
     ) -> None:
+        self._state_writer = state_writer
         self._subscription_id = subscription_id
         self._process = process
         self._decode = decode
@@ -184,6 +192,22 @@ class TaskExecutor:
         stats = partition.stats
         stats.process_duration.observe(time.perf_counter() - ctx.started_at)
         stats.processed += 1
+        state = ctx.state_change
+        if state is not None:
+            if exc is None:
+                self._write_state(partition, ctx, state)
+                return
+            ctx.logger.info("the task raised: its state change is discarded")
+        self._route(partition, ctx, exc)
+
+    def _route(
+        self,
+        partition: TaskHost,
+        ctx: ProcessingContext,
+        exc: BaseException | None,
+    ) -> None:
+        # The outcome of a processor that ended (its state change, if any, is durable).
+        stats = partition.stats
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
@@ -385,6 +409,23 @@ class TaskExecutor:
             headers,
             "dead letter",
         )
+
+    def _write_state(self, partition: TaskHost, ctx: ProcessingContext, state: KeyState) -> None:
+        # The task keeps its slot and lane until the changelog has its change: the key's
+        # next task reads it, and the offset cannot be committed before it is durable.
+        writer = self._state_writer
+        if writer is None:
+            ctx.logger.error("a state change without a state store is dropped")
+            self._route(partition, ctx, None)
+            return
+
+        async def write() -> None:
+            if await writer.write(partition, state.store, state.key, state.encoded_change()):
+                self._route(partition, ctx, None)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ---------------------------------------------------------------------- sends
 

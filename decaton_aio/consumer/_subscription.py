@@ -38,6 +38,7 @@ from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.consumer._state import StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics
 from decaton_aio.producer import DurableSender, ProducerConfig
@@ -118,6 +119,9 @@ class Subscription:
                 "decaton.per.key.quota.processing.rate is set but the application does not "
                 "consume its shaping topics: pass Application(shaping=True)"
             )
+        self.state_store = (
+            StateStore(app, consumer, self.producer_config) if app.state is not None else None
+        )
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
         self._executor = TaskExecutor(
@@ -129,10 +133,12 @@ class Subscription:
             retry=app.retry,
             side_topics=app.side_topics,
             deferred_timeout_policy=app.deferred_timeout_policy,
+            state_writer=self.state_store.writer if self.state_store is not None else None,
         )
         self.state = SubscriptionState.INITIALIZING
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
+        self._restoring: dict[int, asyncio.Task[None]] = {}  # partition number -> restore
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
@@ -184,6 +190,10 @@ class Subscription:
             # Before joining the group: a side topic that cannot exist stops the start
             # here, not a partition at its first retry.
             await ensure_side_topics(cfg.bootstrap_servers, self.app)
+            extra: dict[str, Any] = {}
+            if self.state_store is not None:
+                await self.state_store.start()
+                extra["partition_assignment_strategy"] = (self.state_store.assignor,)
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
                 group_id=cfg.group_id,
@@ -197,6 +207,7 @@ class Subscription:
                 isolation_level=cfg.isolation_level,
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
+                **extra,
             )
             try:
                 await consumer.start()
@@ -204,6 +215,8 @@ class Subscription:
                 await consumer.stop()
                 raise
         except BaseException:
+            if self.state_store is not None:
+                await self.state_store.stop()
             if self._owns_sender:
                 await self._sender.stop()
             raise
@@ -216,6 +229,8 @@ class Subscription:
         self._commit_task = asyncio.create_task(self._commit_routine(), name="decaton-commit")
         for task in (self._fetch_task, self._commit_task):
             task.add_done_callback(self._routine_ended)
+        if self.state_store is not None:
+            self.state_store.reader.on_failure(self._routine_ended)
 
     async def stop(self) -> None:
         """Stop fetching, drain up to the shutdown timeout, commit and leave the group.
@@ -237,8 +252,12 @@ class Subscription:
             for tp, processor in list(self._partitions.items()):
                 self._close_partition(tp, processor)
             await self._executor.close(timeout_s=1.0)
+            for task in self._restoring.values():
+                task.cancel()
             if self._consumer is not None:
                 await self._consumer.stop()
+            if self.state_store is not None:
+                await self.state_store.stop()
             if self._owns_sender:
                 await self._sender.stop()
         finally:
@@ -303,12 +322,17 @@ class Subscription:
         # Called from a completion when pending records fell below the threshold.
         if self._partitions.get(processor.tp) is not processor or self._consumer is None:
             return
+        if processor.tp.partition in self._restoring:
+            processor.set_paused(False)  # the restore resumes it
+            return
         processor.set_paused(False)
         self._consumer.resume(processor.tp)
 
     async def _commit_routine(self) -> None:
         while True:
             await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
+            if self.state_store is not None:
+                self.state_store.flush()
             await self._commit()
 
     async def _commit(
@@ -379,6 +403,9 @@ class Subscription:
         await self._commit(processors, final=True)
         for processor in processors:
             self._close_partition(processor.tp, processor)
+            if self.state_store is not None:
+                self._end_restore(processor.tp.partition)
+                self.state_store.deactivate(processor.tp.partition)
         log.info(
             "partitions revoked",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in revoked),
@@ -387,6 +414,13 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        store = self.state_store
+        if store is not None:
+            for number in sorted({tp.partition for tp in assigned} - set(self._restoring)):
+                self._restoring[number] = asyncio.create_task(
+                    self._restore(number, store.activate(number)), name="decaton-restore"
+                )
+            store.set_standbys(store.assignor.standbys)
         for tp in assigned:
             if tp not in self._partitions:
                 self._partitions[tp] = self._new_partition(tp)
@@ -417,8 +451,33 @@ class Subscription:
             ignore_keys=_key_set(props[IGNORE_KEYS].value),
             hot_keys=hot_keys,
         )
+        if self.state_store is not None:
+            processor.store = self.state_store.store(tp.partition)
+            processor.store_type = self.state_store.config.value_type
+            if tp.partition in self._restoring and self._consumer is not None:
+                self._consumer.pause(tp)  # until its state is restored
         self._maybe_pause(processor)  # a rate of 0 pauses it from the start
         return processor
+
+    async def _restore(self, number: int, restored: asyncio.Future[Any]) -> None:
+        # Keeps partition number ``number`` of every topic paused until its state is
+        # restored, then lets it fetch (unless back-pressure paused it meanwhile).
+        try:
+            await restored
+        finally:
+            if self._restoring.get(number) is asyncio.current_task():
+                del self._restoring[number]
+        consumer = self._consumer
+        if consumer is None:
+            return
+        for tp, processor in self._partitions.items():
+            if tp.partition == number and not processor.paused:
+                consumer.resume(tp)
+
+    def _end_restore(self, number: int) -> None:
+        task = self._restoring.pop(number, None)
+        if task is not None:
+            task.cancel()
 
     def _restart_partition(
         self, tp: TopicPartition, old: PartitionProcessor, offset: int
