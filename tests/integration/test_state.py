@@ -72,3 +72,92 @@ async def test_counts_survive_a_restart_and_reach_the_changelog(
     assert sorted(h.partition for h in history) == [0, 1]
     assert sum(h.replayed for h in history) == 0  # the files' checkpoints were at the end
     assert Counter(seen.values()) == Counter({40: 7})
+
+
+async def fill(
+    broker: BrokerHandle, task_producer: Any, topic: str, count: int, keys: int
+) -> list[str]:
+    names = [f"k{i % keys}" for i in range(count)]
+    await produce(task_producer, topic, names)
+    return names
+
+
+async def test_in_memory_copy_replays_the_whole_changelog(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """Without a directory nothing survives the subscription: the next one restores each
+    partition from the changelog's start (every record replayed) and counts on from the
+    restored values."""
+    topic = await topic_factory(partitions=1)
+    keys = await fill(kafka_broker, task_producer, topic, 300, keys=30)
+    group = f"state-{uuid.uuid4().hex[:8]}"
+    seen: dict[str, int] = {}
+    app = counting_app(topic, StateStoreConfig("counts"), seen)
+    await run_until(kafka_broker, app, group, lambda: len(seen) == 30 and
+                    all(v == 10 for v in seen.values()), "10 per key")
+    await produce(task_producer, topic, keys[:30])
+    seen.clear()
+    history = await run_until(
+        kafka_broker, app, group, lambda: len(seen) == 30, "one more per key"
+    )
+    assert [h.replayed for h in history] == [300]
+    assert set(seen.values()) == {11}
+
+
+async def test_a_failover_to_a_standby_replays_a_small_fraction(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any, tmp_path: Path
+) -> None:
+    """Two instances with one standby each: when one stops, the other takes its partition
+    and replays at most a tenth of that partition's changelog (its warm copy followed it);
+    without standbys the same failover replays the whole partition."""
+    replayed = {}
+    for standbys in (1, 0):
+        topic = await topic_factory(partitions=2)
+        group = f"standby-{uuid.uuid4().hex[:8]}"
+        seen: dict[str, int] = {}
+        apps = [
+            counting_app(
+                topic,
+                StateStoreConfig("counts", directory=tmp_path / f"{standbys}-{i}",
+                                 num_standby_replicas=standbys),
+                seen,
+            )
+            for i in range(2)
+        ]
+        first = kafka_broker.subscription(apps[0], group_id=group)
+        second = kafka_broker.subscription(apps[1], group_id=group)
+        await first.start()
+        await second.start()
+        try:
+            await wait_until(lambda: len(first.partitions) == 1 == len(second.partitions),
+                             what="one partition each", timeout_s=60)
+            await fill(kafka_broker, task_producer, topic, 2000, keys=200)
+            await wait_until(
+                lambda: len(seen) == 200 and set(seen.values()) == {10},
+                what="all counted",
+                timeout_s=60,
+            )
+            assert second.state_store is not None
+            (moved,) = [tp.partition for tp in first.partitions]
+            if standbys:
+                await wait_until(
+                    lambda: second.state_store.reader.following() == {moved: False},
+                    what="a standby of the first's partition",
+                )
+            history_before = len(second.state_store.reader.history)
+            await first.stop()
+            await wait_until(lambda: len(second.partitions) == 2, what="failover", timeout_s=60)
+            await wait_until(
+                lambda: any(h.partition == moved
+                            for h in second.state_store.reader.history[history_before:]),
+                what="restore of the moved partition",
+            )
+            (restore,) = [h for h in second.state_store.reader.history[history_before:]
+                          if h.partition == moved]
+            replayed[standbys] = (restore.replayed, restore.end_offset)
+        finally:
+            await first.stop()
+            await second.stop()
+    with_standby, without = replayed[1], replayed[0]
+    assert without[0] == without[1] > 0  # the whole partition
+    assert with_standby[0] <= with_standby[1] // 10
