@@ -150,7 +150,7 @@ def test_failover_goes_to_the_standby() -> None:
         "c": MemberState(frozenset(), {2: 50}),
     }
     del members["a"]
-    owner, standbys = plan_assignment(range(3), members, 1)
+    owner, _ = plan_assignment(range(3), members, 1)
     assert owner[0] == "b"  # b kept partition 0's standby
     assert owner == {0: "b", 1: "b", 2: "c"}
     assert MemberState.decode(members["b"].encode()) == members["b"]
