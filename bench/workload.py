@@ -24,7 +24,9 @@ from typing import Any
 import msgspec
 from aiokafka import AIOKafkaProducer
 
+from decaton_aio.client_properties import read_client_properties
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "HOT_KEY_ID",
@@ -71,6 +73,7 @@ class Spec:
         drain_s: S6: how long to wait for the last tasks after production ended.
         options: contender settings (concurrency, max pending, ...).
         attempt: which repetition this is (``--repeat``); each reads the topic anew.
+        client_properties: the broker's ``client.properties`` when it is secured.
     """
 
     scenario: str
@@ -89,6 +92,14 @@ class Spec:
     drain_s: float = 10.0
     options: dict[str, Any] = field(default_factory=dict)
     attempt: int = 0
+    client_properties: str | None = None
+
+    @property
+    def security(self) -> SecuritySettings:
+        """How every client of the contender connects (``PLAINTEXT`` unless secured)."""
+        if self.client_properties is None:
+            return PLAINTEXT
+        return read_client_properties(self.client_properties).security()
 
     @property
     def group_id(self) -> str:
@@ -176,7 +187,11 @@ def make_tasks(
 
 
 async def produce_tasks(
-    bootstrap: str, topic: str, tasks: Iterator[tuple[int, bytes, bytes]]
+    bootstrap: str,
+    topic: str,
+    tasks: Iterator[tuple[int, bytes, bytes]],
+    *,
+    security: SecuritySettings = PLAINTEXT,
 ) -> int:
     """Produce tasks in per-partition batches and wait until the broker has them all.
 
@@ -185,7 +200,9 @@ async def produce_tasks(
     Returns:
         How many records were produced.
     """
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=5, **security.client_kwargs()
+    )
     await producer.start()
     count = 0
     try:
@@ -224,6 +241,7 @@ async def produce_paced(
     sleep_ms: int,
     hot_share: float,
     seed: int = 11,
+    security: SecuritySettings = PLAINTEXT,
 ) -> dict[str, int]:
     """Produce tasks at a fixed rate; each task carries its produce time.
 
@@ -238,7 +256,9 @@ async def produce_paced(
     Returns:
         Counts: ``total``, ``hot``, ``others``.
     """
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=0)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=0, **security.client_kwargs()
+    )
     await producer.start()
     rng = random.Random(seed)
     seq: dict[int, int] = {}

@@ -10,6 +10,7 @@ from decaton_aio._version import __version__
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
 from decaton_aio.batching import BatchingProcessor, BatchItem
+from decaton_aio.client_properties import ClientProperties, read_client_properties
 from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
 from decaton_aio.completion import Completion, DeferredTimeoutPolicy
 from decaton_aio.consumer import Subscription, SubscriptionState
@@ -23,6 +24,7 @@ from decaton_aio.errors import (
     DecodeError,
     ProcessingError,
     ProducerError,
+    SecurityError,
 )
 from decaton_aio.logs import configure_logging
 from decaton_aio.metadata import (
@@ -35,6 +37,7 @@ from decaton_aio.metadata import (
 from decaton_aio.producer import DurableSender, ProducerConfig, RecordLocation, TaskProducer
 from decaton_aio.properties import Properties, PropertyDefinition
 from decaton_aio.retry import RetryConfig, SideTopics
+from decaton_aio.security import SecuritySettings
 from decaton_aio.serializers import (
     BytesSerializer,
     JsonSerializer,
@@ -42,7 +45,7 @@ from decaton_aio.serializers import (
     ProtobufSerializer,
 )
 from decaton_aio.state import KeyState, StateStoreConfig
-from decaton_aio.typing import Record, Serializer
+from decaton_aio.typing import Record, Serializer, TokenProvider
 
 __all__ = [
     "METADATA_HEADER",
@@ -52,6 +55,7 @@ __all__ = [
     "BatchingProcessor",
     "BrokerError",
     "BytesSerializer",
+    "ClientProperties",
     "CompactedTask",
     "CompactingProcessor",
     "CompactionChoice",
@@ -78,6 +82,8 @@ __all__ = [
     "RetryConfig",
     "RetryPolicy",
     "RetryTask",
+    "SecurityError",
+    "SecuritySettings",
     "Serializer",
     "SideTopics",
     "SkipTask",
@@ -87,9 +93,11 @@ __all__ = [
     "TaskFunction",
     "TaskMetadata",
     "TaskProducer",
+    "TokenProvider",
     "__version__",
     "configure_logging",
     "decode_metadata",
     "encode_metadata",
     "metadata_from_headers",
+    "read_client_properties",
 ]

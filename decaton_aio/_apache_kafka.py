@@ -116,6 +116,7 @@ class _Node:
     controller_port: int
     config: Path
     log_path: Path
+    probe_port: int
     process: subprocess.Popen[bytes] | None = None
 
     def alive(self) -> bool:
@@ -133,6 +134,9 @@ class KafkaCluster:
         log_path: the broker log; with several nodes, node ``n`` logs to ``<stem>-n<suffix>``.
         settings: extra or overriding ``server.properties`` entries for every node.
         preexec: runs in each child before ``exec`` (dies with its parent).
+        format_args: extra arguments of the storage format (``--add-scram ...``).
+        probe_ports: the plain listener each node's readiness is probed on, when the
+            client ports are secured.
     """
 
     host: str
@@ -141,6 +145,8 @@ class KafkaCluster:
     log_path: Path
     settings: dict[str, str] = field(default_factory=dict)
     preexec: Callable[[], None] | None = None
+    format_args: list[str] = field(default_factory=list)
+    probe_ports: list[int] = field(default_factory=list)
     nodes: list[_Node] = field(default_factory=list)
     workdir: Path | None = None
 
@@ -177,7 +183,8 @@ class KafkaCluster:
             properties.update(self.settings)
             config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
             log = self.log_path if count == 1 else _node_log(self.log_path, node_id)
-            self.nodes.append(_Node(node_id, port, controller, config, log))
+            probe_port = self.probe_ports[i] if self.probe_ports else port
+            self.nodes.append(_Node(node_id, port, controller, config, log, probe_port))
             self._format(java, classpath, cluster_id, config)
         for node in self.nodes:
             self._spawn(java, classpath, node)
@@ -186,7 +193,8 @@ class KafkaCluster:
     def _format(self, java: str, classpath: str, cluster_id: str, config: Path) -> None:
         result = subprocess.run(
             [java, "-cp", classpath, f"-Dlog4j2.configurationFile={_LOG_CONFIG}",
-             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+             "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
+             *self.format_args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -228,7 +236,7 @@ class KafkaCluster:
                         f"Kafka node {node.node_id} exited with code {node.process.returncode} "
                         f"at start; log {node.log_path}:\n" + tail(node.log_path, 20)
                     )
-            if all(probe(self.host, node.port, len(live)) for node in live):
+            if all(probe(self.host, node.probe_port, len(live)) for node in live):
                 return
             time.sleep(0.05)
         raise BrokerError(

@@ -19,8 +19,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from decaton_aio._connect import start_admin
 from decaton_aio.app import Application
 from decaton_aio.errors import BrokerError, ConfigError
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "COPIED_TOPIC_CONFIGS",
@@ -67,13 +69,19 @@ async def _wait_for_leaders(
 
 
 class TopicAdmin:
-    """Creates uniquely named topics and deletes them again."""
+    """Creates uniquely named topics and deletes them again.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port]`` of the cluster.
+        security: TLS and SASL settings of the admin client.
+    """
 
     #: How long :meth:`create` waits for the new topic's partitions to have leaders.
     ready_timeout_s: float = READY_TIMEOUT_S
 
-    def __init__(self, bootstrap_servers: str) -> None:
+    def __init__(self, bootstrap_servers: str, *, security: SecuritySettings = PLAINTEXT) -> None:
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         self._client: AIOKafkaAdminClient | None = None
         self.created: list[str] = []
 
@@ -100,12 +108,12 @@ class TopicAdmin:
             after sees the whole topic.
 
         Raises:
-            BrokerError: the cluster refused the topic, or its partitions got no leader
-                within ``ready_timeout_s``.
+            SecurityError: TLS or SASL failed.
+            BrokerError: the cluster cannot be reached, refused the topic, or its
+                partitions got no leader within ``ready_timeout_s``.
         """
         if self._client is None:
-            self._client = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap_servers)
-            await self._client.start()
+            self._client = await start_admin(self._bootstrap_servers, self._security)
         topic = name or f"{prefix}-{uuid.uuid4().hex[:12]}"
         response = await self._client.create_topics(
             [NewTopic(topic, partitions, replication_factor, topic_configs=configs or {})]
@@ -171,7 +179,9 @@ def side_topics_of(app: Application) -> dict[str, str]:
     return wanted
 
 
-async def ensure_side_topics(bootstrap_servers: str, app: Application) -> list[str]:
+async def ensure_side_topics(
+    bootstrap_servers: str, app: Application, *, security: SecuritySettings = PLAINTEXT
+) -> list[str]:
     """Make sure the retry, dead letter and shaping topics of ``app`` exist.
 
     A missing side topic is created with as many partitions as its task topic, the task
@@ -188,11 +198,11 @@ async def ensure_side_topics(bootstrap_servers: str, app: Application) -> list[s
             topic and the command to create it by hand. Starting without it would stall
             a partition at its first retry or dead letter.
         BrokerError: the cluster could not be asked.
+        SecurityError: TLS or SASL failed.
     """
     wanted = side_topics_of(app)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = await start_admin(bootstrap_servers, security)
     try:
-        await admin.start()
         existing = set(await admin.list_topics())
         missing = {t: o for t, o in wanted.items() if t not in existing}
         if not missing:
@@ -299,7 +309,11 @@ def _creation_failures(response: Any, plans: list[_SideTopicPlan]) -> list[str]:
 
 
 async def ensure_changelog_topic(
-    bootstrap_servers: str, app: Application, topic: str
+    bootstrap_servers: str,
+    app: Application,
+    topic: str,
+    *,
+    security: SecuritySettings = PLAINTEXT,
 ) -> str | None:
     """Make sure ``topic``, the changelog of ``app``'s state store, exists.
 
@@ -320,9 +334,8 @@ async def ensure_changelog_topic(
     store = app.state
     if store is None:
         return None
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = await start_admin(bootstrap_servers, security)
     try:
-        await admin.start()
         existing = set(await admin.list_topics())
         absent = sorted(t for t in app.topics if t not in existing)
         if absent:

@@ -18,6 +18,7 @@ from decaton_aio.context import TaskFunction
 from decaton_aio.errors import ConfigError
 from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import RetryConfig, SideTopics
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 from decaton_aio.serializers import BytesSerializer
 from decaton_aio.state import StateStoreConfig
 from decaton_aio.typing import Serializer
@@ -53,6 +54,8 @@ class ConsumerConfig:
         metadata_max_age_ms: how often the consumer refreshes the cluster's metadata: a
             task topic deleted and created again (or given more partitions) is noticed
             within this time (Kafka's default, 5 minutes).
+        security: TLS and SASL settings of every client the subscription makes (its
+            consumer, topic administration, and its producer unless one is given).
     """
 
     bootstrap_servers: str
@@ -66,6 +69,7 @@ class ConsumerConfig:
     fetch_max_wait_ms: int = 100
     isolation_level: str = "read_uncommitted"
     metadata_max_age_ms: int = 300_000
+    security: SecuritySettings = PLAINTEXT
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():

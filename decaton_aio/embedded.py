@@ -37,13 +37,17 @@ from pathlib import Path
 from types import TracebackType
 
 from decaton_aio._apache_kafka import KAFKA_VERSION, KafkaCluster, tail
+from decaton_aio._kafka_security import BrokerListener, BrokerSecurity, SecuredSetup, prepare
 from decaton_aio.errors import BrokerError, ConfigError
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "BINARY_ENV_VAR",
     "FLAVORS",
     "FLAVOR_ENV_VAR",
     "KAFKA_VERSION",
+    "BrokerListener",
+    "BrokerSecurity",
     "EmbeddedBroker",
     "find_free_port",
     "resolve_tansu_binary",
@@ -220,6 +224,9 @@ class EmbeddedBroker:
         settings: extra ``server.properties`` entries for Apache Kafka.
         startup_timeout_s: how long to wait until the broker answers a Metadata request
             listing every node.
+        security: start Apache Kafka (one node) secured: SASL_SSL with SCRAM users and/or
+            mutual TLS, with a CA and certificates made for this start; clients connect
+            with :attr:`security` (see :attr:`listeners` for each secured listener).
     """
 
     def __init__(
@@ -235,6 +242,7 @@ class EmbeddedBroker:
         env: dict[str, str] | None = None,
         settings: dict[str, str] | None = None,
         startup_timeout_s: float | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         flavor = flavor or os.environ.get(FLAVOR_ENV_VAR, "").strip() or "apache"
         if flavor not in FLAVORS:
@@ -246,6 +254,8 @@ class EmbeddedBroker:
             raise ConfigError(f"nodes must be 1 or 3, got {nodes}")
         if flavor == "tansu" and (nodes != 1 or settings):
             raise ConfigError("Tansu runs one node without server settings: use flavor='apache'")
+        if security is not None and (flavor != "apache" or nodes != 1):
+            raise ConfigError("a secured embedded broker is Apache Kafka with one node")
         if flavor == "apache" and (storage_engine or binary or env):
             raise ConfigError("storage_engine, binary and env are Tansu settings: flavor='tansu'")
         self.flavor = flavor
@@ -261,12 +271,33 @@ class EmbeddedBroker:
         self._startup_timeout_s = startup_timeout_s or default_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._cluster: KafkaCluster | None = None
+        self._security = security
+        self._secured: SecuredSetup | None = None
         self._ports = [self.port] + [find_free_port(host) for _ in range(nodes - 1)]
 
     @property
     def bootstrap_servers(self) -> str:
         """The ``host:port[,host:port]`` clients connect to."""
         return ",".join(f"{self.host}:{port}" for port in self._ports)
+
+    @property
+    def listeners(self) -> dict[str, BrokerListener]:
+        """The secured listeners of a started secured broker (``SASL_SSL``, ``MTLS``) by
+        name; empty otherwise."""
+        return dict(self._secured.listeners) if self._secured is not None else {}
+
+    @property
+    def security(self) -> SecuritySettings:
+        """The settings clients connect to :attr:`bootstrap_servers` with (``PLAINTEXT``
+        unless the broker is secured)."""
+        main = next(iter(self.listeners.values()), None)
+        return main.security if main is not None else PLAINTEXT
+
+    @property
+    def client_properties(self) -> Path | None:
+        """A ``client.properties`` file for :attr:`bootstrap_servers` (secured brokers)."""
+        main = next(iter(self.listeners.values()), None)
+        return main.client_properties if main is not None else None
 
     @property
     def pid(self) -> int | None:
@@ -318,14 +349,28 @@ class EmbeddedBroker:
 
     def _start_kafka(self) -> None:
         assert self._log_path is not None
+        controllers = [find_free_port(self.host) for _ in self._ports]
+        settings, format_args, probe_ports = self._settings, [], []
+        if self._security is not None:
+            self._secured = secured = prepare(
+                self._security,
+                self.host,
+                self.port,
+                controllers[0],
+                lambda: find_free_port(self.host),
+            )
+            settings = {**secured.settings, **settings}
+            format_args, probe_ports = secured.format_args, [secured.internal_port]
         cluster = KafkaCluster(
             self.host,
             self._ports,
-            [find_free_port(self.host) for _ in self._ports],
+            controllers,
             self._log_path,
-            settings=self._settings,
+            settings=settings,
             # SIGKILL: a JVM's orderly shutdown can wait on peers that are gone too.
             preexec=_die_with_parent(signal.SIGKILL),
+            format_args=format_args,
+            probe_ports=probe_ports,
         )
         self._cluster = cluster
         atexit.register(self.stop)
@@ -413,6 +458,9 @@ class EmbeddedBroker:
         atexit.unregister(self.stop)
         if cluster is not None:
             cluster.stop()
+        secured, self._secured = self._secured, None
+        if secured is not None:
+            shutil.rmtree(secured.directory, ignore_errors=True)
         if process is None or process.poll() is not None:
             return
         process.terminate()

@@ -5,6 +5,7 @@ Every error the library raises on purpose derives from :class:`DecatonError`::
     DecatonError
      +-- ConfigError            a setting, argument or application object is wrong
      +-- BrokerError            the embedded broker cannot be found, started or reached
+     |    +-- SecurityError     TLS or SASL failed: untrusted certificate, wrong password
      +-- DecodeError            a record's body or ``dt_meta`` header cannot be decoded
      +-- ProducerError          a task could not be delivered to the broker
      +-- ProcessingError        a processor failed a task
@@ -23,6 +24,7 @@ __all__ = [
     "DecodeError",
     "ProcessingError",
     "ProducerError",
+    "SecurityError",
 ]
 
 
@@ -38,6 +40,16 @@ class ConfigError(DecatonError, ValueError):
 
 class BrokerError(DecatonError):
     """Raised when the embedded broker cannot be found, started or reached."""
+
+
+class SecurityError(BrokerError):
+    """Raised when the cluster and the client cannot establish who is who: a TLS handshake
+    fails (an untrusted certificate, a missing or refused client certificate) or SASL
+    authentication fails (a wrong password, a mechanism the cluster does not enable).
+
+    Not retriable: the same settings fail the same way until someone changes them. The
+    message names the setting or file to fix and never holds a secret.
+    """
 
 
 class DecodeError(DecatonError):

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from decaton_aio._connect import connect_error, start_admin
 from decaton_aio.errors import BrokerError, ConfigError
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "ISOLATION_LEVELS",
@@ -99,6 +100,7 @@ async def partition_extents(
     *,
     timeout_s: float = 30.0,
     isolation_level: str = "read_uncommitted",
+    security: SecuritySettings = PLAINTEXT,
 ) -> dict[int, PartitionExtent]:
     """The log start and high watermark of every partition of ``topic``.
 
@@ -106,6 +108,7 @@ async def partition_extents(
 
     Raises:
         ConfigError: when the topic does not exist.
+        SecurityError: when TLS or SASL fails.
         BrokerError: when the cluster cannot be reached or does not answer in time.
     """
     consumer = AIOKafkaConsumer(
@@ -116,6 +119,7 @@ async def partition_extents(
         fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
         client_id="decaton-aio-offsets",
         isolation_level=isolation_level,
+        **security.client_kwargs(),
     )
     committed_only = isolation_level == "read_committed"
     end_of = consumer.last_stable_offset if committed_only else consumer.highwater
@@ -123,7 +127,7 @@ async def partition_extents(
         await consumer.start()
     except KafkaError as exc:
         await consumer.stop()
-        raise BrokerError(f"cannot reach the cluster at {bootstrap_servers}: {exc!r}") from exc
+        raise await connect_error(exc, bootstrap_servers, security) from exc
     try:
         tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
         consumer.assign(tps)
@@ -147,11 +151,20 @@ async def partition_extents(
 
 
 async def committed_offsets(
-    bootstrap_servers: str, group_id: str, topic: str, partitions: Iterable[int]
+    bootstrap_servers: str,
+    group_id: str,
+    topic: str,
+    partitions: Iterable[int],
+    *,
+    security: SecuritySettings = PLAINTEXT,
 ) -> dict[int, int | None]:
-    """The group's committed offset per partition (``None`` where nothing is committed)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
-    await admin.start()
+    """The group's committed offset per partition (``None`` where nothing is committed).
+
+    Raises:
+        SecurityError: when TLS or SASL fails.
+        BrokerError: when the cluster cannot be reached.
+    """
+    admin = await start_admin(bootstrap_servers, security)
     try:
         tps = [TopicPartition(topic, p) for p in partitions]
         # Always name the partitions: asking for a whole group breaks some brokers.
@@ -170,6 +183,7 @@ async def group_positions(
     topic: str,
     *,
     isolation_level: str = "read_uncommitted",
+    security: SecuritySettings = PLAINTEXT,
 ) -> list[PartitionPosition]:
     """Where ``group_id`` stands in every partition of ``topic``, with its lag.
 
@@ -177,10 +191,15 @@ async def group_positions(
 
     Raises:
         ConfigError: when the topic does not exist.
+        SecurityError: when TLS or SASL fails.
         BrokerError: when the cluster cannot be reached.
     """
-    extents = await partition_extents(bootstrap_servers, topic, isolation_level=isolation_level)
-    committed = await committed_offsets(bootstrap_servers, group_id, topic, extents)
+    extents = await partition_extents(
+        bootstrap_servers, topic, isolation_level=isolation_level, security=security
+    )
+    committed = await committed_offsets(
+        bootstrap_servers, group_id, topic, extents, security=security
+    )
     positions = []
     for partition, extent in sorted(extents.items()):
         done = committed[partition]

@@ -12,26 +12,40 @@ Fixtures:
 - ``task_producer``: ``await task_producer(topic, serializer)`` gives a started
   :class:`~decaton_aio.producer.TaskProducer`, stopped after the test; idempotence is on
   unless the broker is Tansu.
+- ``secured_kafka_broker`` and ``mtls_kafka_broker``: session-wide handles on one embedded
+  Apache Kafka started (only when a test asks for them) with a ``SASL_SSL`` listener and a
+  mutual TLS listener, a CA and certificates made for the session
+  (:func:`~decaton_aio.testing.start_secured_broker`); ``handle.security`` is what a
+  client connects with, ``handle.embedded.listeners`` the ``client.properties`` files.
+  Skipped on Tansu and on an external cluster.
+
+Every client the fixtures make connects with ``kafka_broker.security`` (from
+``$DECATON_AIO_CLIENT_PROPERTIES`` and the ``DECATON_AIO_SASL_*``/``_SSL_*`` variables for
+an external cluster).
 
 A failed test that used the embedded broker shows the tail of the broker log.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
-from decaton_aio.producer import ProducerConfig, TaskProducer
+from decaton_aio.client_properties import cluster_settings
+from decaton_aio.embedded import FLAVOR_ENV_VAR, EmbeddedBroker
+from decaton_aio.producer import TaskProducer
 from decaton_aio.serializers import BytesSerializer
-from decaton_aio.testing import BrokerHandle, TopicAdmin
+from decaton_aio.testing import BrokerHandle, start_secured_broker
 from decaton_aio.typing import Serializer
 
 TopicFactory = Callable[..., Awaitable[str]]
 ProducerFactory = Callable[..., Awaitable[TaskProducer[Any]]]
 
 _handle_key = pytest.StashKey[BrokerHandle]()
+_secured_key = pytest.StashKey[EmbeddedBroker]()
 
 
 @pytest.fixture(scope="session")
@@ -45,10 +59,43 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
         handle.close()
 
 
+@pytest.fixture(scope="session")
+def _secured_embedded_broker(request: pytest.FixtureRequest) -> Iterator[EmbeddedBroker]:
+    if cluster_settings().bootstrap_servers or _flavor() == "tansu":
+        pytest.skip("the secured broker is an embedded Apache Kafka (not Tansu or external)")
+    broker = start_secured_broker()
+    request.config.stash[_secured_key] = broker
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka_broker(_secured_embedded_broker: EmbeddedBroker) -> BrokerHandle:
+    """The ``SASL_SSL`` listener of the session's secured embedded Apache Kafka."""
+    return _listener_handle(_secured_embedded_broker, "SASL_SSL")
+
+
+@pytest.fixture(scope="session")
+def mtls_kafka_broker(_secured_embedded_broker: EmbeddedBroker) -> BrokerHandle:
+    """The mutual TLS listener of the session's secured embedded Apache Kafka."""
+    return _listener_handle(_secured_embedded_broker, "MTLS")
+
+
+def _flavor() -> str:
+    return os.environ.get(FLAVOR_ENV_VAR, "").strip() or "apache"
+
+
+def _listener_handle(broker: EmbeddedBroker, name: str) -> BrokerHandle:
+    listener = broker.listeners[name]
+    return BrokerHandle(listener.bootstrap_servers, broker, 1, listener.security)
+
+
 @pytest.fixture
 async def topic_factory(kafka_broker: BrokerHandle) -> AsyncIterator[TopicFactory]:
     """Create fresh topics for one test: ``await topic_factory(partitions=3)``."""
-    admin = TopicAdmin(kafka_broker.bootstrap_servers)
+    admin = kafka_broker.topic_admin()
 
     async def create(partitions: int = 1, **options: Any) -> str:
         options.setdefault("replication_factor", kafka_broker.replication_factor)
@@ -70,7 +117,7 @@ async def task_producer(kafka_broker: BrokerHandle) -> AsyncIterator[ProducerFac
     ) -> TaskProducer[Any]:
         config.setdefault("idempotence", kafka_broker.supports_idempotence)
         producer: TaskProducer[Any] = TaskProducer(
-            ProducerConfig(kafka_broker.bootstrap_servers, **config),
+            kafka_broker.producer_config(**config),
             topic,
             serializer or BytesSerializer(),
         )
@@ -88,15 +135,18 @@ async def task_producer(kafka_broker: BrokerHandle) -> AsyncIterator[ProducerFac
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
+    if not report.failed:  # type: ignore[attr-defined]
+        return report
+    names = getattr(item, "fixturenames", ())
     handle = item.config.stash.get(_handle_key, None)
-    if (
-        report.failed  # type: ignore[attr-defined]
-        and handle is not None
-        and handle.embedded is not None
-        and "kafka_broker" in getattr(item, "fixturenames", ())
-    ):
-        tail = handle.embedded.log_tail(40)
+    brokers = []
+    if handle is not None and handle.embedded is not None and "kafka_broker" in names:
+        brokers.append(handle.embedded)
+    secured = item.config.stash.get(_secured_key, None)
+    if secured is not None and {"secured_kafka_broker", "mtls_kafka_broker"} & set(names):
+        brokers.append(secured)
+    for broker in brokers:
         report.sections.append(  # type: ignore[attr-defined]
-            ("embedded broker log", f"{handle.embedded.log_path}\n{tail}")
+            ("embedded broker log", f"{broker.log_path}\n{broker.log_tail(40)}")
         )
     return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import secrets
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -17,15 +18,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 
+from decaton_aio._connect import connect_error
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.client_properties import cluster_settings
 from decaton_aio.consumer import Subscription
 from decaton_aio.context import ProcessingContext
-from decaton_aio.embedded import FLAVOR_ENV_VAR, EmbeddedBroker
+from decaton_aio.embedded import FLAVOR_ENV_VAR, BrokerSecurity, EmbeddedBroker
 from decaton_aio.errors import ConfigError, ProcessingError
 from decaton_aio.offsets import committed_offsets, topic_partitions
 from decaton_aio.producer import ProducerConfig, RecordLocation
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -40,6 +45,7 @@ __all__ = [
     "committed_offsets",
     "drain",
     "read_records",
+    "start_secured_broker",
     "wait_until",
 ]
 
@@ -73,11 +79,13 @@ class BrokerHandle:
         bootstrap_servers: where clients connect.
         embedded: the embedded broker when the project started one, else ``None``.
         replication_factor: the replication factor of topics the tests create.
+        security: the TLS and SASL settings clients connect with.
     """
 
     bootstrap_servers: str
     embedded: EmbeddedBroker | None = None
     replication_factor: int = 1
+    security: SecuritySettings = PLAINTEXT
 
     @property
     def flavor(self) -> str:
@@ -111,34 +119,51 @@ class BrokerHandle:
 
     def producer_config(self, **settings: Any) -> ProducerConfig:
         """Producer settings for this broker (idempotence ``"auto"`` unless given)."""
+        settings.setdefault("security", self.security)
         return ProducerConfig(self.bootstrap_servers, **settings)
+
+    def consumer_config(self, group_id: str, **settings: Any) -> ConsumerConfig:
+        """Consumer settings for this broker with the test settings (short session
+        timeout) unless given."""
+        return ConsumerConfig(
+            self.bootstrap_servers,
+            group_id,
+            **{**TEST_CONSUMER_SETTINGS, "security": self.security, **settings},
+        )
+
+    def topic_admin(self) -> TopicAdmin:
+        """A topic administrator for this broker (close it when done)."""
+        return TopicAdmin(self.bootstrap_servers, security=self.security)
 
     def subscription(
         self, app: Application, group_id: str | None = None, **consumer: Any
     ) -> Subscription:
         """A subscription on this broker with test consumer settings (short session
         timeout) and a fresh group unless one is named."""
-        settings = {**TEST_CONSUMER_SETTINGS, **consumer}
-        config = ConsumerConfig(
-            self.bootstrap_servers, group_id or f"{app.group}-{uuid.uuid4().hex[:8]}", **settings
-        )
+        config = self.consumer_config(group_id or f"{app.group}-{uuid.uuid4().hex[:8]}", **consumer)
         return Subscription(app, config, producer=self.producer_config())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BrokerHandle:
         """The external cluster named by the environment, or a started embedded broker.
 
-        ``$DECATON_AIO_BOOTSTRAP_SERVERS`` names an external cluster; otherwise the embedded
-        broker of ``$DECATON_AIO_BROKER`` (``apache`` by default) is started, with
-        ``$DECATON_AIO_BROKER_NODES`` nodes.
+        ``$DECATON_AIO_BOOTSTRAP_SERVERS`` (or ``bootstrap.servers`` in the file named by
+        ``$DECATON_AIO_CLIENT_PROPERTIES``) names an external cluster, reached with the
+        security settings of that file and the ``DECATON_AIO_SASL_*``/``_SSL_*``
+        variables; otherwise the embedded broker of ``$DECATON_AIO_BROKER`` (``apache`` by
+        default) is started, with ``$DECATON_AIO_BROKER_NODES`` nodes.
 
         Raises:
             ConfigError: when a variable holds a value that cannot be used.
         """
         env = os.environ if environ is None else environ
-        servers = env.get(BOOTSTRAP_ENV_VAR, "").strip()
-        if servers:
-            return cls(servers, replication_factor=_env_int(env, REPLICATION_ENV_VAR, 1))
+        cluster = cluster_settings(environ=env)
+        if cluster.bootstrap_servers:
+            return cls(
+                cluster.bootstrap_servers,
+                replication_factor=_env_int(env, REPLICATION_ENV_VAR, 1),
+                security=cluster.security,
+            )
         nodes = _env_int(env, NODES_ENV_VAR, 1)
         flavor = env.get(BROKER_ENV_VAR, "").strip() or "apache"
         broker = EmbeddedBroker(flavor=flavor, nodes=nodes).start()
@@ -149,6 +174,23 @@ class BrokerHandle:
         """Stop the embedded broker, if this handle started one."""
         if self.embedded is not None:
             self.embedded.stop()
+
+
+def start_secured_broker(*, user: str = "decaton-test") -> EmbeddedBroker:
+    """Start an embedded Apache Kafka that takes secured clients only: a ``SASL_SSL``
+    listener (``user`` with a random password; SCRAM-SHA-512, SCRAM-SHA-256, PLAIN and,
+    for tests, unsecured OAUTHBEARER) and an ``MTLS`` listener requiring client
+    certificates. Its :attr:`~EmbeddedBroker.listeners` give each listener's settings.
+
+    Raises:
+        BrokerError: when the broker cannot start.
+    """
+    security = BrokerSecurity(
+        {user: secrets.token_urlsafe(16)},
+        mtls=True,
+        sasl_mechanisms=("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"),
+    )
+    return EmbeddedBroker(flavor="apache", security=security).start()
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -171,6 +213,7 @@ async def read_records(
     *,
     timeout_s: float = 30.0,
     partitions: Sequence[int] | None = None,
+    security: SecuritySettings = PLAINTEXT,
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """Read ``count`` records of a topic from the beginning, without a consumer group.
 
@@ -180,14 +223,20 @@ async def read_records(
     Raises:
         TimeoutError: when fewer than ``count`` records arrived within ``timeout_s``; the
             message says how many did.
+        SecurityError: when TLS or SASL fails.
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
         group_id=None,
         auto_offset_reset="earliest",
+        **security.client_kwargs(),
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise await connect_error(exc, bootstrap_servers, security) from exc
     records: list[ConsumerRecord[bytes, bytes]] = []
     try:
         if partitions is None:
@@ -294,6 +343,7 @@ async def drain(
     group_id: str | None = None,
     raise_failures: bool = False,
     producer: ProducerConfig | None = None,
+    security: SecuritySettings = PLAINTEXT,
 ) -> DrainResult:
     """Run ``app`` until ``expected`` tasks finished, then stop it gracefully.
 
@@ -306,7 +356,9 @@ async def drain(
         expected: how many task completions (successful or failed) to wait for.
         timeout_s: give up after this long.
         group_id: the consumer group; a fresh one when omitted.
-        producer: settings of the retry/dead letter producer (the defaults when omitted).
+        producer: settings of the retry/dead letter producer (the defaults, with
+            ``security``, when omitted).
+        security: TLS and SASL settings of the consumer (and the default producer).
         raise_failures: raise :class:`ProcessingError` if any processor call failed.
 
     Raises:
@@ -343,11 +395,12 @@ async def drain(
         bootstrap_servers,
         group_id or f"{app.group}-{uuid.uuid4().hex[:8]}",
         **TEST_CONSUMER_SETTINGS,
+        security=security,
     )
     subscription = Subscription(
         wrapped,
         consumer,
-        producer=producer or ProducerConfig(bootstrap_servers),
+        producer=producer or ProducerConfig(bootstrap_servers, security=security),
     )
     await subscription.start()
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Record", "RecordSender", "Serializer"]
+__all__ = ["Record", "RecordSender", "Serializer", "TokenProvider"]
 
 T = TypeVar("T")
 
@@ -92,4 +92,18 @@ class RecordSender(Protocol):
         Raises:
             ProducerError: when the record could be neither delivered nor kept.
         """
+        ...
+
+
+@runtime_checkable
+class TokenProvider(Protocol):
+    """Gives OAUTHBEARER tokens (``sasl_mechanism="OAUTHBEARER"``).
+
+    ``token()`` is awaited on every new connection to the cluster: return a token that is
+    valid now (refresh and cache it as your identity provider requires). ``extensions()``
+    may be defined too, returning SASL extensions as a ``dict[str, str]``.
+    """
+
+    async def token(self) -> str:
+        """An access token (a JWT for most clusters)."""
         ...

@@ -29,8 +29,21 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from decaton_aio.cli import add_producer_arguments
-from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
+from decaton_aio.cli import (
+    EXIT_NOPERM,
+    TOKEN_PROVIDER_ENV_VAR,
+    add_producer_arguments,
+    add_security_arguments,
+    cluster_from_args,
+    password_on_command_line,
+)
+from decaton_aio.errors import (
+    BrokerError,
+    ConfigError,
+    DecatonError,
+    ProducerError,
+    SecurityError,
+)
 from spark_jobs._session import job_session
 
 __all__ = [
@@ -62,7 +75,7 @@ BOOTSTRAP_ENV_VAR: Final = "DECATON_AIO_BOOTSTRAP_SERVERS"
 
 # Our own errors keep their class name when Spark wraps them (a Python worker's or the
 # data source planner's exception becomes a PySparkException holding its text).
-_WRAPPED = re.compile(r"\b(ConfigError|BrokerError|ProducerError): ([^\n]+)")
+_WRAPPED = re.compile(r"\b(ConfigError|SecurityError|BrokerError|ProducerError): ([^\n]+)")
 
 
 class UsageError(Exception):
@@ -70,7 +83,13 @@ class UsageError(Exception):
 
 
 class JobParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line and a return code, not an exit."""
+    """An argument parser whose errors are one line and a return code, not an exit (and
+    no abbreviated flags: ``--sasl-password`` must never pass for ``--sasl-password-file``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Raise :class:`UsageError` instead of printing usage and exiting."""
@@ -86,6 +105,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR})",
     )
+    add_security_arguments(parser)
     add_producer_arguments(parser)
     parser.add_argument(
         "--master",
@@ -169,7 +189,19 @@ def _fail(code: int, prog: str, message: str) -> int:
 
 
 def _code_of(name: str) -> int:
-    return EXIT_USAGE if name == "ConfigError" else EXIT_UNAVAILABLE
+    codes = {"ConfigError": EXIT_USAGE, "SecurityError": EXIT_NOPERM}
+    return codes.get(name, EXIT_UNAVAILABLE)
+
+
+def _resolve_cluster(args: argparse.Namespace) -> None:
+    """Set ``args.bootstrap_servers``, ``args.security`` and ``args.oauth_token_provider``
+    from the flags, the environment and ``--client-properties``."""
+    cluster = cluster_from_args(args)
+    args.bootstrap_servers = cluster.bootstrap_servers
+    args.security = cluster.security
+    args.oauth_token_provider = args.sasl_oauth_token_provider or (
+        os.environ.get(TOKEN_PROVIDER_ENV_VAR, "").strip() or None
+    )
 
 
 def _execute(
@@ -189,6 +221,8 @@ def _execute(
                 session.stop()
     except (UsageError, ConfigError) as exc:
         return _fail(EXIT_USAGE, prog, str(exc)), None
+    except SecurityError as exc:
+        return _fail(EXIT_NOPERM, prog, str(exc)), None
     except (BrokerError, ProducerError) as exc:
         return _fail(EXIT_UNAVAILABLE, prog, str(exc)), None
     except DecatonError as exc:
@@ -232,10 +266,16 @@ def run_job(
     Returns:
         ``EXIT_OK``, or the exit code of the failure, after one line on stderr.
     """
+    refused = password_on_command_line(sys.argv[1:] if argv is None else argv)
+    if refused is not None:
+        return _fail(EXIT_USAGE, prog, refused)
     try:
         args = parser.parse_args(argv)
+        _resolve_cluster(args)
         if check is not None:
             check(args)
+    except ConfigError as exc:
+        return _fail(EXIT_USAGE, prog, str(exc))
     except UsageError as exc:
         return _fail(EXIT_USAGE, prog, str(exc).removeprefix(f"{parser.prog}: "))
     except SystemExit as exc:  # --help

@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from decaton_aio.retry import SideTopics
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 from spark_jobs.kafka_source import high_watermarks, read_topic
 
 __all__ = ["NO_ERROR_TYPE", "decode_failures", "header", "read_dead_letters"]
@@ -46,6 +47,8 @@ def read_dead_letters(
     spool_dirs: Sequence[str] = (),
     *,
     isolation_level: str = "read_uncommitted",
+    security: SecuritySettings = PLAINTEXT,
+    oauth_token_provider: str | None = None,
 ) -> DataFrame:
     """The dead letter topic's records, and the spools' lines, as rows of one shape.
 
@@ -56,21 +59,32 @@ def read_dead_letters(
         ConfigError: when the dead letter topic does not exist.
         BrokerError: when the cluster cannot be reached.
     """
-    records = _read_topic(spark, bootstrap_servers, dlq_topic, isolation_level)
+    records = _read_topic(
+        spark, bootstrap_servers, dlq_topic, isolation_level, security, oauth_token_provider
+    )
     spooled = _read_spools(spark, spool_dirs)
     return records if spooled is None else records.unionByName(spooled)
 
 
 def _read_topic(
-    spark: SparkSession, bootstrap_servers: str, dlq_topic: str, isolation_level: str
+    spark: SparkSession,
+    bootstrap_servers: str,
+    dlq_topic: str,
+    isolation_level: str,
+    security: SecuritySettings,
+    oauth_token_provider: str | None,
 ) -> DataFrame:
     # Pin the end offsets once: every action of the run then sees the same records.
-    ends = high_watermarks(bootstrap_servers, dlq_topic, isolation_level=isolation_level)
+    ends = high_watermarks(
+        bootstrap_servers, dlq_topic, isolation_level=isolation_level, security=security
+    )
     df = read_topic(
         spark,
         bootstrap_servers,
         dlq_topic,
         ending_offsets=ends,
+        security=security,
+        oauth_token_provider=oauth_token_provider,
         isolationLevel=isolation_level,
     )
     return df.select(

@@ -15,8 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from decaton_aio.cli import import_object
+from decaton_aio.client_properties import client_property_entries, parse_client_properties
 from decaton_aio.errors import ConfigError
 from decaton_aio.offsets import ISOLATION_LEVELS
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "DEFAULT_MAX_POLL_RECORDS",
@@ -29,6 +32,8 @@ __all__ = [
     "option_value",
     "parse_offsets",
     "require_option",
+    "security_from_options",
+    "security_to_options",
 ]
 
 FORMAT: Final = "decaton_kafka"
@@ -44,6 +49,15 @@ DEFAULT_MAX_POLL_RECORDS: Final = 5000
 DEFAULT_POLL_TIMEOUT_MS: Final = 30_000
 
 _OFFSET_WORDS: Final = {"earliest": EARLIEST, "latest": LATEST}
+
+#: Options starting with this are Kafka client properties (``kafka.security.protocol``,
+#: ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``, ...), as in Spark's own
+#: Kafka connector.
+KAFKA_PREFIX: Final = "kafka."
+
+#: The option naming an OAUTHBEARER token provider, ``MODULE:ATTR`` (importable where
+#: Spark tasks run).
+TOKEN_PROVIDER_OPTION: Final = "oauthTokenProvider"
 
 
 def option_value(options: Mapping[str, str], name: str) -> str | None:
@@ -90,6 +104,56 @@ def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: 
     if value < minimum:
         raise ConfigError(f"option {name!r} must be >= {minimum}, got {value}")
     return value
+
+
+def security_from_options(options: Mapping[str, str]) -> SecuritySettings:
+    """The security settings of the ``kafka.*`` options (Kafka's client property names).
+
+    Raises:
+        ConfigError: an option is not supported or the settings are not valid; the message
+            names the option, never a password.
+    """
+    entries = {
+        k[len(KAFKA_PREFIX) :]: str(v)
+        for k, v in options.items()
+        if k.lower().startswith(KAFKA_PREFIX) and k.lower() != "kafka.bootstrap.servers"
+    }
+    props = parse_client_properties(entries, source="options")
+    if props.unsupported:
+        names = ", ".join(KAFKA_PREFIX + name for name in props.unsupported)
+        raise ConfigError(f"options not supported by the {FORMAT} format: {names}")
+    provider = option_value(options, TOKEN_PROVIDER_OPTION)
+    if provider is None:
+        return props.security()
+    found = import_object(provider)
+    return props.security(sasl_oauth_token_provider=found() if isinstance(found, type) else found)
+
+
+def security_to_options(
+    security: SecuritySettings, *, oauth_token_provider: str | None = None
+) -> dict[str, str]:
+    """The options that carry ``security`` to Spark's workers (see
+    :func:`security_from_options`).
+
+    Args:
+        security: the settings.
+        oauth_token_provider: ``MODULE:ATTR`` of the OAUTHBEARER token provider (a Python
+            object cannot travel as an option).
+
+    Raises:
+        ConfigError: OAUTHBEARER without ``oauth_token_provider``.
+    """
+    if security == PLAINTEXT:
+        return {}
+    if security.sasl_mechanism == "OAUTHBEARER" and not oauth_token_provider:
+        raise ConfigError(
+            "OAUTHBEARER in Spark needs the token provider as MODULE:ATTR "
+            "(--sasl-oauth-token-provider), importable where Spark tasks run"
+        )
+    options = {KAFKA_PREFIX + k: v for k, v in client_property_entries(security).items()}
+    if oauth_token_provider:
+        options[TOKEN_PROVIDER_OPTION] = oauth_token_provider
+    return options
 
 
 def parse_offsets(text: str | None, option: str, *, default: int) -> tuple[int, dict[int, int]]:
@@ -160,6 +224,7 @@ class KafkaReadOptions:
         max_poll_records: records per poll in a Spark task.
         poll_timeout_ms: how long a partition read may stall before failing.
         isolation_level: ``read_uncommitted`` or ``read_committed``.
+        security: TLS and SASL settings (the ``kafka.*`` options).
     """
 
     bootstrap_servers: str
@@ -171,6 +236,7 @@ class KafkaReadOptions:
     max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     isolation_level: str = "read_uncommitted"
+    security: SecuritySettings = PLAINTEXT
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaReadOptions:
@@ -210,6 +276,7 @@ class KafkaReadOptions:
             max_poll_records=int_option(options, "maxPollRecords", DEFAULT_MAX_POLL_RECORDS),
             poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS),
             isolation_level=isolation,
+            security=security_from_options(options),
         )
 
     def start_bound(self, partition: int) -> int:

@@ -41,6 +41,9 @@ LOCAL_CONFIG: Final[Mapping[str, str]] = {
     "spark.sql.session.timeZone": "UTC",
     # Python workers are reused across tasks, so the aiokafka import is paid once each.
     "spark.python.worker.reuse": "true",
+    # The kafka.sasl.jaas.config option holds a password: redact it wherever Spark shows
+    # data source options (its default pattern only knows "url").
+    "spark.sql.redaction.options.regex": "(?i)url|jaas|password",
 }
 """Settings of a local session; ``config`` arguments override them."""
 

@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.producer import Idempotence
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 from spark_jobs._cli import (
     JobParser,
     UsageError,
@@ -92,6 +93,8 @@ class RepairOptions:
         idempotence: the producer's idempotence (``"auto"``, ``True`` or ``False``).
         compression_type: the codec of produced batches, or ``None``.
         show: how many inconsistent users the report lists.
+        security: TLS and SASL settings of every Kafka client of the run.
+        oauth_token_provider: ``MODULE:ATTR`` of the OAUTHBEARER token provider, if any.
     """
 
     bootstrap_servers: str | None
@@ -103,6 +106,8 @@ class RepairOptions:
     idempotence: Idempotence = "auto"
     compression_type: str | None = None
     show: int = 10
+    security: SecuritySettings = PLAINTEXT
+    oauth_token_provider: str | None = None
 
 
 @dataclass
@@ -301,6 +306,8 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
                 options.repair_topic,
                 idempotence=options.idempotence,
                 compression_type=options.compression_type,
+                security=options.security,
+                oauth_token_provider=options.oauth_token_provider,
             )
             report.repair_tasks_sent = written.records
             report.per_partition = written.per_partition
@@ -358,6 +365,8 @@ def _run(spark: SparkSession, args: argparse.Namespace) -> RepairReport:
         idempotence=args.idempotence,
         compression_type=args.compression_type,
         show=args.show,
+        security=args.security,
+        oauth_token_provider=args.oauth_token_provider,
     )
     return run_repair(spark, options)
 

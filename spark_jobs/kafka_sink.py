@@ -31,6 +31,8 @@ Options (names are case-insensitive, values are strings):
 - ``compressionType``: ``gzip``, ``snappy``, ``lz4`` or ``zstd`` (default: none).
 - ``lingerMs`` (default 5), ``maxBatchBytes`` (default 262144), ``requestTimeoutMs``
   (default 30000): producer tuning.
+- ``kafka.<client property>`` and ``oauthTokenProvider``: TLS and SASL, as for the source
+  (see :mod:`spark_jobs.kafka_source`).
 - ``summaryPath``: a file where the driver-side commit writes a JSON
   :class:`WriteSummary`; :func:`write_topic` sets it and returns the summary.
 
@@ -71,8 +73,16 @@ from pyspark.sql.types import (
 
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.producer import Idempotence, ProducerConfig, start_client
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 from spark_jobs._active import activate
-from spark_jobs._kafka_options import FORMAT, int_option, option_value, require_option
+from spark_jobs._kafka_options import (
+    FORMAT,
+    int_option,
+    option_value,
+    require_option,
+    security_from_options,
+    security_to_options,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -121,6 +131,7 @@ class KafkaWriteOptions:
         max_batch_bytes: the largest batch the client sends per partition.
         request_timeout_ms: how long a produce request may take before it is retried.
         summary_path: where the commit writes its JSON summary, if anywhere.
+        security: TLS and SASL settings (the ``kafka.*`` options).
     """
 
     bootstrap_servers: str
@@ -131,6 +142,7 @@ class KafkaWriteOptions:
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     summary_path: str | None = None
+    security: SecuritySettings = PLAINTEXT
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaWriteOptions:
@@ -152,6 +164,7 @@ class KafkaWriteOptions:
             ),
             request_timeout_ms=int_option(options, "requestTimeoutMs", DEFAULT_REQUEST_TIMEOUT_MS),
             summary_path=option_value(options, "summaryPath"),
+            security=security_from_options(options),
         )
 
 
@@ -373,6 +386,7 @@ class KafkaWriter(DataSourceArrowWriter):
             linger_ms=opts.linger_ms,
             max_batch_bytes=opts.max_batch_bytes,
             request_timeout_ms=opts.request_timeout_ms,
+            security=opts.security,
         )
         # The runtime's client start: acks=all, idempotence "auto" falling back where the
         # cluster refuses it, and the same errors.
@@ -462,6 +476,8 @@ def write_topic(
     *,
     idempotence: Idempotence = "auto",
     compression_type: str | None = None,
+    security: SecuritySettings = PLAINTEXT,
+    oauth_token_provider: str | None = None,
     **options: str,
 ) -> WriteSummary:
     """Write ``df`` to a topic and return what the broker acknowledged.
@@ -477,6 +493,8 @@ def write_topic(
         idempotence: ``"auto"`` (idempotent where the cluster grants it), ``True`` or
             ``False``.
         compression_type: ``"gzip"``, ``"snappy"``, ``"lz4"``, ``"zstd"`` or ``None``.
+        security: TLS and SASL settings, passed on as ``kafka.*`` options.
+        oauth_token_provider: ``MODULE:ATTR`` of an OAUTHBEARER token provider.
         options: further sink options, e.g. ``lingerMs="20"``.
 
     Raises:
@@ -497,7 +515,8 @@ def write_topic(
             writer = writer.option("topic", topic)
         if compression_type is not None:
             writer = writer.option("compressionType", compression_type)
-        for name, value in options.items():
+        secured = security_to_options(security, oauth_token_provider=oauth_token_provider)
+        for name, value in {**secured, **options}.items():
             writer = writer.option(name, value)
         writer.save()
         return WriteSummary.load(summary_path)

@@ -35,6 +35,12 @@ Read options (names are case-insensitive, values are strings):
   (default 30000).
 - ``isolationLevel``: ``read_uncommitted`` (default) or ``read_committed``: only records
   of committed transactions, read up to the last stable offset.
+- ``kafka.<client property>``: TLS and SASL in Kafka's own names, as in Spark's Kafka
+  connector: ``kafka.security.protocol``, ``kafka.sasl.mechanism``,
+  ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location`` (PEM), ... (see
+  :mod:`decaton_aio.client_properties`); files must exist where Spark tasks run. An
+  unsupported ``kafka.*`` key is an error. ``oauthTokenProvider``: ``MODULE:ATTR`` of an
+  OAUTHBEARER token provider.
 
 Schema (fixed; see :data:`SCHEMA_DDL`): ``topic`` string, ``partition`` int, ``offset``
 long, ``timestamp`` long (epoch milliseconds as the record carries it: exact, free of time
@@ -64,9 +70,18 @@ from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from decaton_aio._connect import connect_error
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import PartitionExtent, partition_extents
-from spark_jobs._kafka_options import EARLIEST, FORMAT, LATEST, KafkaReadOptions, parse_offsets
+from decaton_aio.security import PLAINTEXT, SecuritySettings
+from spark_jobs._kafka_options import (
+    EARLIEST,
+    FORMAT,
+    LATEST,
+    KafkaReadOptions,
+    parse_offsets,
+    security_to_options,
+)
 from spark_jobs._kafka_schema import SCHEMA_DDL, SPARK_TYPES, to_arrow
 
 if TYPE_CHECKING:
@@ -111,18 +126,17 @@ class KafkaInputPartition(InputPartition):
         self.end = end
 
 
-def _consumer(
-    bootstrap_servers: str, *, reset: str, isolation_level: str = "read_uncommitted"
-) -> AIOKafkaConsumer:
+def _consumer(options: KafkaReadOptions) -> AIOKafkaConsumer:
     # No group: partitions are assigned by hand and nothing is committed.
     return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
+        bootstrap_servers=options.bootstrap_servers,
         group_id=None,
         enable_auto_commit=False,
-        auto_offset_reset=reset,
+        auto_offset_reset="none",
         fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
         client_id="decaton-aio-spark-source",
-        isolation_level=isolation_level,
+        isolation_level=options.isolation_level,
+        **options.security.client_kwargs(),
     )
 
 
@@ -132,6 +146,7 @@ def high_watermarks(
     *,
     timeout_s: float = _PLAN_TIMEOUT_S,
     isolation_level: str = "read_uncommitted",
+    security: SecuritySettings = PLAINTEXT,
 ) -> dict[int, int]:
     """The current end of every partition, as fetch responses report it.
 
@@ -144,11 +159,16 @@ def high_watermarks(
 
     Raises:
         ConfigError: when the topic does not exist.
+        SecurityError: when TLS or SASL fails.
         BrokerError: when the cluster cannot be reached or does not answer.
     """
     extents = asyncio.run(
         partition_extents(
-            bootstrap_servers, topic, timeout_s=timeout_s, isolation_level=isolation_level
+            bootstrap_servers,
+            topic,
+            timeout_s=timeout_s,
+            isolation_level=isolation_level,
+            security=security,
         )
     )
     return {p: e.high_watermark for p, e in extents.items()}
@@ -219,16 +239,12 @@ async def _open_reader(
     options: KafkaReadOptions, tp: TopicPartition, start: int
 ) -> AIOKafkaConsumer:
     # Created inside the loop: aiokafka binds to the running loop when it starts.
-    consumer = _consumer(
-        options.bootstrap_servers, reset="none", isolation_level=options.isolation_level
-    )
+    consumer = _consumer(options)
     try:
         await consumer.start()
     except KafkaError as exc:
         await consumer.stop()
-        raise BrokerError(
-            f"cannot reach the cluster at {options.bootstrap_servers}: {exc!r}"
-        ) from exc
+        raise await connect_error(exc, options.bootstrap_servers, options.security) from exc
     consumer.assign([tp])
     consumer.seek(tp, start)
     return consumer
@@ -300,6 +316,7 @@ class _KafkaReader(DataSourceReader):
                 self.options.topic,
                 timeout_s=_PLAN_TIMEOUT_S,
                 isolation_level=self.options.isolation_level,
+                security=self.options.security,
             )
         )
         return plan_partitions(self.options, extents)
@@ -358,6 +375,8 @@ def read_topic(
     *,
     starting_offsets: str | Mapping[int, int] | None = None,
     ending_offsets: str | Mapping[int, int] | None = None,
+    security: SecuritySettings = PLAINTEXT,
+    oauth_token_provider: str | None = None,
     **options: str,
 ) -> DataFrame:
     """Read a topic into a DataFrame of :data:`SCHEMA_DDL` (lazily, like any read).
@@ -368,6 +387,8 @@ def read_topic(
         topic: the topic to read.
         starting_offsets: ``"earliest"`` (default), ``"latest"`` or partition -> offset.
         ending_offsets: ``"latest"`` (default) or partition -> exclusive end offset.
+        security: TLS and SASL settings, passed on as ``kafka.*`` options.
+        oauth_token_provider: ``MODULE:ATTR`` of an OAUTHBEARER token provider.
         options: further source options, e.g. ``maxPollRecords="10000"``.
     """
     reader = (
@@ -383,6 +404,7 @@ def read_topic(
                 else json.dumps({str(p): o for p, o in value.items()})
             )
             reader = reader.option(name, text)
-    for name, value in options.items():
+    secured = security_to_options(security, oauth_token_provider=oauth_token_provider)
+    for name, value in {**secured, **options}.items():
         reader = reader.option(name, value)
     return reader.load()

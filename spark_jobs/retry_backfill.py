@@ -55,6 +55,7 @@ from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata,
 from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.producer import Idempotence
 from decaton_aio.retry import DLQ_HEADERS, ORIGIN_HEADERS, SideTopics
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 from spark_jobs._backfill_report import BackfillReport, tally
 from spark_jobs._cli import (
     JobParser,
@@ -154,6 +155,8 @@ class BackfillOptions:
         show: how many selected records the report lists.
         isolation_level: how the dead letter topic is read (``read_committed`` skips
             records of aborted transactions).
+        security: TLS and SASL settings of every Kafka client of the run.
+        oauth_token_provider: ``MODULE:ATTR`` of the OAUTHBEARER token provider, if any.
     """
 
     bootstrap_servers: str
@@ -169,6 +172,8 @@ class BackfillOptions:
     side_topics: SideTopics = field(default_factory=SideTopics)
     show: int = 5
     isolation_level: str = "read_uncommitted"
+    security: SecuritySettings = PLAINTEXT
+    oauth_token_provider: str | None = None
 
 
 def reset_metadata(raw: bytes | None, timestamp_ms: int | None) -> bytes:
@@ -269,6 +274,8 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
         options.dlq_topic,
         options.spool_dirs,
         isolation_level=options.isolation_level,
+        security=options.security,
+        oauth_token_provider=options.oauth_token_provider,
     )
     decoded = decode_failures(records, options.dlq_topic, options.side_topics)
     classified = _classify(spark, options, decoded)
@@ -295,6 +302,8 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
                 None,
                 idempotence=options.idempotence,
                 compression_type=options.compression_type,
+                security=options.security,
+                oauth_token_provider=options.oauth_token_provider,
             )
             report.sent, report.per_partition = written.records, written.per_partition
             # Only after every record was acknowledged: a crash before this line re-sends
@@ -388,6 +397,8 @@ def _options(args: argparse.Namespace) -> BackfillOptions:
         compression_type=args.compression_type,
         show=args.show,
         isolation_level=args.isolation_level,
+        security=args.security,
+        oauth_token_provider=args.oauth_token_provider,
     )
 
 

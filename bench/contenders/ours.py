@@ -51,9 +51,12 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
         max_fetch_records=int(opts.get("max_fetch_records", DEFAULT_MAX_FETCH_RECORDS)),
+        security=spec.security,
     )
     # The subscription's producer only sends shaping records here.
-    return Subscription(app, consumer, producer=ProducerConfig(spec.bootstrap))
+    return Subscription(
+        app, consumer, producer=ProducerConfig(spec.bootstrap, security=spec.security)
+    )
 
 
 async def main(spec: Spec, recorder: Recorder) -> None:

@@ -84,6 +84,7 @@ async def main(spec: RunSpec, body: Body) -> None:
         auto_offset_reset="earliest",
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
+        **spec.security.client_kwargs(),
     )
     await consumer.start()
     run = capped(body.run_raw, opts.get("max_in_flight"))

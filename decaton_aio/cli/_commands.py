@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import urllib.request
@@ -29,9 +30,11 @@ from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_ka
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.cli._security import cluster_from_args
 from decaton_aio.cli._supervisor import SupervisorConfig, supervise, worker_role
+from decaton_aio.client_properties import ClusterSettings
 from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
-from decaton_aio.embedded import EmbeddedBroker
+from decaton_aio.embedded import BrokerSecurity, EmbeddedBroker
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import group_positions
 from decaton_aio.producer import ProducerConfig, TaskProducer
@@ -77,14 +80,31 @@ class DataError(Exception):
     """Bad input data; the message is the one line the user sees."""
 
 
+def _cluster(args: argparse.Namespace) -> tuple[str, ClusterSettings]:
+    """The named cluster and its settings.
+
+    Raises:
+        ConfigError: when no source names the cluster.
+    """
+    cluster = cluster_from_args(args)
+    if not cluster.bootstrap_servers:
+        raise ConfigError(
+            "no cluster named: pass --bootstrap-servers HOST:PORT (or set "
+            "DECATON_AIO_BOOTSTRAP_SERVERS, or bootstrap.servers in --client-properties)"
+        )
+    return cluster.bootstrap_servers, cluster
+
+
 async def produce(args: argparse.Namespace) -> int:
+    servers, cluster = _cluster(args)
     lines = _read_lines(args.file)
     if args.log_level != "debug":
         # Delivery failures are reported once, by us, as one line; the client's own
         # connection errors would repeat them.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     config = ProducerConfig(
-        bootstrap_servers=args.bootstrap_servers,
+        bootstrap_servers=servers,
+        security=cluster.security,
         idempotence=args.idempotence,
         compression_type=args.compression_type,
         application_id=args.application_id,
@@ -120,7 +140,11 @@ def run_broker(args: argparse.Namespace) -> int:
         print(f"Apache Kafka {KAFKA_VERSION}: {kafka_cache_dir()}", flush=True)
         return EXIT_OK
     broker = EmbeddedBroker(
-        flavor=args.flavor, nodes=args.nodes, port=args.port, log_path=args.log_file
+        flavor=args.flavor,
+        nodes=args.nodes,
+        port=args.port,
+        log_path=args.log_file,
+        security=_broker_security(args),
     )
 
     def _interrupt(signum: int, frame: object) -> None:
@@ -131,6 +155,13 @@ def run_broker(args: argparse.Namespace) -> int:
     try:
         with broker:
             print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
+            for name, listener in broker.listeners.items():
+                print(
+                    f"{name} listener: {listener.bootstrap_servers} "
+                    f"({listener.security.describe()}); client properties: "
+                    f"{listener.client_properties}",
+                    flush=True,
+                )
             print(f"broker log: {broker.log_path}; Ctrl-C stops it", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 code = broker.wait()
@@ -142,12 +173,27 @@ def run_broker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _broker_security(args: argparse.Namespace) -> BrokerSecurity | None:
+    if not args.sasl_scram and not args.mtls:
+        return None
+    users: dict[str, str] = {}
+    if args.sasl_scram:
+        user, _, password = args.sasl_scram.partition(":")
+        users[user] = password or secrets.token_urlsafe(16)
+    return BrokerSecurity(users, mtls=args.mtls)
+
+
 async def inspect(args: argparse.Namespace) -> int:
+    servers, cluster = _cluster(args)
     live = _scrape(args.metrics_url) if args.metrics_url else {}
     rows = []
     for topic in args.topic:
         positions = await group_positions(
-            args.bootstrap_servers, args.group, topic, isolation_level=args.isolation_level
+            servers,
+            args.group,
+            topic,
+            isolation_level=args.isolation_level,
+            security=cluster.security,
         )
         for pos in positions:
             pending, paused = live.get((topic, pos.partition), (None, None))
@@ -254,8 +300,15 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     overrides = parse_assignments(args.property)
     role = worker_role()
     install_event_loop_policy()
+    cluster = cluster_from_args(args)
+    security = cluster.security
     with contextlib.ExitStack() as stack:
-        servers = args.bootstrap_servers
+        servers = cluster.bootstrap_servers
+        if not servers and security.security_protocol != "PLAINTEXT":
+            raise ConfigError(
+                "security settings given but no cluster named: pass --bootstrap-servers "
+                "(or bootstrap.servers in --client-properties)"
+            )
         if not servers:
             broker = stack.enter_context(EmbeddedBroker())
             servers = broker.bootstrap_servers
@@ -278,9 +331,11 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 auto_offset_reset=args.auto_offset_reset,
                 metadata_max_age_ms=args.metadata_max_age_ms,
                 isolation_level=args.isolation_level,
+                security=security,
             ),
             producer=ProducerConfig(
                 servers,
+                security=security,
                 idempotence=args.idempotence,
                 compression_type=args.compression_type,
                 application_id=app.subscription_id,

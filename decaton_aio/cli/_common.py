@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Any, Final
 
+from decaton_aio.client_properties import BOOTSTRAP_ENV_VAR as CLIENT_BOOTSTRAP_ENV_VAR
 from decaton_aio.errors import ConfigError
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "EXIT_DATA",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
+    "EXIT_NOPERM",
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
@@ -29,11 +31,13 @@ EXIT_USAGE = 2
 EXIT_DATA = 65
 #: The broker or cluster could not be found, started or reached.
 EXIT_UNAVAILABLE = 69
+#: The cluster refused the client: TLS or SASL authentication failed.
+EXIT_NOPERM = 77
 #: Stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
 #: Environment variable read when ``--bootstrap-servers`` is not given.
-BOOTSTRAP_ENV_VAR = "DECATON_AIO_BOOTSTRAP_SERVERS"
+BOOTSTRAP_ENV_VAR: Final = CLIENT_BOOTSTRAP_ENV_VAR
 
 
 def import_object(path: str) -> Any:

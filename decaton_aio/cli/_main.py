@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from decaton_aio._version import __version__
 from decaton_aio.cli import _commands
@@ -18,13 +18,21 @@ from decaton_aio.cli._common import (
     EXIT_DATA,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    EXIT_NOPERM,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from decaton_aio.cli._security import add_security_arguments, password_on_command_line
 from decaton_aio.cli._supervisor import parse_workers
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
-from decaton_aio.errors import BrokerError, ConfigError, DecatonError, ProducerError
+from decaton_aio.errors import (
+    BrokerError,
+    ConfigError,
+    DecatonError,
+    ProducerError,
+    SecurityError,
+)
 from decaton_aio.logs import LOG_LEVELS, configure_logging
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR
 from decaton_aio.offsets import ISOLATION_LEVELS
@@ -39,20 +47,25 @@ class _UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     # argparse prints the whole usage block and exits 2 on a bad argument; we want one
-    # line and a return value from main(), so errors become exceptions.
+    # line and a return value from main(), so errors become exceptions. No abbreviated
+    # flags: "--sasl-password" must never pass for "--sasl-password-file".
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog}: {message} (see --help)")
 
 
-def _add_bootstrap(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    env = os.environ.get(BOOTSTRAP_ENV_VAR)
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-servers",
-        default=env,
-        required=required and not env,
+        default=os.environ.get(BOOTSTRAP_ENV_VAR),
         metavar="HOST:PORT",
-        help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR})",
+        help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR}; or bootstrap.servers in "
+        "--client-properties)",
     )
+    add_security_arguments(parser)
 
 
 def _build_parser() -> _Parser:
@@ -85,6 +98,17 @@ def _build_parser() -> _Parser:
     broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
     broker.add_argument("--log-file", type=Path, help="broker log file (default: a temp file)")
     broker.add_argument(
+        "--sasl-scram",
+        metavar="USER[:PASSWORD]",
+        help="Apache Kafka only: a SASL_SSL listener with this SCRAM-SHA-512 user (a random "
+        "password when none is given; it is written to the printed client.properties only)",
+    )
+    broker.add_argument(
+        "--mtls",
+        action="store_true",
+        help="Apache Kafka only: a TLS listener that requires client certificates",
+    )
+    broker.add_argument(
         "--resolve-only",
         action="store_true",
         help="download Apache Kafka's jars into the cache, print where, and exit",
@@ -97,7 +121,7 @@ def _build_parser() -> _Parser:
         '(optional "scheduled_time_ms", "partition"). The task is stored as JSON. '
         "Every line is checked before anything is sent.",
     )
-    _add_bootstrap(produce, required=True)
+    _add_cluster(produce)
     produce.add_argument("--topic", required=True)
     produce.add_argument("--file", type=Path, help="JSON lines file (default: standard input)")
     produce.add_argument("--application-id", default="decaton-aio-cli")
@@ -115,7 +139,7 @@ def _build_parser() -> _Parser:
         help="show a group's committed offsets (watermarks) and lag, and a running "
         "instance's pending records",
     )
-    _add_bootstrap(inspect, required=True)
+    _add_cluster(inspect)
     inspect.add_argument("--group", required=True, help="the consumer group")
     inspect.add_argument("--topic", required=True, action="append", help="repeatable")
     inspect.add_argument(
@@ -130,11 +154,12 @@ def _build_parser() -> _Parser:
         "run",
         help="run a processor: MODULE:ATTR",
         description="Run an Application object or a bare 'async def process(ctx, task)' "
-        "until SIGINT/SIGTERM (a second signal exits at once). Without "
-        "--bootstrap-servers an embedded broker is started.",
+        "until SIGINT/SIGTERM (a second signal exits at once). When no cluster is named "
+        "(--bootstrap-servers, the environment or --client-properties) an embedded broker "
+        "is started.",
     )
     run.add_argument("target", metavar="MODULE:ATTR")
-    _add_bootstrap(run, required=False)
+    _add_cluster(run)
     run.add_argument(
         "--workers",
         type=_workers,
@@ -332,6 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         One of the ``EXIT_*`` codes of :mod:`decaton_aio.cli`.
     """
+    refused = password_on_command_line(sys.argv[1:] if argv is None else argv)
+    if refused is not None:
+        print(f"decaton-aio: {refused}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         args = _build_parser().parse_args(argv)
     except _UsageError as exc:
@@ -354,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _commands.DataError as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
         return EXIT_DATA
+    except SecurityError as exc:
+        print(f"decaton-aio: {exc}", file=sys.stderr)
+        return EXIT_NOPERM
     except (BrokerError, ProducerError) as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE

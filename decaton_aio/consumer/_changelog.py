@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -124,6 +124,7 @@ class ChangelogReader:
         topic: the changelog topic.
         client_id: the reading consumer's client id.
         isolation_level: of the reading consumer.
+        client_kwargs: further settings of the reading consumer (TLS, SASL).
     """
 
     def __init__(
@@ -133,7 +134,9 @@ class ChangelogReader:
         *,
         client_id: str = "decaton-aio-changelog",
         isolation_level: str = "read_uncommitted",
+        client_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        self._client_kwargs = client_kwargs or {}
         self._bootstrap_servers = bootstrap_servers
         self.topic = topic
         self._client_id = client_id
@@ -154,6 +157,7 @@ class ChangelogReader:
             enable_auto_commit=False,
             isolation_level=self._isolation_level,
             key_deserializer=RAW_RECORDS,
+            **self._client_kwargs,
         )
         await consumer.start()
         self._consumer = consumer

@@ -122,7 +122,11 @@ async def run_application(
         sources.append(FilePropertySource(options.properties_file))
     if options.properties_topic:
         servers = options.consumer.bootstrap_servers
-        sources.append(KafkaPropertySource(servers, options.properties_topic))
+        sources.append(
+            KafkaPropertySource(
+                servers, options.properties_topic, security=options.consumer.security
+            )
+        )
     layers: list[Mapping[str, Any]] = [app.properties]
     for source in sources:
         layers.append(await source.load())

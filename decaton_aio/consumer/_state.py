@@ -62,6 +62,7 @@ class StateStore:
         self.topic = config.changelog_topic(consumer.group_id)
         self._app = app
         self._bootstrap = consumer.bootstrap_servers
+        self._security = consumer.security
         self._dir: Path | None = None
         if isinstance(config.directory, Path):
             self._dir = config.directory / consumer.group_id / config.name
@@ -75,6 +76,7 @@ class StateStore:
             self.topic,
             client_id=f"{consumer.client_id}-changelog",
             isolation_level=consumer.isolation_level,
+            client_kwargs=consumer.security.client_kwargs(),
         )
         self.assignor = StateAwareAssignor(self.member_state, config.num_standby_replicas)
         self._stores: dict[int, LocalStore] = {}
@@ -94,7 +96,9 @@ class StateStore:
         if self._dir is not None:
             self._lock = _lock(self._dir)
             self._on_disk = _checkpoints_in(self._dir)
-        await ensure_changelog_topic(self._bootstrap, self._app, self.topic)
+        await ensure_changelog_topic(
+            self._bootstrap, self._app, self.topic, security=self._security
+        )
         await self._sender.start()
         try:
             await self.reader.start()

@@ -32,6 +32,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio._connect import connect_error
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._execution import TaskExecutor
@@ -110,7 +111,9 @@ class Subscription:
         self.app = app
         self.consumer_config = consumer
         self.producer_config = producer or ProducerConfig(
-            consumer.bootstrap_servers, application_id=app.subscription_id
+            consumer.bootstrap_servers,
+            application_id=app.subscription_id,
+            security=consumer.security,
         )
         self.properties = properties if properties is not None else Properties(app.properties)
         self.metrics = metrics if metrics is not None else Metrics()
@@ -177,8 +180,9 @@ class Subscription:
         Raises:
             ConfigError: when started twice, or when a side topic is missing and cannot be
                 created (the message names it).
-            BrokerError: when the side topics cannot be checked.
-            KafkaError: when the cluster cannot be reached.
+            SecurityError: when TLS or SASL fails (the message says what to fix).
+            BrokerError: when the cluster cannot be reached or the side topics cannot be
+                checked.
         """
         if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
             raise ConfigError("a Subscription can be started once; make a new one")
@@ -189,7 +193,7 @@ class Subscription:
         try:
             # Before joining the group: a side topic that cannot exist stops the start
             # here, not a partition at its first retry.
-            await ensure_side_topics(cfg.bootstrap_servers, self.app)
+            await ensure_side_topics(cfg.bootstrap_servers, self.app, security=cfg.security)
             extra: dict[str, Any] = {}
             if self.state_store is not None:
                 await self.state_store.start()
@@ -207,10 +211,14 @@ class Subscription:
                 isolation_level=cfg.isolation_level,
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
+                **cfg.security.client_kwargs(),
                 **extra,
             )
             try:
                 await consumer.start()
+            except KafkaError as exc:
+                await consumer.stop()
+                raise await connect_error(exc, cfg.bootstrap_servers, cfg.security) from exc
             except BaseException:
                 await consumer.stop()
                 raise

@@ -36,6 +36,7 @@ from aiokafka.errors import (
     UnknownError,
 )
 
+from decaton_aio._connect import diagnose
 from decaton_aio.errors import AccessDeniedError, ProducerError
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
 
     Raises:
         UnreachableError: no broker answered.
+        SecurityError: TLS or SASL failed (an untrusted certificate, a wrong password).
         AccessDeniedError: the cluster refused the credentials or permissions.
         ProducerError: the cluster refused the producer (``idempotence=True`` where it is
             not supported).
@@ -179,6 +181,7 @@ async def _start(config: ProducerConfig, client_id: str, *, idempotent: bool) ->
         max_batch_size=config.max_batch_bytes,
         request_timeout_ms=config.request_timeout_ms,
         client_id=client_id,
+        **config.security.client_kwargs(),
     )
     try:
         await client.start()
@@ -198,6 +201,11 @@ async def _start(config: ProducerConfig, client_id: str, *, idempotent: bool) ->
         raise access_denied(exc, "the producer could not start") from exc
     except KafkaError as exc:
         await client.stop()
+        # Not "unreachable" when TLS or SASL is the cause: a spooling sender would retry
+        # a wrong password forever.
+        problem = await diagnose(config.bootstrap_servers, config.security)
+        if problem is not None:
+            raise problem from exc
         raise UnreachableError(
             f"cannot reach the cluster at {config.bootstrap_servers}: {exc}"
         ) from exc

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from decaton_aio.errors import ConfigError
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = [
     "COMPRESSION_TYPES",
@@ -64,6 +65,7 @@ class ProducerConfig:
         replay_backoff_ms: the wait after the first failed replay of the spool; it doubles
             (with jitter) after each further failure.
         replay_backoff_max_ms: the longest wait between replay attempts.
+        security: TLS and SASL settings of the producer's client.
     """
 
     bootstrap_servers: str
@@ -78,6 +80,7 @@ class ProducerConfig:
     spool_dir: str | os.PathLike[str] | None = None
     replay_backoff_ms: int = DEFAULT_REPLAY_BACKOFF_MS
     replay_backoff_max_ms: int = DEFAULT_REPLAY_BACKOFF_MAX_MS
+    security: SecuritySettings = PLAINTEXT
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():

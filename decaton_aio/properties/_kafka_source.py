@@ -23,9 +23,11 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio._connect import connect_error
 from decaton_aio._routines import cancel_and_wait, spawn
 from decaton_aio.offsets import topic_partitions
 from decaton_aio.properties._properties import RESET, Properties
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = ["KafkaPropertySource", "apply_record", "decode_record", "encode_record"]
 
@@ -137,9 +139,10 @@ class KafkaPropertySource:
         bootstrap_servers: Kafka bootstrap servers, e.g. ``"localhost:9092"``.
         topic: the property topic.
         poll_timeout_ms: how long one fetch waits for new records.
-        consumer_factory: builds the consumer (for TLS/SASL settings or tests); it must
-            be assigned all partitions of ``topic`` without a group once started. Defaults
-            to a plain ``AIOKafkaConsumer``.
+        consumer_factory: builds the consumer (for tests); it must be assigned all
+            partitions of ``topic`` without a group once started. Defaults to an
+            ``AIOKafkaConsumer`` with ``security``.
+        security: TLS and SASL settings of the default consumer.
     """
 
     def __init__(
@@ -149,8 +152,10 @@ class KafkaPropertySource:
         *,
         poll_timeout_ms: int = 500,
         consumer_factory: Callable[[], _Consumer] | None = None,
+        security: SecuritySettings = PLAINTEXT,
     ) -> None:
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         self._topic = topic
         self._poll_timeout_ms = poll_timeout_ms
         self._consumer_factory = consumer_factory or self._default_consumer
@@ -165,7 +170,17 @@ class KafkaPropertySource:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             client_id="decaton-aio-properties",
+            **self._security.client_kwargs(),
         )
+        return consumer
+
+    async def _started_consumer(self) -> _Consumer:
+        consumer = self._consumer_factory()
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            await consumer.stop()
+            raise await connect_error(exc, self._bootstrap_servers, self._security) from exc
         return consumer
 
     async def load(self) -> dict[str, object]:
@@ -175,10 +190,10 @@ class KafkaPropertySource:
             Name to value; names whose latest record is a reset are left out.
 
         Raises:
-            aiokafka.errors.KafkaError: the broker cannot be reached.
+            SecurityError: TLS or SASL failed.
+            BrokerError: the broker cannot be reached.
         """
-        consumer = self._consumer_factory()
-        await consumer.start()
+        consumer = await self._started_consumer()
         try:
             pending = await self._read_backlog(consumer)
         finally:
@@ -195,12 +210,12 @@ class KafkaPropertySource:
 
         Raises:
             RuntimeError: already started.
-            aiokafka.errors.KafkaError: the broker cannot be reached.
+            SecurityError: TLS or SASL failed.
+            BrokerError: the broker cannot be reached.
         """
         if self._task is not None:
             raise RuntimeError("KafkaPropertySource already started")
-        consumer = self._consumer_factory()
-        await consumer.start()
+        consumer = await self._started_consumer()
         try:
             properties.update(await self._read_backlog(consumer), layer=layer)
         except BaseException:

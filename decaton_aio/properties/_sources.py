@@ -144,7 +144,9 @@ def properties_from_env(
 def parse_properties_text(text: str) -> dict[str, str]:
     """Parse Java-style ``.properties`` text: ``name=value`` lines, ``#``/``!`` comments.
 
-    Whitespace around names and values is stripped; a later duplicate wins.
+    Whitespace around names and values is stripped; a later duplicate wins. A line ending
+    in a backslash continues on the next line (its leading whitespace dropped), as in
+    Java; other backslashes are kept as they are.
 
     Args:
         text: the file content.
@@ -156,7 +158,7 @@ def parse_properties_text(text: str) -> dict[str, str]:
         ConfigError: a line is neither blank, a comment, nor ``name=value``.
     """
     result: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in _logical_lines(text):
         stripped = line.strip()
         if not stripped or stripped.startswith(("#", "!")):
             continue
@@ -165,6 +167,31 @@ def parse_properties_text(text: str) -> dict[str, str]:
             raise ConfigError(f"line {number}: expected name=value, got {stripped!r}")
         result[name.strip()] = value.strip()
     return result
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Lines joined where a line ends in an odd number of backslashes, with the number of
+    the line each starts on."""
+    lines: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if pending is not None:
+            start, head = pending
+            line = head + raw.lstrip()
+        elif raw.lstrip().startswith(("#", "!")):
+            lines.append((number, raw))  # a comment never continues
+            continue
+        else:
+            start, line = number, raw
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2:
+            pending = (start, line[:-1])
+        else:
+            pending = None
+            lines.append((start, line))
+    if pending is not None:
+        lines.append(pending)
+    return lines
 
 
 def _parse_json_object(data: bytes) -> dict[str, object]:

@@ -251,3 +251,54 @@ def test_produce_spools_what_an_unreachable_cluster_does_not_take(
     assert f"spooled 2 tasks in {spool}" in out
     lines = [ln for f in spool.glob("spool-*.jsonl") for ln in f.read_text().splitlines()]
     assert len(lines) == 2
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--sasl-password", "hunter2-secret"],
+        ["--sasl-password=hunter2-secret"],
+        ["--sasl-passw", "hunter2-secret"],
+        ["--ssl-key-password", "hunter2-secret"],
+    ],
+)
+def test_a_password_on_the_command_line_is_refused_without_echoing_it(
+    flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password flag (or an abbreviation of one) exits EXIT_USAGE with one line that
+    points at the file and environment variable forms, and never repeats the value."""
+    assert main(["produce", "--topic", "t", *flags]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert "hunter2-secret" not in captured.out + captured.err
+    assert "--sasl-password-file" in _one_line_error_text(captured.err)
+
+
+def _one_line_error_text(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_client_properties_keys_not_used_are_named_and_bad_files_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--client-properties: a JKS trust store is a usage error naming the key; a missing
+    file names the file; no cluster anywhere says how to name one."""
+    monkeypatch.delenv("DECATON_AIO_BOOTSTRAP_SERVERS", raising=False)
+    jks = tmp_path / "jks.properties"
+    jks.write_text("security.protocol=SSL\nssl.truststore.type=JKS\n")
+    assert main(["inspect", "--client-properties", str(jks), "--group", "g", "--topic", "t"]) == 2
+    assert "ssl.truststore.type=JKS" in _one_line_error_text(capsys.readouterr().err)
+    missing = tmp_path / "nope.properties"
+    assert (
+        main(["inspect", "--client-properties", str(missing), "--group", "g", "--topic", "t"]) == 2
+    )
+    assert str(missing) in _one_line_error_text(capsys.readouterr().err)
+    unused = tmp_path / "unused.properties"
+    unused.write_text("client.id=me\n")
+    assert (
+        main(["inspect", "--client-properties", str(unused), "--group", "g", "--topic", "t"]) == 2
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "not used by decaton-aio: client.id" in lines[0]
+    assert "no cluster named" in lines[1]

@@ -1,0 +1,204 @@
+"""Why a client could not connect: telling TLS and SASL failures apart from an absent cluster.
+
+aiokafka reports every failed bootstrap the same way ("Unable to bootstrap from ...") and
+logs the cause. When a client of the library fails to start, :func:`connect_error` probes
+the first bootstrap server once with the same settings and turns what it finds into a
+:class:`~decaton_aio.errors.SecurityError` that names the setting or file to fix (a wrong
+password, a CA file that does not trust the cluster, a missing client certificate, TLS
+spoken to a plain listener or the other way round); anything else stays a
+:class:`~decaton_aio.errors.BrokerError`. The probe runs only after a failure, so a
+healthy start costs nothing, and it never retries: a wrong password ends the start at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import struct
+from typing import Final
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    IllegalSaslStateError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
+from aiokafka.protocol.metadata import MetadataRequest
+
+from decaton_aio.errors import BrokerError, SecurityError
+from decaton_aio.security import SecuritySettings
+
+__all__ = ["connect_error", "diagnose", "start_admin"]
+
+_PROBE_TIMEOUT_S: Final = 10.0
+# An ApiVersions v0 request (api key 18), correlation id 1, client id "decaton-aio-probe".
+_CLIENT_ID: Final = b"decaton-aio-probe"
+_API_VERSIONS: Final = struct.pack(">hhih", 18, 0, 1, len(_CLIENT_ID)) + _CLIENT_ID
+_TLS_ALERT: Final = b"\x15\x03"
+
+
+async def connect_error(
+    exc: BaseException, bootstrap_servers: str, security: SecuritySettings
+) -> BrokerError:
+    """The error to raise for a client that could not start: a :class:`SecurityError`
+    when TLS or SASL is the cause, else a :class:`BrokerError` saying the cluster could not
+    be reached."""
+    if isinstance(exc, BrokerError):
+        return exc
+    found = await diagnose(bootstrap_servers, security)
+    if found is not None:
+        return found
+    return BrokerError(f"cannot reach the cluster at {bootstrap_servers}: {exc!r}")
+
+
+async def start_admin(bootstrap_servers: str, security: SecuritySettings) -> AIOKafkaAdminClient:
+    """A started admin client.
+
+    Raises:
+        SecurityError: TLS or SASL failed (the message says what to fix).
+        BrokerError: the cluster cannot be reached.
+    """
+    client = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **security.client_kwargs())
+    try:
+        await client.start()
+    except KafkaError as exc:
+        await client.close()
+        raise await connect_error(exc, bootstrap_servers, security) from exc
+    return client
+
+
+async def diagnose(bootstrap_servers: str, security: SecuritySettings) -> SecurityError | None:
+    """Probe the first bootstrap server that answers; the security problem found, if any.
+
+    Raises:
+        ConfigError: a TLS file cannot be used (see ``SecuritySettings.ssl_context``).
+    """
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit():
+            continue
+        host = host.strip("[]")
+        try:
+            return await asyncio.wait_for(_probe(host, int(port), security), _PROBE_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            continue  # this one does not answer at all: try the next
+    return None
+
+
+async def _probe(host: str, port: int, security: SecuritySettings) -> SecurityError | None:
+    where = f"{host}:{port}"
+    problem = await _probe_transport(host, port, security)
+    if problem is not None:
+        return problem
+    conn = None
+    try:
+        conn = await create_conn(
+            host, port, client_id="decaton-aio-probe", **security.client_kwargs()
+        )
+        await conn.send(MetadataRequest([]))
+    except (SaslAuthenticationFailed, AuthenticationFailedError):
+        return SecurityError(
+            f"authentication failed at {where} for user {security.sasl_username!r} with "
+            f"{security.sasl_mechanism}: check the user name and the password (the cluster "
+            "does not say which is wrong)"
+        )
+    except UnsupportedSaslMechanismError:
+        return SecurityError(
+            f"{where} does not enable the SASL mechanism {security.sasl_mechanism}: ask "
+            "the cluster's operators which one it enables (often SCRAM-SHA-512)"
+        )
+    except IllegalSaslStateError:
+        return SecurityError(f"{where} refused the SASL exchange: check sasl_mechanism")
+    except KafkaError:
+        if not security.uses_sasl:
+            return SecurityError(
+                f"{where} closed the connection after the first request: the listener may "
+                "require SASL (security_protocol SASL_SSL or SASL_PLAINTEXT)"
+            )
+        return None
+    finally:
+        if conn is not None:
+            conn.close()
+    return None
+
+
+async def _probe_transport(
+    host: str, port: int, security: SecuritySettings
+) -> SecurityError | None:
+    """Connect (with TLS when configured), send ApiVersions and read the reply's size."""
+    where = f"{host}:{port}"
+    context = security.ssl_context()
+    writer = None
+    try:
+        try:
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=context, server_hostname=host if context else None
+            )
+            writer.write(struct.pack(">i", len(_API_VERSIONS)) + _API_VERSIONS)
+            await writer.drain()
+            head = await reader.readexactly(4)
+        except ssl.SSLCertVerificationError as exc:
+            return _untrusted(where, security, exc)
+        except ssl.SSLError as exc:
+            return _handshake_failed(where, security, exc.reason or str(exc))
+        except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+            if context is None:
+                raise OSError(str(exc)) from exc  # not a TLS question: let the caller judge
+            return _handshake_failed(where, security, "the connection was closed")
+        if context is None and head.startswith(_TLS_ALERT):
+            return SecurityError(
+                f"{where} speaks TLS but security_protocol is {security.security_protocol}: "
+                f"use {'SASL_SSL' if security.uses_sasl else 'SSL'}"
+            )
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+def _untrusted(
+    where: str, security: SecuritySettings, exc: ssl.SSLCertVerificationError
+) -> SecurityError:
+    reason = exc.verify_message or exc.reason or "certificate verify failed"
+    if "hostname" in str(reason).lower() or "ip address mismatch" in str(reason).lower():
+        return SecurityError(
+            f"the certificate of {where} does not name that host ({reason}): connect by a "
+            "name the certificate holds, or turn ssl_check_hostname off "
+            "(ssl.endpoint.identification.algorithm= empty)"
+        )
+    trust = (
+        f"the CA file {security.ssl_cafile}"
+        if security.ssl_cafile is not None
+        else "the system's trusted CAs (no ssl_cafile given)"
+    )
+    return SecurityError(
+        f"the certificate of {where} is not trusted by {trust} ({reason}): point ssl_cafile "
+        "(--ssl-cafile, ssl.truststore.location) at the CA that signed the cluster's "
+        "certificate"
+    )
+
+
+def _handshake_failed(where: str, security: SecuritySettings, reason: str) -> SecurityError:
+    upper = reason.upper()
+    if "CERTIFICATE" in upper and "VERIFY" not in upper:
+        if security.ssl_certfile is None:
+            return SecurityError(
+                f"{where} requires a client certificate (TLS alert: {reason}): set "
+                "ssl_certfile and ssl_keyfile (--ssl-certfile, --ssl-keyfile, "
+                "ssl.keystore.location)"
+            )
+        return SecurityError(
+            f"{where} refused the client certificate {security.ssl_certfile} (TLS alert: "
+            f"{reason}): is it signed by a CA the cluster trusts, and still valid?"
+        )
+    return SecurityError(
+        f"the TLS handshake with {where} failed ({reason}): does the listener speak TLS? "
+        f"for a plain listener use security_protocol "
+        f"{'SASL_PLAINTEXT' if security.uses_sasl else 'PLAINTEXT'}"
+    )
