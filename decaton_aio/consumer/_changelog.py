@@ -184,6 +184,16 @@ class ChangelogReader:
         if self._task is not None:
             self._task.add_done_callback(callback)
 
+    def progress(self) -> list[tuple[RestoreStats, int]]:
+        """Each partition read now: its figures and how many records its restore has left
+        (0 for a standby). Read by metric scrapes from another thread: a snapshot."""
+        result = []
+        for follow in list(self._follows.values()):
+            target = follow.target
+            left = max(0, target - follow.store.position) if target is not None else 0
+            result.append((follow.stats, left))
+        return result
+
     def following(self) -> dict[int, bool]:
         """The partitions read now: partition -> whether it is being restored."""
         return {p: f.target is not None for p, f in self._follows.items()}

@@ -24,10 +24,12 @@ import asyncio
 import dataclasses
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from decaton_aio.admin import ensure_changelog_topic
 from decaton_aio.app import Application, ConsumerConfig
@@ -179,6 +181,46 @@ class StateStore:
             store = self._stores.get(p)
             if store is not None:
                 store.flush()
+
+
+class StateCollector:
+    """Prometheus metrics of a state store, read at scrape time: restore progress and
+    standbys."""
+
+    def __init__(self, subscription: str, store: StateStore) -> None:
+        self._subscription = subscription
+        self._store = store
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["subscription", "store", "partition"]
+        remaining = GaugeMetricFamily(
+            "decaton_state_restore_remaining_records",
+            "Changelog records a restoring partition has left to replay before it processes.",
+            labels=labels,
+        )
+        standby = GaugeMetricFamily(
+            "decaton_state_standby", "1 for each partition this instance keeps warm.", labels=labels
+        )
+        replayed = CounterMetricFamily(
+            "decaton_state_restored_records",
+            "Changelog records replayed by restores (before partitions processed).",
+            labels=labels[:2],
+        )
+        name = self._store.config.name
+        reader = self._store.reader
+        for stats, left in reader.progress():
+            values = [self._subscription, name, str(stats.partition)]
+            if stats.restoring:
+                remaining.add_metric(values, left)
+            else:
+                standby.add_metric(values, 1)
+        total = sum(h.replayed for h in list(reader.history))
+        total += sum(s.replayed for s, _ in reader.progress())
+        replayed.add_metric([self._subscription, name], total)
+        yield from (remaining, standby, replayed)
 
 
 def _lock(directory: Path) -> IO[str]:

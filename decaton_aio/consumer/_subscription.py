@@ -39,7 +39,7 @@ from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
-from decaton_aio.consumer._state import StateStore
+from decaton_aio.consumer._state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics
 from decaton_aio.producer import DurableSender, ProducerConfig
@@ -125,6 +125,8 @@ class Subscription:
         self.state_store = (
             StateStore(app, consumer, self.producer_config) if app.state is not None else None
         )
+        if self.state_store is not None:
+            self.metrics.registry.register(StateCollector(app.subscription_id, self.state_store))
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
         self._executor = TaskExecutor(

@@ -39,7 +39,11 @@ async def run_until(
     sub = broker.subscription(app, group_id=group)
     async with sub:
         await wait_until(done, what=what, timeout_s=60)
+        metrics.append(sub.metrics.render().decode())
         return sub.state_store.reader.history[:] if sub.state_store else []
+
+
+metrics: list[str] = []  # the last scrape of each run_until
 
 
 async def test_counts_survive_a_restart_and_reach_the_changelog(
@@ -105,6 +109,10 @@ async def test_in_memory_copy_replays_the_whole_changelog(
     seen.clear()
     history = await run_until(kafka_broker, app, group, lambda: len(seen) == 30, "one more per key")
     assert [h.replayed for h in history] == [300]
+    assert (
+        'decaton_state_restored_records_total{store="counts",subscription="decaton-aio"} 300.0'
+        in metrics[-1]
+    )
     assert set(seen.values()) == {11}
 
 
