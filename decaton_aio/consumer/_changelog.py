@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +244,7 @@ class ChangelogReader:
                 if not self._follows:
                     await self._changed.wait()
                     continue
+            fresh: set[int] = set()
             try:
                 batches = await consumer.getmany(
                     timeout_ms=_READ_TIMEOUT_MS, max_records=_READ_MAX_RECORDS
@@ -253,6 +254,8 @@ class ChangelogReader:
                 await asyncio.sleep(0.5)
                 continue
             for tp, records in batches.items():
+                if records:
+                    fresh.add(tp.partition)
                 follow = self._follows.get(tp.partition)
                 if follow is None or assigned.get(tp.partition) is not follow.store:
                     continue
@@ -264,7 +267,7 @@ class ChangelogReader:
                     store.flush()  # a standby commits what each read brought
                 else:
                     follow.stats.replayed += len(records)
-            await self._check_restores(consumer)
+            await self._check_restores(consumer, fresh)
 
     async def _reassign(self, consumer: AIOKafkaConsumer, assigned: dict[int, LocalStore]) -> None:
         wanted = {p: f.store for p, f in self._follows.items()}
@@ -294,13 +297,21 @@ class ChangelogReader:
                     )
         await self._check_restores(consumer)
 
-    async def _check_restores(self, consumer: AIOKafkaConsumer) -> None:
+    async def _check_restores(
+        self, consumer: AIOKafkaConsumer, fresh: Collection[int] = ()
+    ) -> None:
+        # A restore ends when its copy reached the end offset. Where the log ends in a
+        # gap (compacted records, transaction markers) the consumer's position tells;
+        # it is asked only of a partition that returned nothing this round, so every
+        # record it fetched is applied.
         for p, follow in list(self._follows.items()):
             target = follow.target
             if target is None or target < 0 or follow.done is None or follow.done.done():
                 continue
             position = follow.store.position
             if position < target:
+                if p in fresh:
+                    continue  # more to read
                 try:
                     position = await consumer.position(TopicPartition(self.topic, p))
                 except KafkaError:

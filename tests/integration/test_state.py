@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from decaton_aio import Application, ProcessingContext, StateStoreConfig
+from decaton_aio import Application, DurableSender, ProcessingContext, StateStoreConfig
 from decaton_aio.testing import BrokerHandle, read_records, wait_until
 
 pytestmark = pytest.mark.integration
@@ -243,3 +243,35 @@ async def test_the_changelog_is_compacted_and_restores_from_it(
     history = await run_until(kafka_broker, app, group, lambda: len(seen) == 10, "one each")
     assert set(seen.values()) == {51}
     assert history[0].replayed <= 100
+
+
+async def test_a_restore_reads_every_record_of_a_long_changelog(
+    kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path
+) -> None:
+    """A changelog partition longer than one read (25,000 records) is replayed to its end
+    before the partition processes: the restore counts every record and the task sees the
+    last value."""
+    topic = await topic_factory(partitions=1)
+    group = f"long-{uuid.uuid4().hex[:8]}"
+    store = StateStoreConfig("counts")
+    changelog = await topic_factory(
+        partitions=1, name=store.changelog_topic(group), configs={"cleanup.policy": "compact"}
+    )
+    async with DurableSender(kafka_broker.producer_config(linger_ms=20)) as sender:
+        futures = [
+            await sender.submit(
+                changelog, msgspec.msgpack.encode(i), key=f"k{i % 50}".encode(), partition=0
+            )
+            for i in range(25_000)
+        ]
+        await asyncio.gather(*futures)
+    seen: dict[str, int] = {}
+    app = counting_app(topic, store, seen)
+    producer = await DurableSender(kafka_broker.producer_config()).__aenter__()
+    try:
+        await producer.send(topic, b"1", key=b"k49", partition=0)
+    finally:
+        await producer.stop()
+    history = await run_until(kafka_broker, app, group, lambda: "k49" in seen, "k49 counted")
+    assert [h.replayed for h in history] == [25_000]
+    assert seen == {"k49": 24_999 + 1}
