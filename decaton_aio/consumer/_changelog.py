@@ -155,6 +155,8 @@ class ChangelogReader:
             group_id=None,
             client_id=self._client_id,
             enable_auto_commit=False,
+            # A checkpoint beyond the log (the changelog was recreated) reads it all.
+            auto_offset_reset="earliest",
             isolation_level=self._isolation_level,
             key_deserializer=RAW_RECORDS,
             **self._client_kwargs,
@@ -272,10 +274,11 @@ class ChangelogReader:
     async def _reassign(self, consumer: AIOKafkaConsumer, assigned: dict[int, LocalStore]) -> None:
         wanted = {p: f.store for p, f in self._follows.items()}
         if wanted != assigned:
+            # A new assignment forgets every position (and drops fetched records): each
+            # partition goes on from what its copy applied.
             consumer.assign([TopicPartition(self.topic, p) for p in sorted(wanted)])
             for p, store in wanted.items():
-                if assigned.get(p) is not store:
-                    consumer.seek(TopicPartition(self.topic, p), store.position)
+                consumer.seek(TopicPartition(self.topic, p), store.position)
             assigned.clear()
             assigned.update(wanted)
         restoring = [p for p, f in self._follows.items() if f.target == -1]

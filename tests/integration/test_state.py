@@ -249,13 +249,13 @@ async def test_a_restore_reads_every_record_of_a_long_changelog(
     kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path
 ) -> None:
     """A changelog partition longer than one read (25,000 records) is replayed to its end
-    before the partition processes: the restore counts every record and the task sees the
-    last value."""
-    topic = await topic_factory(partitions=1)
+    before the partition processes, also when another partition's restore ends meanwhile:
+    the restore counts every record and the task sees the last value."""
+    topic = await topic_factory(partitions=2)
     group = f"long-{uuid.uuid4().hex[:8]}"
     store = StateStoreConfig("counts")
     changelog = await topic_factory(
-        partitions=1, name=store.changelog_topic(group), configs={"cleanup.policy": "compact"}
+        partitions=2, name=store.changelog_topic(group), configs={"cleanup.policy": "compact"}
     )
     async with DurableSender(kafka_broker.producer_config(linger_ms=20)) as sender:
         futures = [
@@ -273,5 +273,5 @@ async def test_a_restore_reads_every_record_of_a_long_changelog(
     finally:
         await producer.stop()
     history = await run_until(kafka_broker, app, group, lambda: "k49" in seen, "k49 counted")
-    assert [h.replayed for h in history] == [25_000]
+    assert sorted((h.partition, h.replayed) for h in history) == [(0, 25_000), (1, 0)]
     assert seen == {"k49": 24_999 + 1}
