@@ -24,7 +24,7 @@ import asyncio
 import dataclasses
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -85,6 +85,7 @@ class StateStore:
         self._active: set[int] = set()
         self._on_disk: dict[int, int] = {}  # checkpoints of closed copies in the directory
         self._lock: IO[str] | None = None
+        self._restoring: dict[int, asyncio.Task[None]] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -110,6 +111,8 @@ class StateStore:
 
     async def stop(self) -> None:
         """Stop reading and writing; flush and close every local copy; unlock."""
+        for task in self._restoring.values():
+            task.cancel()
         await self.reader.stop()
         await self._sender.stop()
         for p in list(self._stores):
@@ -147,6 +150,30 @@ class StateStore:
 
     # -------------------------------------------------------------- assignment
 
+    def assigned(self, partitions: set[int], restored: Callable[[int], None]) -> None:
+        """This member owns ``partitions`` now: restore each one not restored yet, and
+        call ``restored(partition)`` when its copy is there; follow the standbys of the
+        assignment."""
+        for p in sorted(partitions - set(self._restoring)):
+            self._restoring[p] = asyncio.create_task(
+                self._restore(p, self.activate(p), restored), name="decaton-restore"
+            )
+        self.set_standbys(self.assignor.standbys)
+
+    async def _restore(
+        self, partition: int, done: asyncio.Future[RestoreStats], restored: Callable[[int], None]
+    ) -> None:
+        try:
+            await done
+        finally:
+            if self._restoring.get(partition) is asyncio.current_task():
+                del self._restoring[partition]
+        restored(partition)
+
+    def restoring(self, partition: int) -> bool:
+        """Whether ``partition`` waits for its restore (its topics stay paused)."""
+        return partition in self._restoring
+
     def activate(self, partition: int) -> asyncio.Future[RestoreStats]:
         """This member owns ``partition`` now: restore its copy up to the changelog's end.
 
@@ -160,6 +187,9 @@ class StateStore:
         """This member no longer owns ``partition``: commit its copy (kept open until the
         next assignment says whether it stays as a standby)."""
         self._active.discard(partition)
+        task = self._restoring.pop(partition, None)
+        if task is not None:
+            task.cancel()
         self.reader.forget(partition)
         store = self._stores.get(partition)
         if store is not None:

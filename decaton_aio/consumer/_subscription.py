@@ -143,7 +143,6 @@ class Subscription:
         self.state = SubscriptionState.INITIALIZING
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
-        self._restoring: dict[int, asyncio.Task[None]] = {}  # partition number -> restore
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
@@ -262,8 +261,6 @@ class Subscription:
             for tp, processor in list(self._partitions.items()):
                 self._close_partition(tp, processor)
             await self._executor.close(timeout_s=1.0)
-            for task in self._restoring.values():
-                task.cancel()
             if self._consumer is not None:
                 await self._consumer.stop()
             if self.state_store is not None:
@@ -332,7 +329,7 @@ class Subscription:
         # Called from a completion when pending records fell below the threshold.
         if self._partitions.get(processor.tp) is not processor or self._consumer is None:
             return
-        if processor.tp.partition in self._restoring:
+        if self.state_store is not None and self.state_store.restoring(processor.tp.partition):
             processor.set_paused(False)  # the restore resumes it
             return
         processor.set_paused(False)
@@ -414,7 +411,6 @@ class Subscription:
         for processor in processors:
             self._close_partition(processor.tp, processor)
             if self.state_store is not None:
-                self._end_restore(processor.tp.partition)
                 self.state_store.deactivate(processor.tp.partition)
         log.info(
             "partitions revoked",
@@ -424,13 +420,8 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        store = self.state_store
-        if store is not None:
-            for number in sorted({tp.partition for tp in assigned} - set(self._restoring)):
-                self._restoring[number] = asyncio.create_task(
-                    self._restore(number, store.activate(number)), name="decaton-restore"
-                )
-            store.set_standbys(store.assignor.standbys)
+        if self.state_store is not None:
+            self.state_store.assigned({tp.partition for tp in assigned}, self._restored)
         for tp in assigned:
             if tp not in self._partitions:
                 self._partitions[tp] = self._new_partition(tp)
@@ -464,30 +455,19 @@ class Subscription:
         if self.state_store is not None:
             processor.store = self.state_store.store(tp.partition)
             processor.store_type = self.state_store.config.value_type
-            if tp.partition in self._restoring and self._consumer is not None:
+            if self.state_store.restoring(tp.partition) and self._consumer is not None:
                 self._consumer.pause(tp)  # until its state is restored
         self._maybe_pause(processor)  # a rate of 0 pauses it from the start
         return processor
 
-    async def _restore(self, number: int, restored: asyncio.Future[Any]) -> None:
-        # Keeps partition number ``number`` of every topic paused until its state is
-        # restored, then lets it fetch (unless back-pressure paused it meanwhile).
-        try:
-            await restored
-        finally:
-            if self._restoring.get(number) is asyncio.current_task():
-                del self._restoring[number]
-        consumer = self._consumer
-        if consumer is None:
+    def _restored(self, number: int) -> None:
+        # Partition number ``number``'s state is restored: its topics may fetch (unless
+        # back-pressure paused them meanwhile).
+        if self._consumer is None:
             return
         for tp, processor in self._partitions.items():
             if tp.partition == number and not processor.paused:
-                consumer.resume(tp)
-
-    def _end_restore(self, number: int) -> None:
-        task = self._restoring.pop(number, None)
-        if task is not None:
-            task.cancel()
+                self._consumer.resume(tp)
 
     def _restart_partition(
         self, tp: TopicPartition, old: PartitionProcessor, offset: int
