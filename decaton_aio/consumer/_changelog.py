@@ -157,6 +157,7 @@ class ChangelogReader:
             enable_auto_commit=False,
             # A checkpoint beyond the log (the changelog was recreated) reads it all.
             auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,  # an empty partition's restore waits for one fetch
             isolation_level=self._isolation_level,
             key_deserializer=RAW_RECORDS,
             **self._client_kwargs,
@@ -303,20 +304,29 @@ class ChangelogReader:
     async def _check_restores(
         self, consumer: AIOKafkaConsumer, fresh: Collection[int] = ()
     ) -> None:
-        # A restore ends when its copy reached the end offset. Where the log ends in a
-        # gap (compacted records, transaction markers) the consumer's position tells;
-        # it is asked only of a partition that returned nothing this round, so every
-        # record it fetched is applied.
+        # A restore ends when its copy reached the end: the end offset listed when it
+        # started, or the high watermark of a later fetch if that is further (a broker
+        # may list too small an end), and not before a fetch answered. Where the log ends
+        # in a gap (compacted records, transaction markers) the consumer's position
+        # tells; it is asked only of a partition that returned nothing this round, so
+        # every record it fetched is applied.
+        committed = self._isolation_level == "read_committed"
         for p, follow in list(self._follows.items()):
             target = follow.target
             if target is None or target < 0 or follow.done is None or follow.done.done():
                 continue
+            tp = TopicPartition(self.topic, p)
+            high = consumer.last_stable_offset(tp) if committed else consumer.highwater(tp)
+            if high is None:
+                continue  # no fetch answered yet
+            if high > target:
+                target = follow.target = follow.stats.end_offset = high
             position = follow.store.position
             if position < target:
                 if p in fresh:
                     continue  # more to read
                 try:
-                    position = await consumer.position(TopicPartition(self.topic, p))
+                    position = await consumer.position(tp)
                 except KafkaError:
                     continue
                 if position < target:
