@@ -155,3 +155,23 @@ def test_failover_goes_to_the_standby() -> None:
     assert owner == {0: "b", 1: "b", 2: "c"}
     assert MemberState.decode(members["b"].encode()) == members["b"]
     assert MemberState.decode(b"\xff") == MemberState()
+
+
+def test_each_worker_of_run_workers_gets_its_own_state_directory(tmp_path: Path) -> None:
+    """Under run --workers a state directory belongs to one worker: worker i keeps its
+    copies in <directory>/worker-<i>; an in-memory store or an app without state is
+    left as it is."""
+    from decaton_aio import Application
+    from decaton_aio.cli._commands import worker_application
+
+    async def process(ctx: object, task: bytes) -> None:
+        return None
+
+    app = Application(process, topics=("t",), state=StateStoreConfig("s", directory=tmp_path))
+    worker = worker_application(app, 2)
+    assert worker.state is not None
+    assert worker.state.directory == tmp_path / "worker-2"
+    memory = Application(process, topics=("t",), state=StateStoreConfig("s"))
+    assert worker_application(memory, 2) is memory
+    plain = Application(process, topics=("t",))
+    assert worker_application(plain, 1) is plain
