@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := embedded,dev,spark
+EXTRAS := embedded,dev,spark,tracing
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-test chaos fuzz test test-unit test-spark test-tansu lint \
+.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos fuzz test test-unit test-spark test-tansu lint \
 	format clean java install-java maven install-maven kafka
 
 help:
@@ -15,12 +15,13 @@ help:
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
-	@echo "make chaos  instances killed and restarted while tasks flow, 3 times (~5 min)"
+	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (~5 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (under 2 minutes)"
 	@echo "make bench-test   the benchmark harness's own checks"
+	@echo "make bench-hotpath  instructions per task of the hot path (valgrind, ~5 min)"
 	@echo "make format apply ruff formatting and fixes"
 
 $(BIN)/python:
@@ -124,6 +125,11 @@ bench: kafka $(BENCH_STAMP)
 
 bench-quick: kafka $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
+
+# Instructions per task of the runtime's hot path without a broker (callgrind: the same
+# figure on a loaded machine).
+bench-hotpath: $(STAMP)
+	$(BIN)/python -m bench.hotpath --measure --tasks 50000
 
 # The benchmark harness's own checks (they time code, so they stay out of make test).
 bench-test: $(BENCH_STAMP)

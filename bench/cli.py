@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.run import RESULTS, Run, emit_line, fair_scenarios, say
+from bench.run import RESULTS, SECURED, Run, emit_line, fair_scenarios, say
 from bench.scenarios import SWEEPS, plan
 from decaton_aio.embedded import FLAVORS
 
@@ -30,6 +30,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default=os.environ.get("DECATON_AIO_BROKER") or "apache",
         help="embedded broker flavors to run on, in order, e.g. apache,tansu (default "
         "apache; env DECATON_AIO_BROKER); targets are judged on the first",
+    )
+    parser.add_argument(
+        "--secured",
+        action="store_true",
+        help="Apache Kafka over SASL_SSL (SCRAM-SHA-512, a password made for the run): the "
+        "cost of TLS and SASL; contenders that cannot connect so are reported unavailable",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
@@ -62,6 +68,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     unknown = [b for b in args.broker if b not in FLAVORS]
     if unknown or not args.broker:
         parser.error(f"--broker takes flavors from {', '.join(FLAVORS)}, got {unknown}")
+    if args.secured and args.broker != ["apache"]:
+        parser.error("--secured runs on Apache Kafka only: drop --broker (or give apache)")
     args.only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     return args
@@ -84,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     run.out.mkdir(parents=True, exist_ok=True)
     run.logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    emit_line({"event": "machine", "mode": run.mode, "sizes": sizes.__dict__, **run.facts})
+    secured = {"secured": SECURED} if args.secured else {}
+    emit_line(
+        {"event": "machine", "mode": run.mode, **secured, "sizes": sizes.__dict__, **run.facts}
+    )
     scenarios = [s for s in scenarios if not args.only or s.name in args.only]
     fair, legacy = fair_scenarios(scenarios)
     for flavor in args.broker:

@@ -82,7 +82,7 @@ class FairRun:
             slow_ms=scn.slow_ms,
             seed=seed,
         )
-        await produce_tasks(self.h.bootstrap, topic, tasks)
+        await produce_tasks(self.h.bootstrap, topic, tasks, security=self.h.security)
         self.say(f"  {scn.name}: {records:,} records in {time.perf_counter() - started:.1f}s")
 
     async def _grow(self, scn: Scenario, at_least: int = 0) -> None:
@@ -96,7 +96,9 @@ class FairRun:
     async def _end_offsets(self, topic: str) -> dict[int, int]:
         from decaton_aio.offsets import group_positions
 
-        positions = await group_positions(self.h.bootstrap, "bench-none", topic)
+        positions = await group_positions(
+            self.h.bootstrap, "bench-none", topic, security=self.h.security
+        )
         return {p.partition: p.high_watermark for p in positions}
 
     # ------------------------------------------------------------------- runs

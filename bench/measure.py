@@ -20,7 +20,7 @@ import asyncio
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,8 @@ from bench.body import FACTS_ENV_VAR, GC_POLICY
 from bench.contenders import CONTENDERS
 from bench.procs import cpu_delta, cpu_times, start_process, stop_process
 from bench.taskfacts import count_facts, load_facts, produce_to_done_ms
-from bench.workload import RunSpec, pace_with_librdkafka
+from bench.workload import RunSpec, pace_with_librdkafka, security_of
+from decaton_aio.security import SecuritySettings
 
 __all__ = ["COMMIT_WAIT_S", "Harness", "command_line"]
 
@@ -43,16 +44,28 @@ _OUR_PROPERTIES = {
 }
 
 
+def _truthy(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
 def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None = None) -> list[str]:
     """The command that runs ``spec``'s contender."""
     who = CONTENDERS[spec.contender]
     if who.kind == "cli":
+        options = dict(spec.options)
+        target = who.module
+        if _truthy(options.pop("exactly_once", False)):
+            target = who.module.replace(":app", ":exactly_once_app")
+        if not _truthy(options.pop("checkpoints", True)):
+            target = who.module.replace(":app", ":no_checkpoints_app")
         argv = [python, "-m", "decaton_aio", "--log-level", "warning", "--log-format", "json"]
-        argv += ["run", who.module, "--bootstrap-servers", spec.bootstrap]
+        argv += ["run", target, "--bootstrap-servers", spec.bootstrap]
         argv += ["--topic", spec.topic, "--group", spec.group, "--workers", str(who.processes)]
         argv += ["--session-timeout-ms", str(spec.session_timeout_ms)]
         argv += ["--heartbeat-interval-ms", str(max(100, spec.session_timeout_ms // 10))]
-        for name, value in spec.options.items():
+        if spec.client_properties is not None:
+            argv += ["--client-properties", spec.client_properties]
+        for name, value in options.items():
             argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
         return argv
     if who.kind == "java":
@@ -64,7 +77,12 @@ def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None =
 
 @dataclass
 class Harness:
-    """What every run of one scenario shares."""
+    """What every run of one scenario shares.
+
+    ``client_properties`` names the secured broker's ``client.properties``: every
+    contender gets it, and the harness's own clients (the paced producer, the commit
+    checks) connect with what it says.
+    """
 
     bootstrap: str
     broker_pids: list[int]
@@ -72,6 +90,11 @@ class Harness:
     python: str
     java: dict[str, list[str]] | None = None  # contender -> java ... -cp CLASSPATH
     session_timeout_ms: int = 10_000
+    client_properties: str | None = None
+    security: SecuritySettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.security = security_of(self.client_properties)
 
     def _spec(
         self, contender: str, topic: str, partitions: int, options: dict[str, Any], tag: str
@@ -87,6 +110,7 @@ class Harness:
             facts_dir=str(facts),
             options=options,
             session_timeout_ms=self.session_timeout_ms,
+            client_properties=self.client_properties,
         )
 
     async def _start(self, spec: RunSpec, tag: str) -> tuple[asyncio.subprocess.Process, Path]:
@@ -133,7 +157,7 @@ class Harness:
             facts = load_facts(facts_dir)
             counted = facts.ended_in(t0, t1)
             last = counted.last_offsets()
-            commit = await _await_commit(spec, last)
+            commit = await _await_commit(spec, last, self.security)
         finally:
             await stop_process(proc)
         window = (t1 - t0) / 1e9
@@ -242,17 +266,22 @@ class Harness:
             seq=seq,
             seed=seed,
             stop=stop,
+            security=self.security,
         )
 
 
-async def _await_commit(spec: RunSpec, last: dict[int, int]) -> dict[str, Any]:
+async def _await_commit(
+    spec: RunSpec, last: dict[int, int], security: SecuritySettings
+) -> dict[str, Any]:
     """Wait until the group's commits cover ``last`` (partition -> highest counted offset)."""
     from decaton_aio.offsets import committed_offsets
 
     started = time.monotonic()
     committed: dict[int, int | None] = {}
     while time.monotonic() - started < COMMIT_WAIT_S:
-        committed = await committed_offsets(spec.bootstrap, spec.group, spec.topic, last)
+        committed = await committed_offsets(
+            spec.bootstrap, spec.group, spec.topic, last, security=security
+        )
         if all((committed.get(p) or 0) > o for p, o in last.items()):
             return {"covered": True, "after_s": round(time.monotonic() - started, 2)}
         await asyncio.sleep(0.25)

@@ -5,6 +5,12 @@ and S6 get a broker each, S4 none. Every result is printed as a JSON line and, a
 written to ``bench/results/<mode>.json``, ``<mode>.md`` and ``<mode>.png`` with the
 targets, judged from the same run. Contenders that cannot run here (a package or the Java
 runner missing) are recorded as not available, with the reason.
+
+``--secured`` starts each Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a password
+made for the run, never printed); every client of the run connects with the broker's
+``client.properties``: the harness's topic admin, producers and commit checks, our
+contender (``run --client-properties``) and the peers that take TLS and SASL. The results
+go to ``<mode>-secured.*``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -23,13 +30,15 @@ from typing import Any, BinaryIO
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
 from bench.scenarios import S6_QUOTA, Scenario, Sizes
-from bench.workload import Spec, make_tasks, produce_paced, produce_tasks
+from bench.workload import Spec, make_tasks, produce_paced, produce_tasks, security_of
 
-__all__ = ["REPO", "RESULTS", "Run", "emit_line", "say"]
+__all__ = ["REPO", "RESULTS", "SECURED", "Run", "emit_line", "say"]
 
 REPO = Path(__file__).absolute().parent.parent
 RESULTS = REPO / "bench" / "results"
 SESSION_TIMEOUT_MS = 6000
+#: What ``--secured`` brokers require; the label of their results.
+SECURED = "SASL_SSL SCRAM-SHA-512"
 _FAIR = ("S1", "S2", "S3", "L")
 
 
@@ -48,6 +57,7 @@ class Run:
         self.args = args
         self.sizes = sizes
         self.mode = "quick" if sizes.quick else "full"
+        self.secured: bool = args.secured
         self.out: Path = args.out
         self.logs = self.out / "logs"
         self.python: str = args.python
@@ -62,6 +72,7 @@ class Run:
         self.broker: str | None = None
         self._unavailable: dict[str, str | None] = {}
         self.java: dict[str, list[str]] = {}  # contender -> java ... -cp CLASSPATH
+        self.client_properties: str | None = None  # the running secured broker's
 
     def record(self, result: dict[str, Any]) -> None:
         result.setdefault("event", "result")
@@ -77,6 +88,8 @@ class Run:
         who = CONTENDERS.get(contender)
         if who is None:
             return "not a contender of this tree"
+        if self.secured and who.plain_only:
+            return f"not with --secured: {who.plain_only}"
         if who.kind == "java":
             if contender not in self._unavailable:
                 self._unavailable[contender] = self._build_java(contender, who.requires)
@@ -136,20 +149,33 @@ class Run:
         self.java[contender] = [java, "-Xms256m", "-Xmx1g", "-cp", built.classpath]
         return None
 
+    def start_broker(self, flavor: str, log: Path) -> Any:
+        """Start an embedded broker (secured with ``--secured``) and note its
+        ``client.properties``."""
+        from decaton_aio.embedded import BrokerSecurity, EmbeddedBroker
+
+        security = None
+        if self.secured:
+            # A password of this run only; clients read it from client.properties.
+            security = BrokerSecurity({"bench": secrets.token_urlsafe(24)})
+        broker = EmbeddedBroker(flavor=flavor, log_path=log, security=security).start()
+        found = broker.client_properties
+        self.client_properties = str(found) if found is not None else None
+        self.broker = f"{flavor} {SECURED}" if self.secured else flavor
+        return broker
+
     # ----------------------------------------------------------------- fair part
 
     async def fair(self, scenarios: list[Scenario], flavor: str) -> None:
         """S1, S3, S2 and the ladder on one broker (S2-S3 and L need S1's best settings)."""
         from bench.fair import FairRun
         from bench.measure import Harness
-        from decaton_aio.embedded import EmbeddedBroker
         from decaton_aio.testing import TopicAdmin
 
         by_name = {s.name: s for s in scenarios}
-        self.broker = flavor
-        say(f"S1-S3 and latency on {flavor}")
-        broker = EmbeddedBroker(flavor=flavor, log_path=self.logs / f"broker-{flavor}.log").start()
-        admin = TopicAdmin(broker.bootstrap_servers)
+        broker = self.start_broker(flavor, self.logs / f"broker-{flavor}.log")
+        say(f"S1-S3 and latency on {self.broker}")
+        admin = TopicAdmin(broker.bootstrap_servers, security=broker.security)
         workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=self.logs))
         seed = self.args.seed if self.args.seed is not None else int(time.time())
         emit_line({"event": "order", "seed": seed})
@@ -160,6 +186,7 @@ class Run:
             self.python,
             java=self.java,
             session_timeout_ms=SESSION_TIMEOUT_MS,
+            client_properties=self.client_properties,
         )
         fair = FairRun(harness, admin, self.sizes, self.record, say, seed)
         try:
@@ -190,7 +217,6 @@ class Run:
 
     async def legacy(self, scn: Scenario, flavor: str) -> None:
         """S4 (no broker), S5 and S6 (a broker each), through ``bench.child``."""
-        from decaton_aio.embedded import EmbeddedBroker
         from decaton_aio.testing import TopicAdmin
 
         say(f"{scn.name}: {scn.title}")
@@ -198,10 +224,8 @@ class Run:
             self.broker = None
             await self._tracker(scn)
             return
-        self.broker = flavor
-        log = self.logs / f"broker-{flavor}-{scn.name}.log"
-        broker = EmbeddedBroker(flavor=flavor, log_path=log).start()
-        admin = TopicAdmin(broker.bootstrap_servers)
+        broker = self.start_broker(flavor, self.logs / f"broker-{flavor}-{scn.name}.log")
+        admin = TopicAdmin(broker.bootstrap_servers, security=broker.security)
         try:
             if scn.name == "S5":
                 await self._memory(scn, broker.bootstrap_servers, admin)
@@ -292,6 +316,7 @@ class Run:
             partitions=spec.partitions,
             sleep_ms=10,
             hot_share=paced["hot_share"],
+            security=spec.security,
         )
         assert proc.stdin is not None
         proc.stdin.write(f"done {counts['others']}\n".encode())
@@ -303,7 +328,10 @@ class Run:
         for size in scn.options["ours"]["pending_sizes"]:
             topic = await admin.create(1, name=f"bench-s5-{size}-{time.time_ns() % 10**6}")
             await produce_tasks(
-                bootstrap, topic, make_tasks(size, keys=scn.keys, partitions=1, sleep_ms=10)
+                bootstrap,
+                topic,
+                make_tasks(size, keys=scn.keys, partitions=1, sleep_ms=10),
+                security=security_of(self.client_properties),
             )
             spec = Spec(
                 scenario="S5",
@@ -316,6 +344,7 @@ class Run:
                 measure_max_s=scn.measure_max_s,
                 session_timeout_ms=SESSION_TIMEOUT_MS,
                 options={"max_pending": size},
+                client_properties=self.client_properties,
             )
             for line in await self.child(spec, timeout_s=60 + scn.measure_max_s):
                 if line.get("event") == "result":
@@ -366,6 +395,7 @@ class Run:
             paced=True,
             drain_s=scn.paced["drain_s"],
             options=dict(scn.options[variant]),
+            client_properties=self.client_properties,
         )
         paced = {**scn.paced, "hot_share": 0.0 if variant == "uniform" else scn.paced["hot_share"]}
         timeout = 60 + scn.paced["duration_s"] + scn.paced["drain_s"]
@@ -410,7 +440,7 @@ class Run:
             "results": self.results,
             "targets": targets,
         }
-        base = self.out / self.mode
+        base = self.out / (f"{self.mode}-secured" if self.secured else self.mode)
         base.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
         chart = render_chart(self.results, base.with_suffix(".png"))
         base.with_suffix(".md").write_text(

@@ -3,12 +3,18 @@ they time code, which a unit test must not."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from bench.measure import Harness
 from bench.taskfacts import Facts, FactsWriter, load_facts, produce_to_done_ms
 from bench.tracker import TRACKERS, measure_tracker
+from bench.workload import make_tasks, pace_with_librdkafka, produce_tasks
+from decaton_aio.admin import TopicAdmin
+from decaton_aio.testing import BrokerHandle
 
 
 def test_s4_times_the_hot_path_of_every_tracker() -> None:
@@ -73,3 +79,60 @@ def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished
     assert out["p50_ms"] == 5.0
     assert out["p99_ms"] is None
     assert out["p99_ms_lower_bound"] is not None
+
+
+@pytest.mark.timeout(300)
+async def test_secured_harness_runs_ours_and_paces_over_sasl_ssl(
+    secured_kafka_broker: BrokerHandle, tmp_path: Path
+) -> None:
+    """With the secured broker's client.properties the harness produces the tasks, runs
+    our contender (``run --client-properties``), awaits its commits and paces records
+    through librdkafka, all over SASL_SSL."""
+    embedded = secured_kafka_broker.embedded
+    assert embedded is not None
+    listener = embedded.listeners["SASL_SSL"]
+    harness = Harness(
+        listener.bootstrap_servers,
+        embedded.pids,
+        tmp_path,
+        sys.executable,
+        session_timeout_ms=6000,
+        client_properties=str(listener.client_properties),
+    )
+    assert harness.security.security_protocol == "SASL_SSL"
+    admin = TopicAdmin(listener.bootstrap_servers, security=harness.security)
+    try:
+        topic = await admin.create(3)
+        # At most 3 x 10 tasks of 10 ms in flight: 10,000 tasks outlast the window.
+        tasks = make_tasks(10_000, keys=1000, partitions=3, sleep_ms=10)
+        await produce_tasks(listener.bootstrap_servers, topic, tasks, security=harness.security)
+        out = await harness.throughput(
+            "ours",
+            {"concurrency": 10},
+            topic=topic,
+            partitions=3,
+            end_offsets={},
+            warmup_s=0.5,
+            window_s=1.0,
+            tag="secured-ours",
+        )
+        assert out["measured_tasks"] > 0
+        assert out["commit"]["covered"], out["commit"]
+        assert out["order_violations"] == 0
+        paced_topic = await admin.create(3)
+        sent = pace_with_librdkafka(
+            listener.bootstrap_servers,
+            paced_topic,
+            rate=200,
+            duration_s=0.5,
+            keys=100,
+            partitions=3,
+            sleep_ms=0,
+            seq=[0] * 100,
+            seed=1,
+            security=harness.security,
+        )
+        assert sent["failed"] == 0
+        assert len(sent["offset"]) == sent["produced"] > 0
+    finally:
+        await admin.close()

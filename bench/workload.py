@@ -33,9 +33,11 @@ __all__ = [
     "RunSpec",
     "Spec",
     "Task",
+    "librdkafka_security",
     "make_tasks",
     "produce_paced",
     "produce_tasks",
+    "security_of",
 ]
 
 #: Key id of the hot key of S6; ordinary keys are ``0 .. keys - 1``.
@@ -97,9 +99,7 @@ class Spec:
     @property
     def security(self) -> SecuritySettings:
         """How every client of the contender connects (``PLAINTEXT`` unless secured)."""
-        if self.client_properties is None:
-            return PLAINTEXT
-        return read_client_properties(self.client_properties).security()
+        return security_of(self.client_properties)
 
     @property
     def group_id(self) -> str:
@@ -131,6 +131,7 @@ class RunSpec:
         facts_dir: where the contender's processes write their task facts.
         options: the contender's setting (concurrency, batch size, ...).
         session_timeout_ms: the consumer group session timeout.
+        client_properties: the broker's ``client.properties`` when it is secured.
     """
 
     contender: str
@@ -141,6 +142,12 @@ class RunSpec:
     facts_dir: str
     options: dict[str, Any] = field(default_factory=dict)
     session_timeout_ms: int = 10_000
+    client_properties: str | None = None
+
+    @property
+    def security(self) -> SecuritySettings:
+        """How the contender connects (``PLAINTEXT`` unless secured)."""
+        return security_of(self.client_properties)
 
     def to_json(self) -> str:
         """Encode for the child's command line."""
@@ -150,6 +157,45 @@ class RunSpec:
     def from_json(cls, text: str) -> RunSpec:
         """Decode what :meth:`to_json` made."""
         return cls(**msgspec.json.decode(text))
+
+
+def security_of(client_properties: str | None) -> SecuritySettings:
+    """The settings a ``client.properties`` file says (``PLAINTEXT`` for none)."""
+    if client_properties is None:
+        return PLAINTEXT
+    return read_client_properties(client_properties).security()
+
+
+def librdkafka_security(security: SecuritySettings) -> dict[str, Any]:
+    """``security`` as librdkafka (confluent-kafka) configuration.
+
+    librdkafka shares Kafka's names for the protocol and the mechanism but not for the
+    credentials (``sasl.username``/``sasl.password``, not a JAAS line) or the PEM files
+    (``ssl.ca.location``, not a trust store).
+
+    Raises:
+        ValueError: OAUTHBEARER, whose token provider is a Python object librdkafka
+            cannot call.
+    """
+    config: dict[str, Any] = {"security.protocol": security.security_protocol}
+    if security.uses_sasl:
+        if security.sasl_mechanism == "OAUTHBEARER":
+            raise ValueError("the librdkafka clients of the benchmark take no OAUTHBEARER")
+        config["sasl.mechanism"] = security.sasl_mechanism
+        config["sasl.username"] = security.sasl_username
+        config["sasl.password"] = security.sasl_password
+    if security.uses_tls:
+        files = {
+            "ssl.ca.location": security.ssl_cafile,
+            "ssl.certificate.location": security.ssl_certfile,
+            "ssl.key.location": security.ssl_keyfile,
+            "ssl.key.password": security.ssl_key_password,
+        }
+        config.update({k: str(v) for k, v in files.items() if v is not None})
+        config["ssl.endpoint.identification.algorithm"] = (
+            "https" if security.ssl_check_hostname else "none"
+        )
+    return config
 
 
 _encode = msgspec.json.Encoder().encode
@@ -319,6 +365,7 @@ def pace_with_librdkafka(
     seq: list[int],
     seed: int,
     stop: threading.Event | None = None,
+    security: SecuritySettings = PLAINTEXT,
 ) -> dict[str, Any]:
     """Produce tasks at ``rate`` per second for ``duration_s`` (blocking; run it in a
     thread) and return, per record, where it went and when it was handed to the producer
@@ -332,12 +379,19 @@ def pace_with_librdkafka(
         seq: the next sequence number per key, carried across calls.
         seed: random keys; the same seed gives every contender the same keys.
         stop: ends production early when set.
+        security: how to connect (the broker's, when it is secured).
     """
     import numpy as np
     from confluent_kafka import Producer
 
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": 1, "enable.idempotence": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 1,
+            "acks": 1,
+            "enable.idempotence": False,
+            **librdkafka_security(security),
+        }
     )
     rng = random.Random(seed)
     parts: list[int] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 from aiokafka import TopicPartition
@@ -21,7 +21,7 @@ from decaton_aio.metrics import PartitionStats
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
-__all__ = ["ProcessingContext", "TaskFunction", "TaskSource"]
+__all__ = ["OutputRecord", "ProcessingContext", "TaskFunction", "TaskSource"]
 
 #: A processor: ``async def process(ctx, task)``.
 TaskFunction = Callable[["ProcessingContext", Any], Coroutine[Any, Any, Any]]
@@ -37,6 +37,15 @@ class TaskSource(Protocol):
 
 def _noop() -> None:
     return None
+
+
+class OutputRecord(NamedTuple):
+    """A record a processor produced with :meth:`ProcessingContext.produce`."""
+
+    topic: str
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
 
 
 class ProcessingContext:
@@ -62,6 +71,7 @@ class ProcessingContext:
         "_partition",
         "_state",
         "attempt",
+        "outputs",
         "record",
         "retry_delay_s",
         "started_at",
@@ -85,6 +95,8 @@ class ProcessingContext:
         self._metadata: TaskMetadata | None = None
         self._logger: structlog.typing.FilteringBoundLogger | None = None
         self._completion: Completion | None = None
+        #: The records :meth:`produce` collected, ``None`` while there are none.
+        self.outputs: list[OutputRecord] | None = None
         self._state: KeyState | None = None
 
     @property
@@ -141,6 +153,47 @@ class ProcessingContext:
         if self._completion is None:
             self._completion = Completion(_noop, asyncio.get_running_loop())
         return self._completion
+
+    async def produce(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Produce an output record of this task.
+
+        Outputs are held until the task succeeds (the processor returns, or its deferred
+        completion completes) and are dropped if it fails, is retried or is skipped, so a
+        failed attempt never leaves outputs behind. Then they are sent in order and the
+        task's offset completes only once they are in Kafka: at-least-once, or with
+        ``Application(exactly_once=True)`` in the same transaction as the offset, so a
+        read_committed consumer sees each output exactly once.
+
+        Raises:
+            ConfigError: the topic is empty, or the value, key or headers are not bytes.
+        """
+        if not isinstance(topic, str) or not topic:
+            raise ConfigError(f"ctx.produce needs a topic name, got {topic!r}")
+        if not isinstance(value, bytes):
+            raise ConfigError(
+                f"ctx.produce takes bytes values, got {type(value).__name__}: encode it first"
+            )
+        if key is not None and not isinstance(key, bytes):
+            raise ConfigError(f"ctx.produce takes a bytes key, got {type(key).__name__}")
+        pairs = list(headers or ())
+        for pair in pairs:
+            if (
+                not isinstance(pair, tuple)
+                or len(pair) != 2
+                or not isinstance(pair[0], str)
+                or not isinstance(pair[1], bytes)
+            ):
+                raise ConfigError(f"ctx.produce headers are (str, bytes) pairs, got {pair!r}")
+        if self.outputs is None:
+            self.outputs = []
+        self.outputs.append(OutputRecord(topic, value, key, pairs))
 
     @property
     def completion(self) -> Completion | None:

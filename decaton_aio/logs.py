@@ -1,9 +1,24 @@
-"""Logging setup: structlog with a console renderer in a terminal, JSON lines otherwise.
+"""Logging setup, and the task fields every log line inside a task carries.
 
-The runtime binds topic, partition, offset, key and subscription id around each task (the
-way Decaton fills its MDC); this module only decides how those events are rendered and
-which level passes. The level comes from the caller, else ``$DECATON_AIO_LOG_LEVEL``,
-else ``info``.
+:func:`configure_logging` sets structlog up with a console renderer in a terminal, JSON
+lines otherwise; the level comes from the caller, else ``$DECATON_AIO_LOG_LEVEL``, else
+``info``.
+
+Task fields (Decaton's MDC): a log call made while a task runs, through any structlog
+logger or the standard ``logging`` module, gets the task's subscription, topic,
+partition, offset and key. :func:`add_task_context` (a structlog processor) and
+:class:`TaskContextFilter` (a ``logging`` filter) add them; :func:`configure_logging`
+installs both. An application that configures structlog itself adds
+:func:`add_task_context` to its processors.
+
+How the running task is found, at no cost per task: a task's first step runs inline inside
+the executor's ``start`` (the eager path), whose frame holds the task's context in a local
+variable: :func:`current_task_context` walks the stack from the log call up to the
+innermost such frame. A task that waited runs on as an asyncio task, which the runtime
+keeps with its context anyway: the lookup asks for the current asyncio task's. That costs
+a few microseconds per log line inside a task, where binding context variables for every
+task would cost every task, logged or not. Tasks a processor spawns itself are neither:
+bind what they need with ``ctx.logger``.
 """
 
 from __future__ import annotations
@@ -11,16 +26,120 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TextIO
+from collections.abc import Callable, MutableMapping
+from types import CodeType
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
 from decaton_aio.errors import ConfigError
 
-__all__ = ["LOG_LEVELS", "LOG_LEVEL_ENV_VAR", "configure_logging"]
+if TYPE_CHECKING:
+    from decaton_aio.context import ProcessingContext
+
+__all__ = [
+    "LOG_LEVELS",
+    "LOG_LEVEL_ENV_VAR",
+    "TASK_FIELDS",
+    "TaskContextFilter",
+    "add_task_context",
+    "configure_logging",
+    "current_task_context",
+    "register_task_frame",
+    "register_task_lookup",
+]
 
 LOG_LEVEL_ENV_VAR = "DECATON_AIO_LOG_LEVEL"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+#: The fields a log line inside a task carries.
+TASK_FIELDS = ("subscription", "topic", "partition", "offset", "key")
+
+# Code objects of the runtime's frames that run a task, with the name of the local that
+# holds its ProcessingContext.
+_TASK_FRAMES: dict[CodeType, str] = {}
+
+
+def register_task_frame(code: CodeType, local: str) -> None:
+    """Declare that frames running ``code`` run a task whose context is in ``local``.
+
+    Caller: the runtime's executor and coroutine starter, at import.
+    """
+    _TASK_FRAMES[code] = local
+
+
+# Functions returning the context of the task the current asyncio task runs, or None.
+_TASK_LOOKUPS: list[Callable[[], Any]] = []
+
+
+def register_task_lookup(lookup: Callable[[], Any]) -> None:
+    """Declare a function that names the task context of the current asyncio task.
+
+    Caller: the runtime's coroutine starter, at import.
+    """
+    _TASK_LOOKUPS.append(lookup)
+
+
+def current_task_context() -> ProcessingContext | None:
+    """The context of the task whose code is running now, or ``None`` outside a task."""
+    frames = _TASK_FRAMES
+    frame = sys._getframe(1)
+    while frame is not None:
+        local = frames.get(frame.f_code)
+        if local is not None:
+            ctx: ProcessingContext | None = frame.f_locals.get(local)
+            return ctx
+        frame = frame.f_back  # type: ignore[assignment]
+    for lookup in _TASK_LOOKUPS:
+        found: ProcessingContext | None = lookup()
+        if found is not None:
+            return found
+    return None
+
+
+def _task_fields(ctx: ProcessingContext) -> dict[str, Any]:
+    key = ctx.key
+    return {
+        "subscription": ctx.subscription_id,
+        "topic": ctx.topic,
+        "partition": ctx.partition,
+        "offset": ctx.offset,
+        "key": key.decode(errors="replace") if key is not None else None,
+    }
+
+
+def add_task_context(
+    logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A structlog processor: add the running task's fields (values already bound win)."""
+    ctx = current_task_context()
+    if ctx is not None:
+        for name, value in _task_fields(ctx).items():
+            event_dict.setdefault(name, value)
+    return event_dict
+
+
+class TaskContextFilter(logging.Filter):
+    """A ``logging`` filter that sets the running task's fields as record attributes
+    (``%(topic)s`` and so on in a format string), ``None`` outside a task."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = current_task_context()
+        fields = _task_fields(ctx) if ctx is not None else dict.fromkeys(TASK_FIELDS)
+        for name, value in fields.items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+class _TaskFormatter(logging.Formatter):
+    # The message, then the task's fields when the line was logged inside a task.
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if getattr(record, "topic", None) is None:
+            return text
+        fields = " ".join(f"{name}={getattr(record, name)}" for name in TASK_FIELDS)
+        return f"{text} [{fields}]"
 
 
 def configure_logging(
@@ -46,6 +165,7 @@ def configure_logging(
         json = not out.isatty()
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        add_task_context,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
@@ -62,6 +182,9 @@ def configure_logging(
     )
     # Third-party libraries (aiokafka) log through the standard module to the same stream.
     # Their INFO lines (every connection, every rebalance step) are noise unless debugging.
+    handler = logging.StreamHandler(out)
+    handler.addFilter(TaskContextFilter())
+    handler.setFormatter(_TaskFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [logging.StreamHandler(out)]
+    root.handlers[:] = [handler]
     root.setLevel(numeric if numeric == logging.DEBUG else max(numeric, logging.WARNING))

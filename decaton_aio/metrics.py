@@ -25,16 +25,10 @@ would make Prometheus' ``rate()`` count them twice (once on each series).
 
 from __future__ import annotations
 
-import functools
-import math
 import threading
-from array import array
 from collections.abc import Callable, Iterable, Iterator
-from itertools import accumulate, pairwise
 from typing import NamedTuple
-from wsgiref.simple_server import WSGIServer
 
-import numpy as np
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -43,9 +37,10 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.utils import floatToGoString
 
-from decaton_aio.errors import ConfigError
+from decaton_aio._endpoint import DEFAULT_METRICS_ADDR, Endpoint, Probes
+from decaton_aio._histogram import DEFAULT_BUCKETS_S, FastHistogram
+from decaton_aio._stats import PartitionStats, SubscriptionStats
 
 __all__ = [
     "DEFAULT_BUCKETS_S",
@@ -56,205 +51,13 @@ __all__ = [
     "MetricsEndpoint",
     "PartitionLabels",
     "PartitionStats",
+    "Probes",
     "StatsSource",
+    "SubscriptionStats",
 ]
 
-DEFAULT_BUCKETS_S: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-)  # fmt: skip
-"""Histogram upper bounds in seconds: sub-millisecond processors up to minute-long retries."""
-
-DEFAULT_METRICS_ADDR = "127.0.0.1"
-"""Loopback by default so metrics are not exposed on every interface by accident; pass
-``"0.0.0.0"`` (or ``"::"``) when Prometheus scrapes from another host."""
 
 _LABEL_NAMES = ("subscription", "topic", "partition")
-
-
-class FastHistogram:
-    """A fixed-bucket histogram whose :meth:`observe` is one C-level append.
-
-    Observations are queued in an ``array`` and sorted into buckets in bulk (numpy) by
-    :meth:`fold`, which every reader calls first and the runtime calls once per commit
-    interval, so the queue stays short (8 bytes per queued observation). Folding may run
-    in a scrape thread while the event loop observes: it takes only the observations
-    queued when it started and leaves later ones queued.
-
-    Args:
-        bounds: the bucket upper bounds in seconds, strictly increasing. A value equal to a
-            bound lands in that bound's bucket (Prometheus' ``le``: less than or equal).
-
-    Raises:
-        ConfigError: the bounds are empty, not finite or not strictly increasing.
-
-    Attributes:
-        bounds: the bucket upper bounds.
-        observe: record one value (a finite duration in seconds; a negative one, from
-            clock skew, lands in the first bucket). Hot path: no validation.
-    """
-
-    __slots__ = ("_counts", "_edges", "_lock", "_queued", "_sum", "bounds", "observe")
-
-    def __init__(self, bounds: tuple[float, ...] = DEFAULT_BUCKETS_S) -> None:
-        # The default is known good; skipping its check keeps scrape-time copies cheap.
-        if bounds is not DEFAULT_BUCKETS_S and not (
-            bounds and all(map(math.isfinite, bounds)) and all(a < b for a, b in pairwise(bounds))
-        ):
-            raise ConfigError(f"histogram bounds must be finite and strictly increasing: {bounds}")
-        self.bounds = bounds
-        self._edges = np.asarray(bounds, dtype=np.float64)
-        self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)
-        self._sum = 0.0
-        self._queued = array("d")
-        self.observe: Callable[[float], None] = self._queued.append
-        self._lock = threading.Lock()
-
-    def fold(self) -> None:
-        """Sort the queued observations into their buckets."""
-        with self._lock:
-            queued = self._queued
-            n = len(queued)
-            if not n:
-                return
-            values = np.frombuffer(queued[:n], dtype=np.float64)  # a copy: appends go on
-            del queued[:n]
-            self._counts += np.bincount(
-                np.searchsorted(self._edges, values, side="left"), minlength=len(self._counts)
-            )
-            self._sum += float(values.sum())
-
-    @property
-    def counts(self) -> list[int]:
-        """Observations per bucket (not cumulative); the last one is the overflow bucket
-        (``+Inf``) for values above every bound."""
-        self.fold()
-        return [int(n) for n in self._counts]
-
-    @property
-    def sum(self) -> float:
-        """The sum of every observed value."""
-        self.fold()
-        return self._sum
-
-    @property
-    def count(self) -> int:
-        """The number of observations."""
-        self.fold()
-        return int(self._counts.sum())
-
-    def merge(self, other: FastHistogram) -> None:
-        """Add another histogram's observations to this one.
-
-        Args:
-            other: a histogram with the same bounds.
-
-        Raises:
-            ValueError: the bounds differ.
-        """
-        if other.bounds != self.bounds:
-            raise ValueError("cannot merge histograms with different bucket bounds")
-        other.fold()
-        with other._lock:
-            counts, total = other._counts.copy(), other._sum
-        with self._lock:
-            self._counts += counts
-            self._sum += total
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """Return the Prometheus buckets: ``(le, observations <= le)`` ending with ``+Inf``."""
-        counts = self.counts  # one copy, so buckets are consistent with each other
-        return list(zip(_le_labels(self.bounds), map(float, accumulate(counts)), strict=True))
-
-
-@functools.cache
-def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
-    # Formatted once per bound set, in the exact form prometheus_client uses for ``le``.
-    return (*map(floatToGoString, bounds), "+Inf")
-
-
-class PartitionStats:
-    """What the runtime counts about one assigned partition; it mutates the fields directly.
-
-    Counters only grow: ``processed``, ``errors``, ``discarded``, ``retries``,
-    ``compactions`` (ints) and ``throttled_s`` (float seconds). Gauges are set by the
-    runtime: ``pending`` (records fetched and not completed), ``paused`` (fetching paused
-    for back-pressure), ``committed_offset`` (last committed, i.e. the next offset a
-    restart reads), ``consumed_offset`` (one past the last fetched record) and
-    ``high_watermark`` (the partition's end offset, for the lag); ``-1`` means unknown and
-    the gauge is not exported. Histograms: ``process_duration`` (seconds the processor
-    ran), ``completion_duration`` (processing start to completion; longer than the process
-    duration with deferred completion) and ``delivery_latency`` (record timestamp to
-    processing start).
-
-    Caller: the event loop that owns the partition (writes); the scrape thread (reads).
-    """
-
-    __slots__ = (
-        "committed_offset", "compactions", "completion_duration", "consumed_offset",
-        "delivery_latency", "discarded", "errors", "high_watermark", "paused", "pending",
-        "process_duration", "processed", "retries", "throttled_s",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        """Create stats with zero counters, empty histograms and unknown offsets."""
-        self.processed = 0
-        self.errors = 0
-        self.discarded = 0
-        self.retries = 0
-        self.compactions = 0
-        self.throttled_s = 0.0
-        self.pending = 0
-        self.paused = False
-        self.committed_offset = -1
-        self.consumed_offset = -1
-        self.high_watermark = -1
-        self.process_duration = FastHistogram()
-        self.completion_duration = FastHistogram()
-        self.delivery_latency = FastHistogram()
-
-    def fold(self) -> None:
-        """Sort the histograms' queued observations into buckets (see
-        :meth:`FastHistogram.fold`); the runtime calls it once per commit interval."""
-        self.process_duration.fold()
-        self.completion_duration.fold()
-        self.delivery_latency.fold()
-
-    @property
-    def lag(self) -> int:
-        """Records between the high watermark and the committed offset, or -1 if unknown.
-
-        Clamped at 0: the high watermark is refreshed by fetches and may trail a commit.
-        """
-        high, committed = self.high_watermark, self.committed_offset
-        if high < 0 or committed < 0:
-            return -1
-        return max(0, high - committed)
-
-    def merge_counters(self, other: PartitionStats) -> None:
-        """Add another object's counters and histograms to this one's; gauges are untouched.
-
-        Args:
-            other: the stats to fold in, for example a revoked partition's.
-        """
-        self.processed += other.processed
-        self.errors += other.errors
-        self.discarded += other.discarded
-        self.retries += other.retries
-        self.compactions += other.compactions
-        self.throttled_s += other.throttled_s
-        self.process_duration.merge(other.process_duration)
-        self.completion_duration.merge(other.completion_duration)
-        self.delivery_latency.merge(other.delivery_latency)
-
-    def snapshot(self) -> PartitionStats:
-        """Return a copy that later updates of this object do not change."""
-        copy = PartitionStats()
-        copy.merge_counters(self)
-        copy.pending, copy.paused = self.pending, self.paused
-        copy.committed_offset, copy.consumed_offset = self.committed_offset, self.consumed_offset
-        copy.high_watermark = self.high_watermark
-        return copy
 
 
 class PartitionLabels(NamedTuple):
@@ -268,28 +71,58 @@ class PartitionLabels(NamedTuple):
 StatsSource = Callable[[], Iterable[tuple[PartitionLabels, PartitionStats]]]
 """Returns the live partitions and their stats; called by a scrape under the collector lock."""
 
-# (name, help, attribute of PartitionStats). CounterMetricFamily appends ``_total``.
-_COUNTERS = (
+# (name, help, read). CounterMetricFamily appends ``_total``.
+_COUNTERS: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
     ("decaton_tasks_processed", "Tasks the processor finished, successfully or with an "
-     "error (tasks_error_total counts the failed ones).", "processed"),
-    ("decaton_tasks_error", "Tasks whose processor raised an error.", "errors"),
+     "error (tasks_error_total counts the failed ones).", lambda s: s.processed),
+    ("decaton_tasks_error", "Tasks whose processor raised an error.", lambda s: s.errors),
     ("decaton_tasks_discarded", "Records completed without running the processor "
-     "(ignored keys, undecodable records sent to the dead letter topic).", "discarded"),
+     "(ignored keys, undecodable records sent to the dead letter topic).",
+     lambda s: s.discarded),
     ("decaton_tasks_retried", "Tasks handed to retry (retry topic or in-place retry).",
-     "retries"),
+     lambda s: s.retries),
     ("decaton_tasks_compacted", "Tasks dropped by task compaction because the compactor "
-     "kept another task of the same key.", "compactions"),
+     "kept another task of the same key.", lambda s: s.compactions),
+    ("decaton_tasks_timeout", "Deferred completions still open after "
+     "decaton.deferred.complete.timeout.ms (then given up, extended or retried as the "
+     "application's policy says).", lambda s: s.timeouts),
     ("decaton_partition_throttled_seconds", "Seconds tasks of the partition waited for "
-     "the rate limiter.", "throttled_s"),
+     "the rate limiter.", lambda s: s.throttled_s),
+    ("decaton_partition_paused_seconds", "Seconds fetching from the partition was paused "
+     "(pending records at decaton.max.pending.records, or a rate of 0).",
+     lambda s: s.paused_total()),
+    ("decaton_partition_queue_starved_seconds", "Seconds the partition had no pending "
+     "record: it waited for records to arrive.", lambda s: s.starved_total()),
+    ("decaton_retry_queued_tasks", "Tasks sent to the retry topic (durable).",
+     lambda s: s.retry_queued),
+    ("decaton_retry_queueing_failed", "Sends to the retry topic that failed (each is "
+     "tried again; the task stays pending meanwhile).", lambda s: s.retry_failed),
+    ("decaton_dead_letter_queued_tasks", "Tasks sent to the dead letter topic (durable).",
+     lambda s: s.dead_letter_queued),
+    ("decaton_dead_letter_queueing_failed", "Sends to the dead letter topic that failed "
+     "(each is tried again).", lambda s: s.dead_letter_failed),
+    ("decaton_shaping_queued_tasks", "Tasks of keys over their quota sent to the shaping "
+     "topic (durable).", lambda s: s.shaping_queued),
+    ("decaton_shaping_queueing_failed", "Sends to the shaping topic that failed (each is "
+     "tried again).", lambda s: s.shaping_failed),
 )  # fmt: skip
-_HISTOGRAMS = (
+# Records fetched, by format: one series per value of the ``format`` label.
+_CONSUMED = (
+    "decaton_records_consumed",
+    "Records fetched from the partition, by format: with_dt_meta (a Decaton task with its "
+    "metadata header) or without_dt_meta (a plain record; counted when it first runs).",
+)
+_HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], ...] = (
     ("decaton_task_process_duration_seconds", "Seconds the processor ran per task.",
-     "process_duration"),
+     lambda s: s.process_total()),
     ("decaton_task_completion_duration_seconds", "Seconds from processing start to task "
-     "completion; longer than the process duration when completion is deferred.",
-     "completion_duration"),
+     "completion, for every task; longer than the process duration when completion is "
+     "deferred or a retry or dead letter record is being sent.",
+     lambda s: s.completion_total()),
     ("decaton_task_delivery_latency_seconds", "Seconds from the record timestamp (the "
-     "task's produce time) to processing start.", "delivery_latency"),
+     "task's produce time) to processing start.", lambda s: s.delivery_latency),
+    ("decaton_task_scheduling_delay_seconds", "Seconds a scheduled task (dt_meta "
+     "scheduled time) waited for its time once fetched.", lambda s: s.scheduling_delay),
 )  # fmt: skip
 # Gauges of live partitions only; a value below 0 means unknown and the sample is left out.
 _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
@@ -304,6 +137,15 @@ _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
     ("decaton_consumer_lag", "Records between the partition's high watermark and its "
      "committed offset; absent while either is unknown.", lambda s: s.lag),
 )  # fmt: skip
+_STATE = (
+    "decaton_subscription_state",
+    "1 for the state the subscription is in (label state), 0 for the others.",
+)
+_FETCH_LATENCY = (
+    "decaton_consumer_fetch_latency_seconds",
+    "Seconds each fetch call took to return records, or to time out (100 ms) when none "
+    "arrived; rebalance callbacks run inside it.",
+)
 
 
 class DecatonCollector:
@@ -311,6 +153,7 @@ class DecatonCollector:
 
     Args:
         source: returns the live partitions; called under :attr:`lock`.
+        subscriptions: returns the subscriptions' stats by subscription id.
 
     Attributes:
         lock: held while a scrape copies the stats. Change what the source returns and call
@@ -318,9 +161,14 @@ class DecatonCollector:
             counts either live or retired, never both or neither. Re-entrant.
     """
 
-    def __init__(self, source: StatsSource) -> None:
+    def __init__(
+        self,
+        source: StatsSource,
+        subscriptions: Callable[[], Iterable[tuple[str, SubscriptionStats]]] = tuple,
+    ) -> None:
         self.lock = threading.RLock()
         self._source = source
+        self._subscriptions = subscriptions
         self._retired: dict[PartitionLabels, PartitionStats] = {}
 
     def retire(self, labels: PartitionLabels, stats: PartitionStats) -> None:
@@ -335,50 +183,85 @@ class DecatonCollector:
             stats: its stats, which the source must no longer return.
         """
         with self.lock:
-            acc = self._retired.setdefault(labels, PartitionStats())
+            acc = self._retired.get(labels)
+            if acc is None:
+                acc = self._retired[labels] = PartitionStats(starved=False)
             acc.merge_counters(stats)
 
     def describe(self) -> Iterator[Metric]:
         """Yield the metric families without samples, so the registry knows their names."""
-        counters, histograms, gauges = self._families()
-        yield from (*counters, *histograms, *gauges)
+        yield from _Families.new().all()
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family with one series per partition (runs at scrape time)."""
         with self.lock:  # copy under the lock, format outside it
             rows = self._snapshot()
-        counters, histograms, gauges = self._families()
+            subscriptions = sorted(self._subscriptions())
+        families = _Families.new()
+        counters, consumed, histograms, gauges, state, fetch_latency = families
         for labels, stats, live in rows:
             values = (labels.subscription, labels.topic, str(labels.partition))
-            for counter, (_, _, attr) in zip(counters, _COUNTERS, strict=True):
-                counter.add_metric(values, float(getattr(stats, attr)))
-            for histogram, (_, _, attr) in zip(histograms, _HISTOGRAMS, strict=True):
-                hist: FastHistogram = getattr(stats, attr)
+            for counter, (_, _, read) in zip(counters, _COUNTERS, strict=True):
+                counter.add_metric(values, float(read(stats)))
+            without = stats.without_metadata
+            consumed.add_metric((*values, "with_dt_meta"), float(stats.consumed - without))
+            consumed.add_metric((*values, "without_dt_meta"), float(without))
+            for histogram, (_, _, read_hist) in zip(histograms, _HISTOGRAMS, strict=True):
+                hist = read_hist(stats)
                 histogram.add_metric(values, hist.cumulative(), hist.sum)
-            for gauge, (_, _, read) in zip(gauges, _GAUGES, strict=True):
-                value = read(stats)
+            for gauge, (_, _, read_gauge) in zip(gauges, _GAUGES, strict=True):
+                value = read_gauge(stats)
                 if live and value >= 0:
                     gauge.add_metric(values, float(value))
-        yield from (*counters, *histograms, *gauges)
+        for subscription, sub in subscriptions:
+            now = sub.state
+            for name in sub.states:
+                state.add_metric((subscription, name), 1.0 if name == now else 0.0)
+            latency = sub.fetch_latency
+            fetch_latency.add_metric((subscription,), latency.cumulative(), latency.sum)
+        yield from families.all()
 
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
         """Copy every partition's numbers (caller holds the lock); True marks live ones."""
         rows = {labels: (stats.snapshot(), True) for labels, stats in self._source()}
         for labels, retired in self._retired.items():
-            copy, live = rows.get(labels) or (PartitionStats(), False)
+            copy, live = rows.get(labels) or (PartitionStats(starved=False), False)
             copy.merge_counters(retired)
             rows[labels] = (copy, live)
         return [(labels, *rows[labels]) for labels in sorted(rows)]
 
-    @staticmethod
-    def _families() -> tuple[
-        list[CounterMetricFamily], list[HistogramMetricFamily], list[GaugeMetricFamily]
-    ]:
-        return (
-            [CounterMetricFamily(n, doc, labels=_LABEL_NAMES) for n, doc, _ in _COUNTERS],
-            [HistogramMetricFamily(n, doc, labels=_LABEL_NAMES) for n, doc, _ in _HISTOGRAMS],
-            [GaugeMetricFamily(n, doc, labels=_LABEL_NAMES) for n, doc, _ in _GAUGES],
+
+class _Families(NamedTuple):
+    """The metric families of one scrape, empty until the collector fills them."""
+
+    counters: list[CounterMetricFamily]
+    consumed: CounterMetricFamily
+    histograms: list[HistogramMetricFamily]
+    gauges: list[GaugeMetricFamily]
+    state: GaugeMetricFamily
+    fetch_latency: HistogramMetricFamily
+
+    @classmethod
+    def new(cls) -> _Families:
+        labels = _LABEL_NAMES
+        return cls(
+            [CounterMetricFamily(n, doc, labels=labels) for n, doc, _ in _COUNTERS],
+            CounterMetricFamily(*_CONSUMED, labels=(*labels, "format")),
+            [HistogramMetricFamily(n, doc, labels=labels) for n, doc, _ in _HISTOGRAMS],
+            [GaugeMetricFamily(n, doc, labels=labels) for n, doc, _ in _GAUGES],
+            GaugeMetricFamily(*_STATE, labels=("subscription", "state")),
+            HistogramMetricFamily(*_FETCH_LATENCY, labels=("subscription",)),
         )
+
+    def all(self) -> list[Metric]:
+        return [
+            *self.counters,
+            self.consumed,
+            *self.histograms,
+            *self.gauges,
+            self.state,
+            self.fetch_latency,
+        ]
 
 
 class MetricsEndpoint:
@@ -393,20 +276,25 @@ class MetricsEndpoint:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._endpoint: Endpoint | None = None
 
     def render(self) -> bytes:
         """Return every metric in the Prometheus text format (for tests and the CLI)."""
         return generate_latest(self.registry)
 
-    def start_http_server(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> int:
-        """Serve the metrics over HTTP (any path) from a daemon thread until :meth:`stop`.
+    def start_http_server(
+        self, port: int, addr: str = DEFAULT_METRICS_ADDR, *, probes: Probes | None = None
+    ) -> int:
+        """Serve the metrics over HTTP from a daemon thread until :meth:`stop`.
+
+        ``/healthz`` and ``/readyz`` answer the ``probes`` (JSON, 200 or 503; 404 without
+        probes); every other path serves the metrics.
 
         Args:
             port: the TCP port; 0 picks a free one.
             addr: the address to bind; loopback by default (see
                 :data:`DEFAULT_METRICS_ADDR`).
+            probes: the liveness and readiness checks (the runtime's health check).
 
         Returns:
             The port actually bound.
@@ -415,30 +303,16 @@ class MetricsEndpoint:
             ConfigError: the port is out of range or the address cannot be bound.
             RuntimeError: the server is already running.
         """
-        if self._server is not None:
+        if self._endpoint is not None:
             raise RuntimeError("the metrics HTTP server is already running; call stop() first")
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"metrics port must be between 0 and 65535, got {port}")
-        try:
-            server, thread = prometheus_client.start_http_server(
-                port, addr=addr, registry=self.registry
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve metrics on {addr}:{port}: {exc}; choose another port or address"
-            ) from exc
-        self._server, self._thread = server, thread
-        return int(server.server_port)
+        self._endpoint = Endpoint.start(self.registry, port, addr, probes)
+        return self._endpoint.port
 
     def stop(self) -> None:
         """Stop the HTTP server, close its socket and join its thread; idempotent."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is not None:
-            server.shutdown()  # returns once serve_forever has left its loop
-            server.server_close()
-        if thread is not None:
-            thread.join()
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.stop()
 
 
 class Metrics(MetricsEndpoint):
@@ -458,12 +332,33 @@ class Metrics(MetricsEndpoint):
     def __init__(self, *, process_metrics: bool = True) -> None:
         super().__init__(CollectorRegistry())
         self._live: dict[PartitionLabels, PartitionStats] = {}
-        self._collector = DecatonCollector(lambda: list(self._live.items()))
+        self._subscriptions: dict[str, SubscriptionStats] = {}
+        self._collector = DecatonCollector(
+            lambda: list(self._live.items()), lambda: list(self._subscriptions.items())
+        )
         self.registry.register(self._collector)
         if process_metrics:
             prometheus_client.ProcessCollector(registry=self.registry)
             prometheus_client.PlatformCollector(registry=self.registry)
             prometheus_client.GCCollector(registry=self.registry)
+
+    def register_subscription(
+        self, subscription: str, states: tuple[str, ...]
+    ) -> SubscriptionStats:
+        """Start exporting a subscription's state and fetch latency.
+
+        Args:
+            subscription: the subscription id.
+            states: the names of its states, the initial one first.
+
+        Returns:
+            The stats object the runtime updates (a second registration of the same id
+            replaces the first).
+        """
+        stats = SubscriptionStats(states)
+        with self._collector.lock:
+            self._subscriptions[subscription] = stats
+        return stats
 
     def register_partition(self, subscription: str, topic: str, partition: int) -> PartitionStats:
         """Start exporting a newly assigned partition.

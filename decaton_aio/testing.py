@@ -140,7 +140,8 @@ class BrokerHandle:
     ) -> Subscription:
         """A subscription on this broker with test consumer settings (short session
         timeout) and a fresh group unless one is named."""
-        config = self.consumer_config(group_id or f"{app.group}-{uuid.uuid4().hex[:8]}", **consumer)
+        group = group_id or f"{app.group_id or app.subscription_id}-{uuid.uuid4().hex[:8]}"
+        config = self.consumer_config(group, **consumer)
         return Subscription(app, config, producer=self.producer_config())
 
     @classmethod
@@ -393,7 +394,7 @@ async def drain(
     wrapped = dataclasses.replace(app, processor=recording)
     consumer = ConsumerConfig(
         bootstrap_servers,
-        group_id or f"{app.group}-{uuid.uuid4().hex[:8]}",
+        group_id or f"{app.group_id or app.subscription_id}-{uuid.uuid4().hex[:8]}",
         **TEST_CONSUMER_SETTINGS,
         security=security,
     )

@@ -27,6 +27,8 @@ class Contender(NamedTuple):
         batch_based: processes a polled batch to its end before the next (head-of-line).
         processes: consumer processes it runs.
         requires: the import (python) that must work, for "not available".
+        plain_only: why it cannot connect to a secured broker (``--secured``); empty
+            when it takes the broker's TLS and SASL settings.
     """
 
     module: str
@@ -36,6 +38,11 @@ class Contender(NamedTuple):
     batch_based: bool = False
     processes: int = 1
     requires: str = ""
+    plain_only: str = ""
+
+
+# The Java runners build their clients from bootstrap servers and group alone.
+_JAVA_PLAIN_ONLY = "the Java runners (bench/java) connect to a plaintext listener only"
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -92,6 +99,7 @@ CONTENDERS: dict[str, Contender] = {
         True,
         kind="java",
         requires="decaton",
+        plain_only=_JAVA_PLAIN_ONLY,
     ),
     "decaton-virtual": Contender(
         "io.github.decatonaio.bench.peers.DecatonRunner",
@@ -99,6 +107,7 @@ CONTENDERS: dict[str, Contender] = {
         True,
         kind="java",
         requires="decaton",
+        plain_only=_JAVA_PLAIN_ONLY,
     ),
     "parallel-consumer": Contender(
         "io.github.decatonaio.bench.peers.ParallelConsumerRunner",
@@ -106,5 +115,6 @@ CONTENDERS: dict[str, Contender] = {
         True,
         kind="java",
         requires="parallel-consumer",
+        plain_only=_JAVA_PLAIN_ONLY,
     ),
 }

@@ -4,6 +4,8 @@
 blocks), the batch runs on the event loop the ``keyed`` (ordered) or ``gather`` way of
 :mod:`bench.contenders.plain`, then ``commit(asynchronous=True)`` commits the consumed
 positions. Options: ``batch_records`` (default 500, up to 10,000), ``max_in_flight``.
+A secured broker's settings reach librdkafka under its own names
+(:func:`~bench.workload.librdkafka_security`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, NamedTuple
 
 from bench.body import Body
 from bench.contenders.plain import capped, run_batch
-from bench.workload import RunSpec
+from bench.workload import RunSpec, librdkafka_security
 
 __all__ = ["main"]
 
@@ -37,6 +39,7 @@ async def main(spec: RunSpec, body: Body) -> None:
             "enable.auto.commit": False,
             "session.timeout.ms": spec.session_timeout_ms,
             "heartbeat.interval.ms": max(100, spec.session_timeout_ms // 10),
+            **librdkafka_security(spec.security),
         }
     )
     consumer.subscribe([spec.topic])

@@ -4,7 +4,8 @@
 A record is handed to whichever copy is free, so tasks of one key can run concurrently and
 out of order. Faust owns the event loop (its worker starts and runs it), so this
 contender runs blocking until the harness stops the process. Faust commits the offsets of
-acknowledged records on its own interval.
+acknowledged records on its own interval. A secured broker's settings become faust's
+``broker_credentials``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ def run_blocking(spec: RunSpec, body: Body) -> None:
     from faust.worker import Worker
 
     extra: dict[str, Any] = {}
+    security = spec.security
+    if security.uses_sasl:
+        extra["broker_credentials"] = faust.SASLCredentials(
+            username=security.sasl_username,
+            password=security.sasl_password,
+            ssl_context=security.ssl_context(),
+            mechanism=security.sasl_mechanism,
+        )
+    elif security.uses_tls:
+        extra["broker_credentials"] = faust.SSLCredentials(security.ssl_context())
     if spec.options.get("max_poll_records"):
         extra["broker_max_poll_records"] = int(spec.options["max_poll_records"])
     app = faust.App(

@@ -1,8 +1,10 @@
 """Our runtime: one :class:`~decaton_aio.consumer.Subscription` consuming the topic.
 
 Options (``spec.options``): ``concurrency`` (``decaton.partition.concurrency``),
-``max_pending`` (``decaton.max.pending.records``), ``max_fetch_records`` and, for S6,
-``per_key_quota`` (``decaton.per.key.quota.processing.rate``).
+``max_pending`` (``decaton.max.pending.records``), ``max_fetch_records``, for S6
+``per_key_quota`` (``decaton.per.key.quota.processing.rate``), ``checkpoints`` (false:
+commit without checkpoints) and ``exactly_once`` (true: each task produces one output to
+``<topic>-out`` and commits in transactions), e.g. ``--set ours.exactly_once=true``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from bench.recorder import Recorder, emit
 from bench.workload import Spec, Task
+from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import DEFAULT_MAX_FETCH_RECORDS, Application, ConsumerConfig
 from decaton_aio.consumer import Subscription
 from decaton_aio.consumer._runner import tune_gc
@@ -43,6 +46,8 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
         serializer=JsonSerializer(Task),
         properties=properties,
         subscription_id=f"bench-{spec.scenario.lower()}",
+        checkpoints=bool(opts.get("checkpoints", True)),
+        exactly_once=bool(opts.get("exactly_once", False)),
         **extra,
     )
     consumer = ConsumerConfig(
@@ -61,7 +66,10 @@ def build_subscription(spec: Spec, process: Any) -> Subscription:
 
 async def main(spec: Spec, recorder: Recorder) -> None:
     tune_gc()  # as `python -m decaton_aio run` does
-    subscription = build_subscription(spec, recorder.processor())
+    process = recorder.processor()
+    if spec.options.get("exactly_once"):
+        process = await _with_output(spec, process)
+    subscription = build_subscription(spec, process)
     await subscription.start()
     ticker = asyncio.create_task(recorder.ticker())
     if spec.paced:
@@ -72,6 +80,19 @@ async def main(spec: Spec, recorder: Recorder) -> None:
         "paused_partitions_at_end": sum(p.paused for p in subscription.partitions.values()),
         "pending_at_end": sum(p.pending for p in subscription.partitions.values()),
     }
+
+
+async def _with_output(spec: Spec, process: Any) -> Any:
+    # Exactly-once runs emit one output per task, committed with the task's offset.
+    admin = TopicAdmin(spec.bootstrap)
+    out = await admin.create(spec.partitions, name=f"{spec.topic}-out")
+    await admin.close(delete=False)
+
+    async def emitting(ctx: Any, task: Task) -> None:
+        await process(ctx, task)
+        await ctx.produce(out, b"done", key=ctx.key)
+
+    return emitting
 
 
 async def _paced(spec: Spec, recorder: Recorder, subscription: Subscription) -> None:

@@ -28,8 +28,9 @@ import structlog
 
 from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
 from decaton_aio.admin import TopicAdmin
-from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.app import Application
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.cli._run_args import consumer_config, health_config
 from decaton_aio.cli._security import cluster_from_args
 from decaton_aio.cli._supervisor import SupervisorConfig, supervise, worker_role
 from decaton_aio.client_properties import ClusterSettings
@@ -41,6 +42,7 @@ from decaton_aio.producer import ProducerConfig, TaskProducer
 from decaton_aio.properties import parse_assignments
 from decaton_aio.retry import RetryConfig
 from decaton_aio.serializers import JsonSerializer
+from decaton_aio.tracing import Tracing
 
 __all__ = ["DataError", "inspect", "produce", "run_broker", "run_target"]
 
@@ -261,6 +263,8 @@ def _application(args: argparse.Namespace) -> Application:
         changes["group_id"] = args.group
     if args.subscription_id:
         changes["subscription_id"] = args.subscription_id
+    if args.tracing and app.tracing is None:
+        changes["tracing"] = Tracing()
     retry = _retry_config(args, app.retry)
     if retry is not app.retry:
         changes["retry"] = retry
@@ -271,6 +275,7 @@ def _application(args: argparse.Namespace) -> Application:
     app = dataclasses.replace(app, **changes) if changes else app
     if not app.topics:
         raise ConfigError(f"{args.target} names no topics: pass --topic")
+    _ = app.group  # no group named: fail before anything starts
     return app
 
 
@@ -335,15 +340,8 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 spool_dir = spool_dir / f"worker-{role.index}"
             app = worker_application(app, role.index)
         options = RunOptions(
-            consumer=ConsumerConfig(
-                bootstrap_servers=servers,
-                group_id=app.group,
-                session_timeout_ms=args.session_timeout_ms,
-                heartbeat_interval_ms=args.heartbeat_interval_ms,
-                auto_offset_reset=args.auto_offset_reset,
-                metadata_max_age_ms=args.metadata_max_age_ms,
-                isolation_level=args.isolation_level,
-                security=security,
+            consumer=consumer_config(
+                args, servers, app.group, isolation_level=args.isolation_level, security=security
             ),
             producer=ProducerConfig(
                 servers,
@@ -359,6 +357,7 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             metrics_port=args.metrics_port,
             metrics_addr=metrics_addr,
             metrics_port_file=role.port_file if role is not None else None,
+            health=health_config(args),
         )
         asyncio.run(run_application(app, options))
     return EXIT_OK

@@ -23,6 +23,7 @@ from decaton_aio.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from decaton_aio.cli._run_args import add_consumer_arguments, add_probe_arguments
 from decaton_aio.cli._security import add_security_arguments, password_on_command_line
 from decaton_aio.cli._supervisor import parse_workers
 from decaton_aio.embedded import FLAVOR_ENV_VAR, FLAVORS, KAFKA_VERSION
@@ -228,6 +229,14 @@ def _build_parser() -> _Parser:
         default=os.environ.get("DECATON_AIO_METRICS_ADDR", DEFAULT_METRICS_ADDR),
         help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
     )
+    add_probe_arguments(run)
+    run.add_argument(
+        "--tracing",
+        action="store_true",
+        default=os.environ.get("DECATON_AIO_TRACING", "").lower() in ("1", "true", "yes"),
+        help="an OpenTelemetry span per task, with the global tracer provider (the tracing "
+        "extra; e.g. under opentelemetry-instrument; env DECATON_AIO_TRACING=1)",
+    )
     add_producer_arguments(run)
     run.add_argument(
         "--spool-dir",
@@ -259,16 +268,7 @@ def _build_parser() -> _Parser:
         help="queue: through <topic>-retry (default); in-place: in the key's lane, which "
         "waits (env DECATON_AIO_RETRY_MODE)",
     )
-    run.add_argument("--session-timeout-ms", type=int, default=10_000)
-    run.add_argument("--heartbeat-interval-ms", type=int, default=3_000)
-    run.add_argument("--auto-offset-reset", choices=("earliest", "latest"), default="earliest")
-    run.add_argument(
-        "--metadata-max-age-ms",
-        type=int,
-        default=300_000,
-        help="refresh the cluster's metadata this often: a recreated task topic is noticed "
-        "within it (default 5 minutes)",
-    )
+    add_consumer_arguments(run)
     _add_isolation_level(run, "read_committed: records of aborted transactions are never processed")
     run.add_argument(
         "--side-topic-replication-factor",

@@ -10,17 +10,24 @@ outcome into a finish, a deferred completion, a retry or a dead letter.
 
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
 (lanes, slots, pause), ``_execution`` (a task's outcome), ``_watermark`` (the commit
-point), ``_records`` (fetched records without per-record objects), ``_eager`` (starting a
-coroutine inline), ``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals,
-properties, metrics around a subscription).
+point), ``_committer`` (commits, checkpoints at assignment, transactions),
+``_checkpoint_codec`` and ``_checkpoints`` (the checkpoint's encoding and store),
+``_outputs`` (``ctx.produce`` delivery), ``_transactions`` (exactly-once), ``_records``
+(fetched records without per-record objects), ``_eager`` (starting a coroutine inline),
+``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties, metrics
+around a subscription), ``_health`` (the liveness and readiness probes,
+:class:`HealthCheck`).
 """
 
 from __future__ import annotations
 
+from decaton_aio.consumer._health import HealthCheck, HealthConfig
 from decaton_aio.consumer._runner import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.consumer._subscription import Subscription, SubscriptionState
 
 __all__ = [
+    "HealthCheck",
+    "HealthConfig",
     "RunOptions",
     "Subscription",
     "SubscriptionState",

@@ -22,14 +22,16 @@ Caller: both sides, on the event loop that owns the consumer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
+from decaton_aio.context import OutputRecord
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
 
-__all__ = ["TaskHost", "TaskRunner"]
+__all__ = ["OutputSink", "TaskHost", "TaskRunner"]
 
 
 class TaskHost(Protocol):
@@ -37,6 +39,12 @@ class TaskHost(Protocol):
 
     tp: TopicPartition
     stats: PartitionStats
+
+    @property
+    def outputs(self) -> OutputSink | None:
+        """Where its tasks' outputs go (the partition's transaction with exactly-once);
+        ``None``: the executor's default sink."""
+        ...
 
     @property
     def closed(self) -> bool:
@@ -62,4 +70,15 @@ class TaskRunner(Protocol):
 
     def shape(self, partition: TaskHost, record: Record) -> None:
         """Take a hot key's record off the partition (it completes once sent)."""
+        ...
+
+
+class OutputSink(Protocol):
+    """Where a partition's outputs go."""
+
+    async def deliver(
+        self, partition: TaskHost, record: Record, outputs: Sequence[OutputRecord]
+    ) -> None:
+        """Make ``outputs`` safe, then ``partition.complete_released(record)``; raise
+        (completing nothing) when they could not be."""
         ...

@@ -37,8 +37,10 @@ from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
+from decaton_aio.consumer._outputs import DurableOutputs, deliver_outputs
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
+from decaton_aio.logs import register_task_frame
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
 from decaton_aio.properties import (
     DEFERRED_COMPLETE_TIMEOUT_MS,
@@ -58,6 +60,12 @@ __all__ = ["TaskExecutor"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 _SEND_BACKOFF_BASE_S = 0.2
+# What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
+_SEND_COUNTERS = {
+    "retry": ("retry_queued", "retry_failed"),
+    "dead letter": ("dead_letter_queued", "dead_letter_failed"),
+    "shaping": ("shaping_queued", "shaping_failed"),
+}
 _SEND_BACKOFF_MAX_S = 10.0
 
 
@@ -106,6 +114,7 @@ class TaskExecutor:
         self._on_finished = self._finished  # bound once, not per task
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
         self._tasks = self._starter.tasks  # processor continuations and sends
+        self._outputs = DurableOutputs(sender) if sender is not None else None
 
     # ---------------------------------------------------------------------- start
 
@@ -134,12 +143,18 @@ class TaskExecutor:
                     record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
                     headers = record.headers
                 scheduled = scheduled_time_of(headers)
+                if attempt == 1 and (
+                    not headers or all(name != METADATA_HEADER for name, _ in headers)
+                ):
+                    partition.stats.without_metadata += 1
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
         now = time.time()
         if scheduled and scheduled > now * 1000:
-            partition.run_again(record, attempt, scheduled / 1000 - now)
+            delay = scheduled / 1000 - now
+            partition.stats.scheduling_delay.observe(delay)
+            partition.run_again(record, attempt, delay)
             return
         try:
             value = record.value
@@ -190,37 +205,51 @@ class TaskExecutor:
         # Every task whose processor ended (returned or raised, at once or after waiting)
         # comes here: count it, then finish, defer, retry or dead-letter it.
         stats = partition.stats
-        stats.process_duration.observe(time.perf_counter() - ctx.started_at)
+        took = time.perf_counter() - ctx.started_at
         stats.processed += 1
         state = ctx.state_change
         if state is not None:
             if exc is None:
-                self._write_state(partition, ctx, state)
+                self._write_state(partition, ctx, state, took)
                 return
             ctx.logger.info("the task raised: its state change is discarded")
-        self._route(partition, ctx, exc)
+        self._route(partition, ctx, exc, took)
 
     def _route(
         self,
         partition: TaskHost,
         ctx: ProcessingContext,
         exc: BaseException | None,
+        took: float,
     ) -> None:
         # The outcome of a processor that ended (its state change, if any, is durable).
         stats = partition.stats
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
-            partition.finish(record)  # the common case: done
+            if ctx.outputs is None:
+                stats.done_at_once.observe(took)  # its process and completion duration
+                partition.finish(record)  # the common case: done
+            else:
+                stats.process_duration.observe(took)
+                partition.release(record)
+                self._emit(partition, ctx)
             return
+        stats.process_duration.observe(took)
         if completion is not None:
             if completion.retry_delay_s is not None:
                 ctx.retry_delay_s = completion.retry_delay_s
             if exc is None and completion.failure is not None:
                 exc = completion.failure
         if exc is None and ctx.retry_delay_s is None:
-            if completion is None or completion.done:
-                partition.finish(record)
+            if ctx.outputs is not None:
+                partition.release(record)
+                if completion is None or completion.done:
+                    self._emit(partition, ctx)
+                else:
+                    self._defer(partition, ctx, released=True)
+            elif completion is None or completion.done:
+                self._complete(partition, ctx)
             else:
                 self._defer(partition, ctx)
             return
@@ -228,7 +257,10 @@ class TaskExecutor:
             if isinstance(exc, SkipTask):
                 stats.discarded += 1
                 ctx.logger.info("task skipped", reason=exc.reason)
-            partition.finish(record)
+                self._outcome(partition, "skipped")
+            else:
+                self._outcome(partition, "cancelled")
+            self._complete(partition, ctx)
             return
         requested = exc is None or isinstance(exc, RetryTask)
         if requested:
@@ -236,6 +268,7 @@ class TaskExecutor:
         else:
             stats.errors += 1
             ctx.logger.error("processor failed", error=_describe(exc), exc_info=exc)
+            self._outcome(partition, "error", exc)
             delay = None
         retry = self._retry
         if retry is None:
@@ -243,7 +276,7 @@ class TaskExecutor:
                 ctx.logger.warning("retry requested but the application has no retry config")
                 self._dead_letter(partition, ctx, "RetryNotConfigured", "no retry config", exc)
             else:
-                partition.finish(record)
+                self._complete(partition, ctx)
             return
         if exc is not None and not requested and not retry.policy.is_retriable(exc):
             self._dead_letter(partition, ctx, _type(exc), str(exc), exc)
@@ -258,6 +291,7 @@ class TaskExecutor:
         if delay is None or delay < 0:
             delay = retry.policy.delay_s(attempt)
         stats.retries += 1
+        self._outcome(partition, "retry")
         if retry.mode == "in_place":
             partition.run_again(record, attempt + 1, delay)
             return
@@ -271,21 +305,38 @@ class TaskExecutor:
             delay_s=delay,
         )
         self._send_then_complete(
-            partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
+            partition,
+            record,
+            self._topics.retry_topic(partition.tp.topic),
+            headers,
+            "retry",
+            started_at=ctx.started_at,
         )
 
-    def _defer(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+    def _complete(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+        # A task done after its processor returned, off the common path: finish it and
+        # count its completion duration.
+        partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+        partition.finish(ctx.record)
+
+    def _defer(
+        self, partition: TaskHost, ctx: ProcessingContext, *, released: bool = False
+    ) -> None:
         completion = ctx.completion
         assert completion is not None
         record = ctx.record
-        partition.release(record)
+        if not released:
+            partition.release(record)
         timer: asyncio.TimerHandle | None = None
 
         def completed() -> None:
             if timer is not None:
                 timer.cancel()
             partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
-            partition.complete_released(record)
+            if ctx.outputs is not None:  # produced after returning: they go out now
+                self._emit(partition, ctx)
+            else:
+                partition.complete_released(record)
 
         def retry_later(delay_s: float | None, exc: BaseException | None) -> None:
             if timer is not None:
@@ -301,6 +352,8 @@ class TaskExecutor:
             nonlocal timer
             if completion.done or partition.closed:
                 return
+            partition.stats.timeouts += 1
+            self._outcome(partition, "timeout")
             ctx.logger.warning(
                 "deferred completion timed out", timeout_ms=timeout_ms, policy=self._deferred_policy
             )
@@ -317,6 +370,20 @@ class TaskExecutor:
 
         timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, timed_out)
 
+    def _emit(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+        # A released task's outputs: its offset completes once they are delivered.
+        outputs, ctx.outputs = ctx.outputs or [], None
+        sink = partition.outputs or self._outputs
+        if sink is None:
+            log.error("no producer for the task's outputs: dropping them", count=len(outputs))
+            partition.complete_released(ctx.record)
+            return
+        task = asyncio.get_running_loop().create_task(
+            deliver_outputs(sink, partition, ctx.record, outputs)
+        )
+        self._tasks[task] = None  # a delivery: no task context of its own
+        task.add_done_callback(self._forget)
+
     def _retry_released(
         self,
         partition: TaskHost,
@@ -332,6 +399,7 @@ class TaskExecutor:
         if exc is not None:
             partition.stats.errors += 1
             ctx.logger.error("deferred task failed", error=_describe(exc), exc_info=exc)
+            self._outcome(partition, "error", exc)
             if retry is None:
                 partition.complete_released(record)  # Decaton's default: log and go on
                 return
@@ -346,6 +414,7 @@ class TaskExecutor:
             self._send_dead_letter(partition, ctx, error_type, str(exc or reason), exc)
             return
         partition.stats.retries += 1
+        self._outcome(partition, "retry")
         headers = retry_headers(
             record.headers,
             ctx.metadata,
@@ -355,7 +424,12 @@ class TaskExecutor:
             delay_s=retry.policy.delay_s(attempt) if delay_s is None else delay_s,
         )
         self._send_then_complete(
-            partition, record, self._topics.retry_topic(partition.tp.topic), headers, "retry"
+            partition,
+            record,
+            self._topics.retry_topic(partition.tp.topic),
+            headers,
+            "retry",
+            started_at=ctx.started_at,
         )
 
     def _poison_pill(self, partition: TaskHost, ctx: ProcessingContext, exc: DecodeError) -> None:
@@ -363,6 +437,7 @@ class TaskExecutor:
         ctx.logger.warning(
             "task cannot be decoded: dead-lettering it", part=exc.part, reason=exc.reason
         )
+        self._outcome(partition, "dead_letter", exc)
         self._dead_letter(partition, ctx, f"DecodeError:{exc.part}", exc.reason, None)
 
     def _dead_letter(
@@ -386,6 +461,7 @@ class TaskExecutor:
     ) -> None:
         # The record is already released: its offset completes once the dead letter is
         # durable.
+        self._outcome(partition, "dead_letter")
         record = ctx.record
         try:
             attempts = ctx.metadata.retry_count + ctx.attempt
@@ -408,24 +484,35 @@ class TaskExecutor:
             self._topics.dead_letter_topic(partition.tp.topic),
             headers,
             "dead letter",
+            started_at=ctx.started_at or None,  # 0: a poison pill, never started
         )
 
-    def _write_state(self, partition: TaskHost, ctx: ProcessingContext, state: KeyState) -> None:
+    def _write_state(
+        self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, took: float
+    ) -> None:
         # The task keeps its slot and lane until the changelog has its change: the key's
         # next task reads it, and the offset cannot be committed before it is durable.
         writer = self._state_writer
         if writer is None:
             ctx.logger.error("a state change without a state store is dropped")
-            self._route(partition, ctx, None)
+            self._route(partition, ctx, None, took)
             return
 
         async def write() -> None:
             if await writer.write(partition, state.store, state.key, state.encoded_change()):
-                self._route(partition, ctx, None)
+                self._route(partition, ctx, None, took)
 
         task = asyncio.get_running_loop().create_task(write())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None  # a changelog write: no task context of its own
+        task.add_done_callback(self._forget)
+
+    def _outcome(self, partition: TaskHost, outcome: str, exc: BaseException | None = None) -> None:
+        """How a task ended, when not simply done: ``error`` (with the exception),
+        ``retry``, ``dead_letter``, ``skipped``, ``cancelled``, ``timeout``.
+
+        Called off the common path only; nothing here. The traced executor records it on
+        the task's span.
+        """
 
     # ---------------------------------------------------------------------- sends
 
@@ -438,16 +525,19 @@ class TaskExecutor:
         what: str,
         *,
         timestamp_ms: int | None = None,
+        started_at: float | None = None,
     ) -> None:
         # The record was released (or handed off) by the caller; its offset completes
         # when the replacement record is durable. Retry and dead letter records are
         # stamped with the time they are sent (timestamp_ms None), so time-based retention
         # of their topic counts from the failure; the task's own time is in its dt_meta.
+        # started_at: when the task started processing (its completion duration ends when
+        # the replacement is durable); None for a record that never ran.
         task = asyncio.get_running_loop().create_task(
-            self._send_routine(partition, record, topic, headers, what, timestamp_ms)
+            self._send_routine(partition, record, topic, headers, what, timestamp_ms, started_at)
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None  # a send: no task context of its own
+        task.add_done_callback(self._forget)
 
     async def _send_routine(
         self,
@@ -457,8 +547,10 @@ class TaskExecutor:
         headers: Sequence[tuple[str, bytes]],
         what: str,
         timestamp_ms: int | None,
+        started_at: float | None,
     ) -> None:
         sender = self._sender
+        queued, failed = _SEND_COUNTERS[what]
         if sender is None:
             log.error(f"no producer for the {what} record: completing the task", topic=topic)
             partition.complete_released(record)
@@ -479,6 +571,8 @@ class TaskExecutor:
                 )
             except Exception as exc:
                 attempt += 1
+                stats = partition.stats
+                setattr(stats, failed, getattr(stats, failed) + 1)
                 delay = compute_backoff(
                     attempt,
                     base_s=_SEND_BACKOFF_BASE_S,
@@ -495,8 +589,15 @@ class TaskExecutor:
                 )
                 await asyncio.sleep(delay)
                 continue
+            stats = partition.stats
+            setattr(stats, queued, getattr(stats, queued) + 1)
+            if started_at is not None:
+                stats.completion_duration.observe(time.perf_counter() - started_at)
             partition.complete_released(record)
             return
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""
@@ -505,6 +606,10 @@ class TaskExecutor:
         _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
         for task in pending:
             task.cancel()
+
+
+# A log line inside a task's first step finds the task through this frame's ``ctx``.
+register_task_frame(TaskExecutor.start.__code__, "ctx")
 
 
 def _type(exc: BaseException | None) -> str:

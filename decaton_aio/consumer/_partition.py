@@ -45,7 +45,7 @@ from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
 
 if TYPE_CHECKING:
-    from decaton_aio.consumer._contract import TaskRunner
+    from decaton_aio.consumer._contract import OutputSink, TaskRunner
     from decaton_aio.consumer._hotkeys import HotKeyDetector
     from decaton_aio.consumer._store import LocalStore
 
@@ -90,6 +90,11 @@ class PartitionProcessor:
         ignore_keys: keys whose records are skipped and completed at once.
         hot_keys: detects keys over their quota; their records are handed to the
             executor for shaping instead of being run here.
+
+    Attributes:
+        outputs: where the outputs of this partition's tasks go (the partition's
+            transaction with exactly-once); the executor's default when ``None``.
+        first_offset: the first offset fed to this assignment, ``None`` before any.
     """
 
     def __init__(
@@ -120,6 +125,8 @@ class PartitionProcessor:
         self._bucket = TokenBucket(rate) if rate != -1 else None
         self._ignore = frozenset(ignore_keys)
         self.hot_keys = hot_keys
+        self.outputs: OutputSink | None = None
+        self.first_offset: int | None = None
         # key -> None (busy, nothing queued) or the records waiting behind it: a list while
         # short (a deque costs 632 bytes even for one record), a deque once longer.
         self._lanes: dict[bytes, _Lane | None] = {}
@@ -204,7 +211,8 @@ class PartitionProcessor:
         Caller: the subscription, with its ``consumer.pause`` / ``resume`` call.
         Affects: :attr:`paused`, the paused metric, whether completions ask to resume.
         """
-        self._paused = self.stats.paused = paused
+        self._paused = paused
+        self.stats.set_paused(paused)
 
     def committed(self, offset: int) -> None:
         """Record a successful commit of ``offset``.
@@ -268,10 +276,17 @@ class PartitionProcessor:
         expected = self.tracker.next_offset
         if expected is not None and records[0].offset < expected:
             return False
+        if self.first_offset is None:
+            self.first_offset = records[0].offset
         done = self.tracker.register_batch([r.offset for r in records])
         skip = set(done.tolist()) if done.size else None
+        stats = self.stats
+        stats.fed()
+        stats.consumed += len(records)
+        stats.consumed_offset = records[-1].offset + 1
         self._pending += len(records) - done.size
-        self.stats.consumed_offset = records[-1].offset + 1
+        if not self._pending:
+            stats.starving()  # every record was completed before (a checkpoint)
         lanes = self._lanes
         ready = self._ready
         ignore = self._ignore
@@ -284,7 +299,7 @@ class PartitionProcessor:
             key = record.key
             if key is not None:
                 if ignore and key in ignore:
-                    self.stats.discarded += 1
+                    stats.discarded += 1
                     self._settle(record, True, False, False)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
@@ -403,6 +418,8 @@ class PartitionProcessor:
             if complete:
                 self._pending -= 1
                 self._mark(record.offset)
+                if not self._pending:
+                    self.stats.starving()  # nothing left: it waits for records
             if slot:
                 self._in_flight -= 1
             if lane:
@@ -434,7 +451,10 @@ class PartitionProcessor:
         """Stop starting tasks and drop queued and postponed records (redelivered later).
 
         Caller: the rebalance listener, before it waits for running tasks and commits.
+        A closed partition stays closed.
         """
+        if self.state is PartitionState.CLOSED:
+            return
         self.state = PartitionState.DRAINING
         self._drop_queued()
 
@@ -450,7 +470,7 @@ class PartitionProcessor:
         # that goes on to start more tasks: check the counts again after each wake-up.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._in_flight or self._awaiting:
+        while (self._in_flight or self._awaiting) and self.state is not PartitionState.CLOSED:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.consumer._health import HealthCheck, HealthConfig
 from decaton_aio.consumer._subscription import Subscription
 from decaton_aio.metrics import DEFAULT_METRICS_ADDR, Metrics
 from decaton_aio.producer import ProducerConfig
@@ -49,10 +50,12 @@ class RunOptions:
         properties: property overrides from the command line (highest precedence).
         properties_file: a watched ``.json`` or ``.properties`` file of properties.
         properties_topic: a Kafka topic of property changes, read by every instance.
-        metrics_port: serve Prometheus metrics on this port (0: a free one; None: off).
+        metrics_port: serve Prometheus metrics, and the ``/healthz`` and ``/readyz`` probes,
+            on this port (0: a free one; None: off).
         metrics_addr: the address the metrics endpoint listens on.
         metrics_port_file: write the bound metrics port here (how a supervisor finds its
             workers' endpoints).
+        health: the probes' thresholds.
         environ: where ``DECATON_*`` property variables are read from.
     """
 
@@ -64,6 +67,7 @@ class RunOptions:
     metrics_port: int | None = None
     metrics_addr: str = DEFAULT_METRICS_ADDR
     metrics_port_file: Path | None = None
+    health: HealthConfig = field(default_factory=HealthConfig)
     environ: Mapping[str, str] | None = None
 
 
@@ -97,6 +101,19 @@ def install_event_loop_policy() -> bool:
     return True
 
 
+async def _shut_down(app: Application) -> None:
+    # Every shutdown hook runs, even after one failed; the first failure is raised.
+    failure: Exception | None = None
+    for hook in app.shutdown_hooks:
+        try:
+            await hook()
+        except Exception as exc:
+            log.error("an on_shutdown hook failed", hook=repr(hook), exc_info=exc)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
 async def run_application(
     app: Application,
     options: RunOptions,
@@ -106,6 +123,10 @@ async def run_application(
 ) -> None:
     """Run ``app`` until SIGINT/SIGTERM (or until the subscription stops by itself).
 
+    The application's ``on_startup`` hooks are awaited once before consuming starts, its
+    ``on_shutdown`` hooks once after the subscription drained and committed (not when a
+    startup hook failed).
+
     Args:
         app: the application.
         options: consumer settings, property sources and metrics.
@@ -114,6 +135,7 @@ async def run_application(
 
     Raises:
         ConfigError: when a property (from any source) is unknown or invalid.
+        Exception: what a startup or shutdown hook raised.
     """
     tune_gc()
     environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
@@ -137,8 +159,12 @@ async def run_application(
         app, options.consumer, producer=options.producer, properties=properties, metrics=metrics
     )
     if options.metrics_port is not None:
-        port = metrics.start_http_server(options.metrics_port, options.metrics_addr)
-        log.info("metrics endpoint", url=f"http://{options.metrics_addr}:{port}/metrics")
+        probes = HealthCheck(subscription, options.health)
+        port = metrics.start_http_server(options.metrics_port, options.metrics_addr, probes=probes)
+        url = f"http://{options.metrics_addr}:{port}"
+        log.info(
+            "metrics endpoint", url=f"{url}/metrics", probes=[f"{url}/healthz", f"{url}/readyz"]
+        )
         if options.metrics_port_file is not None:
             partial = options.metrics_port_file.with_suffix(".partial")
             partial.write_text(str(port))
@@ -160,20 +186,27 @@ async def run_application(
     if install_signal_handlers:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal, signum)
+    started_up = False
     try:
-        await subscription.start()
-        for index, source in enumerate(sources, start=1):  # layer 0: the application's
-            await source.start(properties, layer=index)
-        if on_started is not None:
-            maybe = on_started(subscription)
-            if maybe is not None:
-                await maybe
-        await subscription.wait_stopped()
+        for hook in app.startup_hooks:
+            await hook()
+        started_up = True
+        if not signals:  # a signal during the startup hooks: nothing to consume
+            await subscription.start()
+            for index, source in enumerate(sources, start=1):  # layer 0: the application's
+                await source.start(properties, layer=index)
+            if on_started is not None:
+                maybe = on_started(subscription)
+                if maybe is not None:
+                    await maybe
+            await subscription.wait_stopped()
     finally:
         if subscription.state.value != "terminated":
             await subscription.stop()
         for source in sources:
             await source.stop()
+        if started_up:
+            await _shut_down(app)
         metrics.stop()
         if install_signal_handlers:
             for signum in (signal.SIGINT, signal.SIGTERM):

@@ -5,13 +5,15 @@ partition, a ``PartitionProcessor``. Two routines run on the loop:
 
 - the fetch routine takes record batches and feeds them to their partitions, pausing a
   partition whose pending records reach ``decaton.max.pending.records``;
-- the commit routine commits every partition's watermark each
-  ``decaton.commit.interval.ms``; a failed commit is logged and tried again next time.
+- the commit routine commits every partition's watermark (with its checkpoint, or in a
+  transaction with exactly-once; see ``_committer``) each ``decaton.commit.interval.ms``;
+  a failed commit is logged and tried again next time.
 
 Rebalances (aiokafka calls the listener inside ``getmany``, so no record is fed while it
 runs): on revoke, stop starting the partitions' tasks, drop their queued records, wait up
 to ``decaton.group.rebalance.timeout.ms`` for running ones, commit, and close them; on
-assign, a fresh processor per partition. Shutdown stops fetching, drains up to
+assign, a fresh processor per partition, paused until its checkpoint is imported (and,
+with exactly-once, its transactional producer started). Shutdown stops fetching, drains up to
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
 
 Unexpected errors in a routine stop the subscription and are re-raised by
@@ -35,6 +37,9 @@ from aiokafka.errors import KafkaError
 from decaton_aio._connect import connect_error
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.consumer._checkpoint_codec import Checkpoint
+from decaton_aio.consumer._checkpoints import CheckpointStore
+from decaton_aio.consumer._committer import Committer
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._partition import PartitionProcessor
@@ -55,6 +60,7 @@ from decaton_aio.properties import (
     SHAPING_RATE_PER_PARTITION,
     Properties,
 )
+from decaton_aio.tracing import require_opentelemetry
 
 __all__ = ["Subscription", "SubscriptionState"]
 
@@ -129,7 +135,9 @@ class Subscription:
             self.metrics.registry.register(StateCollector(app.subscription_id, self.state_store))
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
-        self._executor = TaskExecutor(
+        self._executor = _executor(
+            app,
+            consumer,
             subscription_id=app.subscription_id,
             process=app.processor,
             decode=app.serializer.decode,
@@ -140,7 +148,27 @@ class Subscription:
             deferred_timeout_policy=app.deferred_timeout_policy,
             state_writer=self.state_store.writer if self.state_store is not None else None,
         )
+        store = None
+        if app.checkpoints:
+            store = CheckpointStore(
+                consumer.bootstrap_servers,
+                consumer.group_id,
+                app.checkpoint_topic_for(consumer.group_id),
+                metadata_max_bytes=consumer.commit_metadata_max_bytes,
+            )
+        self._committer = Committer(
+            consumer.group_id,
+            store=store,
+            transactions=self.producer_config if app.exactly_once else None,
+            on_rewind=self._rewind_partition,
+            on_fenced=self._fenced_partition,
+        )
         self.state = SubscriptionState.INITIALIZING
+        self._stats = self.metrics.register_subscription(
+            app.subscription_id, tuple(s.value for s in SubscriptionState)
+        )
+        #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
+        self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: dict[TopicPartition, PartitionProcessor] = {}
         self._fetch_task: asyncio.Task[None] | None = None
@@ -167,6 +195,7 @@ class Subscription:
             return
         log.info("subscription state", subscription=self.app.subscription_id, state=state.value)
         self.state = state
+        self._stats.state = state.value
         for listener in self._listeners:
             try:
                 listener(state)
@@ -202,14 +231,20 @@ class Subscription:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
                 group_id=cfg.group_id,
+                group_instance_id=cfg.group_instance_id,
                 client_id=cfg.client_id,
+                client_rack=cfg.client_rack,
                 enable_auto_commit=False,
                 auto_offset_reset=cfg.auto_offset_reset,
                 session_timeout_ms=cfg.session_timeout_ms,
                 heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                max_poll_interval_ms=cfg.max_poll_interval_ms,
                 max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+                fetch_min_bytes=cfg.fetch_min_bytes,
+                fetch_max_bytes=cfg.fetch_max_bytes,
                 fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-                isolation_level=cfg.isolation_level,
+                # Exactly-once reads only committed input (outputs of other transactions).
+                isolation_level="read_committed" if self.app.exactly_once else cfg.isolation_level,
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
                 **cfg.security.client_kwargs(),
@@ -261,6 +296,7 @@ class Subscription:
             for tp, processor in list(self._partitions.items()):
                 self._close_partition(tp, processor)
             await self._executor.close(timeout_s=1.0)
+            await self._committer.close()
             if self._consumer is not None:
                 await self._consumer.stop()
             if self.state_store is not None:
@@ -311,8 +347,13 @@ class Subscription:
             end_of = consumer.last_stable_offset
         else:
             end_of = consumer.highwater
+        clock = time.monotonic
+        observe = self._stats.fetch_latency.observe
         while True:
+            began = clock()
             batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
+            self.last_fetch_at = now = clock()
+            observe(now - began)
             for tp, records in batches.items():
                 processor = partitions.get(tp)
                 if processor is None or not records:
@@ -329,7 +370,7 @@ class Subscription:
         # Called from a completion when pending records fell below the threshold.
         if self._partitions.get(processor.tp) is not processor or self._consumer is None:
             return
-        if self.state_store is not None and self.state_store.restoring(processor.tp.partition):
+        if self._restoring(processor):
             processor.set_paused(False)  # the restore resumes it
             return
         processor.set_paused(False)
@@ -340,16 +381,17 @@ class Subscription:
             await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
             if self.state_store is not None:
                 self.state_store.flush()
+            self._stats.fetch_latency.fold()  # keeps the observation queue short
             await self._commit()
 
     async def _commit(
         self, processors: list[PartitionProcessor] | None = None, *, final: bool = False
     ) -> None:
-        """Commit the watermarks that moved; log and keep going on failure."""
+        """Commit the watermarks (and checkpoints) that moved; log and keep going on
+        failure."""
         consumer = self._consumer
         if consumer is None:
             return
-        moved: list[tuple[PartitionProcessor, int]] = []
         if processors is None:
             processors = list(self._partitions.values())  # the loop below may await
         for processor in processors:
@@ -357,24 +399,8 @@ class Subscription:
             processor.stats.fold()  # keeps the histograms' observation queues short
             offset = processor.committable()
             if offset is not None and processor.pending == 0:
-                offset = await self._past_skipped(consumer, processor, offset)
-            if offset is not None and offset != processor.last_committed:
-                moved.append((processor, offset))
-        if not moved:
-            return
-        offsets = {processor.tp: offset for processor, offset in moved}
-        try:
-            await consumer.commit(offsets)
-        except (KafkaError, AssertionError) as exc:
-            # A commit during a rebalance fails by design; the next interval retries it.
-            log.warning(
-                "commit failed; retrying at the next interval" if not final else "commit failed",
-                error=repr(exc),
-                offsets={f"{tp.topic}-{tp.partition}": o for tp, o in offsets.items()},
-            )
-            return
-        for processor, offset in moved:
-            processor.committed(offset)
+                await self._past_skipped(consumer, processor, offset)
+        await self._committer.commit(consumer, processors, final=final)
 
     async def _past_skipped(
         self, consumer: AIOKafkaConsumer, processor: PartitionProcessor, offset: int
@@ -412,6 +438,7 @@ class Subscription:
             self._close_partition(processor.tp, processor)
             if self.state_store is not None:
                 self.state_store.deactivate(processor.tp.partition)
+        await self._committer.release([p.tp for p in processors])
         log.info(
             "partitions revoked",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in revoked),
@@ -422,15 +449,64 @@ class Subscription:
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         if self.state_store is not None:
             self.state_store.assigned({tp.partition for tp in assigned}, self._restored)
-        for tp in assigned:
-            if tp not in self._partitions:
-                self._partitions[tp] = self._new_partition(tp)
+        fresh = [self._new_partition(tp) for tp in assigned if tp not in self._partitions]
+        if fresh and self._committer.loads and self._consumer is not None:
+            await self._load(self._consumer, fresh)
+        for processor in fresh:  # visible (and fed) once ready
+            self._partitions[processor.tp] = processor
         log.info(
             "partitions assigned",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
         )
         if self.state is SubscriptionState.REBALANCING:
             self._set_state(SubscriptionState.RUNNING)
+
+    async def _load(self, consumer: AIOKafkaConsumer, fresh: list[PartitionProcessor]) -> None:
+        # No record may reach a partition before its checkpoint is imported (it would be
+        # processed again) or, with exactly-once, before its previous owner is fenced: it
+        # is paused (before any await) and joins the fed partitions afterwards.
+        consumer.pause(*(p.tp for p in fresh))
+        try:
+            await self._committer.assign(consumer, fresh)
+        except Exception as exc:
+            # Without its producer a partition cannot be processed exactly once.
+            self._failure = exc
+            log.error("cannot take over the assigned partitions; stopping", exc_info=exc)
+            self._stop_task = asyncio.get_running_loop().create_task(self.stop())
+            return
+        for processor in fresh:
+            if not processor.paused and not processor.closed and not self._restoring(processor):
+                consumer.resume(processor.tp)
+
+    def _rewind_partition(
+        self, old: PartitionProcessor, offset: int | None, checkpoint: Checkpoint | None
+    ) -> None:
+        # A transaction failed: what it held is gone, so the partition starts again at its
+        # last commit (the records and outputs since then come again).
+        tp = old.tp
+        if self._partitions.get(tp) is not old or self._consumer is None:
+            return
+        self._close_partition(tp, old)
+        processor = self._partitions[tp] = self._new_partition(tp)
+        self._committer.adopt(old, processor)
+        if checkpoint is not None and not checkpoint.empty:
+            processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
+        if offset is not None:
+            self._consumer.seek(tp, offset)
+        if old.paused and not processor.paused and not self._restoring(processor):
+            self._consumer.resume(tp)
+
+    def _restoring(self, processor: PartitionProcessor) -> bool:
+        # Whether the partition waits for its state's restore (it stays paused until then).
+        store = self.state_store
+        return store is not None and store.restoring(processor.tp.partition)
+
+    def _fenced_partition(self, processor: PartitionProcessor) -> None:
+        # Another instance took the partition over: stop it here until the rebalance
+        # takes it away (its records are not fetched meanwhile).
+        processor.close()
+        if self._consumer is not None:
+            self._consumer.pause(processor.tp)
 
     def _new_partition(self, tp: TopicPartition) -> PartitionProcessor:
         props = self.properties
@@ -457,6 +533,7 @@ class Subscription:
             processor.store_type = self.state_store.config.value_type
             if self.state_store.restoring(tp.partition) and self._consumer is not None:
                 self._consumer.pause(tp)  # until its state is restored
+        self._committer.prepare(processor)
         self._maybe_pause(processor)  # a rate of 0 pauses it from the start
         return processor
 
@@ -542,6 +619,17 @@ class Subscription:
         if self._consumer is not None and not processor.paused and processor.needs_pause:
             processor.set_paused(True)
             self._consumer.pause(processor.tp)
+
+
+def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> TaskExecutor:
+    # The traced executor only when the application asks for tracing: without it, no
+    # tracing code is on the hot path (and OpenTelemetry need not be installed).
+    if app.tracing is None:
+        return TaskExecutor(**settings)
+    require_opentelemetry()
+    from decaton_aio.consumer._tracing import TracedTaskExecutor
+
+    return TracedTaskExecutor(tracing=app.tracing, group_id=consumer.group_id, **settings)
 
 
 def _key_set(keys: Sequence[str]) -> frozenset[bytes]:

@@ -11,6 +11,10 @@ Records go through a :class:`~decaton_aio.producer.DurableSender`. With
 retries, or with no broker reachable at all) is appended to a local spool and replayed
 later: its put returns a :class:`RecordLocation` with ``spooled=True`` instead of raising.
 Without a spool, such a put raises :class:`~decaton_aio.errors.ProducerError`.
+
+With ``tracing`` set, each task gets a ``<topic> publish`` span (a child of the caller's
+current span) whose context travels in the record headers (W3C ``traceparent``), so its
+processing continues the trace (see :mod:`decaton_aio.tracing`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import time
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.producer._config import ProducerConfig
 from decaton_aio.producer._inflight import RecordLocation
 from decaton_aio.producer._sender import DurableSender
+from decaton_aio.tracing import Tracing
 from decaton_aio.typing import Serializer
 
 __all__ = ["TaskProducer"]
@@ -56,6 +61,8 @@ class TaskProducer(Generic[T]):
             producer then neither starts nor stops it, and ``config`` only supplies the
             metadata (application and instance id). By default the producer owns one
             built from ``config``.
+        tracing: write each task's trace context into its headers (needs the
+            ``tracing`` extra); ``None`` (the default): no tracing code runs.
     """
 
     def __init__(
@@ -65,9 +72,18 @@ class TaskProducer(Generic[T]):
         serializer: Serializer[T],
         *,
         sender: DurableSender | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         if not topic:
             raise ConfigError("topic is empty: name the task topic")
+        self._publish: Any = None
+        if tracing is not None:
+            from decaton_aio.tracing import require_opentelemetry
+
+            require_opentelemetry()
+            from decaton_aio.producer._tracing import Publisher
+
+            self._publish = Publisher(tracing, topic)
         self.config = config
         self.topic = topic
         self._serializer = serializer
@@ -186,13 +202,26 @@ class TaskProducer(Generic[T]):
             source_instance_id=self.config.instance_id,
             scheduled_time_ms=scheduled_time_ms or 0,
         )
+        key_bytes = _key_bytes(key)
+        headers = [(METADATA_HEADER, encode_metadata(meta))]
+        value = self._serializer.encode(task)
+        if self._publish is not None:
+            with self._publish.span(key_bytes, partition, headers) as headers:
+                return await sender.submit(
+                    self.topic,
+                    value,
+                    key=key_bytes,
+                    partition=partition,
+                    timestamp_ms=timestamp_ms,
+                    headers=headers,
+                )
         return await sender.submit(
             self.topic,
-            self._serializer.encode(task),
-            key=_key_bytes(key),
+            value,
+            key=key_bytes,
             partition=partition,
             timestamp_ms=timestamp_ms,
-            headers=[(METADATA_HEADER, encode_metadata(meta))],
+            headers=headers,
         )
 
     async def flush(self) -> None:

@@ -20,7 +20,8 @@ topic with backoff, and after ``max_attempts`` to the dead letter topic, from wh
 retry backfill job can send it again.
 
 Run them as processes (the database file comes from ``$FOLLOW_DB``, ``follow.db`` by
-default)::
+default); ``run`` opens the database before consuming and closes it after the last task
+drained (the applications' ``on_startup`` and ``on_shutdown`` hooks)::
 
     FOLLOW_DB=/tmp/follow.db python -m decaton_aio run examples.follow.processor:app \\
         --bootstrap-servers localhost:9092
@@ -35,6 +36,7 @@ from collections import Counter
 from typing import Any, Final
 
 from decaton_aio import Application, JsonSerializer, ProcessingContext
+from decaton_aio.app import LifespanHook
 from decaton_aio.backoff import RetryPolicy
 from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
 from decaton_aio.retry import RetryConfig
@@ -140,6 +142,7 @@ def follow_app(
     window_s: float = DEFAULT_WINDOW_S,
     retry: RetryConfig = DEFAULT_RETRY,
     properties: dict[str, Any] | None = None,
+    manage_store: bool = False,
 ) -> Application:
     """The follow-count application: compaction in front of ``processor``.
 
@@ -149,6 +152,8 @@ def follow_app(
         window_s: the compaction window per key.
         retry: how events hit by a busy database are retried.
         properties: runtime properties (e.g. ``decaton.partition.concurrency``).
+        manage_store: ``run`` opens the processor's store before consuming and closes it
+            after draining (its lifespan hooks); otherwise the caller does.
     """
     return Application(
         CompactingProcessor(processor, same_pair_latest, window_s=window_s),
@@ -158,6 +163,7 @@ def follow_app(
         serializer=JsonSerializer(FollowEvent),
         retry=retry,
         properties=properties or {},
+        **_lifespan(processor.store, manage_store),
     )
 
 
@@ -167,6 +173,7 @@ def repair_app(
     topic: str = REPAIR_TOPIC,
     retry: RetryConfig = DEFAULT_RETRY,
     properties: dict[str, Any] | None = None,
+    manage_store: bool = False,
 ) -> Application:
     """The repair application: one recount per repair task (arguments as :func:`follow_app`)."""
     return Application(
@@ -177,7 +184,12 @@ def repair_app(
         serializer=JsonSerializer(RepairTask),
         retry=retry,
         properties=properties or {},
+        **_lifespan(processor.store, manage_store),
     )
+
+
+def _lifespan(store: FollowStore, manage: bool) -> dict[str, LifespanHook]:
+    return {"on_startup": store.open, "on_shutdown": store.close} if manage else {}
 
 
 _apps: dict[str, Application] = {}
@@ -190,6 +202,6 @@ def __getattr__(name: str) -> Application:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if not _apps:
         store = FollowStore(os.environ.get(DB_ENV_VAR, "follow.db"))
-        _apps["app"] = follow_app(FollowProcessor(store))
-        _apps["repair"] = repair_app(RepairProcessor(store))
+        _apps["app"] = follow_app(FollowProcessor(store), manage_store=True)
+        _apps["repair"] = repair_app(RepairProcessor(store), manage_store=True)
     return _apps[name]

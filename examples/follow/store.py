@@ -294,8 +294,14 @@ class FollowStore:
         """
         return await self._call(lambda conn: _in_transaction(conn, lambda c: _recount(c, user_id)))
 
+    async def open(self) -> None:
+        """Open the database now (creating the schema), so a bad path fails at startup
+        instead of at the first event."""
+        await self._call(lambda conn: None)
+
     async def close(self) -> None:
-        """Close the connection and stop the owner thread."""
+        """Close the connection and stop the owner thread (closing the last connection
+        checkpoints the write-ahead log into the database file)."""
 
         def close() -> None:
             if self._conn is not None:

@@ -84,7 +84,7 @@ class Instance:
     name: str
     workdir: Path
     argv: list[str]
-    env: dict[str, str]
+    env: dict[str, str] = field(default_factory=dict)
     proc: asyncio.subprocess.Process | None = None
     runs: int = 0
     logs: list[Path] = field(default_factory=list)

@@ -3,7 +3,8 @@
 The processor runs as ``python -m decaton_aio run examples.follow.processor:app`` with the
 database file in ``$FOLLOW_DB``. Killing it loses its uncommitted offsets, so the restart
 redelivers events already applied; the ``applied_events`` table makes those no-ops, and
-the counts must equal the edges, which must equal the newest event of every pair.
+the counts must equal the edges, which must equal the newest event of every pair. The
+application's lifespan hooks open the store at startup and close it after the drain.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ async def test_sigkill_and_restart_end_with_correct_counts(
         second.send_signal(signal.SIGTERM)
         await asyncio.wait_for(second.wait(), 30)
     assert second.returncode == 0, log.read_text()[-3000:]
+    # The shutdown hook closed the store after the drain: closing the last connection
+    # folds the write-ahead log into the database and removes it (SIGKILL leaves it).
+    assert not db.with_name(db.name + "-wal").exists()
 
     assert applied(db) > at_kill
     conn = open_database(db)

@@ -183,8 +183,10 @@ from decaton_aio import Application, RetryConfig, RetryPolicy
 async def process(ctx, task):
     return None
 
-plain = Application(process, topics=("t",))
-retrying = Application(process, topics=("t",), retry=RetryConfig(RetryPolicy(max_attempts=5)))
+plain = Application(process, topics=("t",), group_id="g")
+retrying = Application(
+    process, topics=("t",), group_id="g", retry=RetryConfig(RetryPolicy(max_attempts=5))
+)
 """
 
 
@@ -302,3 +304,77 @@ def test_client_properties_keys_not_used_are_named_and_bad_files_are_one_line(
     lines = capsys.readouterr().err.strip().splitlines()
     assert "not used by decaton-aio: client.id" in lines[0]
     assert "no cluster named" in lines[1]
+
+
+def test_consumer_and_probe_flags_build_the_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each consumer flag sets its ConsumerConfig field (the group instance id also from
+    the environment); flags left out keep the defaults; the probe flags set HealthConfig."""
+    from decaton_aio.cli._run_args import consumer_config, health_config
+
+    monkeypatch.setenv("DECATON_AIO_GROUP_INSTANCE_ID", "pod-3")
+    argv = ["run", "m:app", "--client-id", "svc", "--client-rack", "zone-b"]
+    argv += ["--fetch-min-bytes", "10", "--fetch-max-bytes", "2048", "--fetch-max-wait-ms", "7"]
+    argv += ["--max-poll-interval-ms", "1234", "--session-timeout-ms", "9000"]
+    argv += ["--max-poll-records", "50", "--auto-offset-reset", "latest"]
+    argv += ["--stall-timeout-ms", "5000", "--probe-answer-timeout-ms", "100"]
+    args = _build_parser().parse_args(argv)
+    config = consumer_config(args, "b:1", "g", isolation_level="read_committed")
+    assert (config.group_instance_id, config.client_id, config.client_rack) == (
+        "pod-3",
+        "svc",
+        "zone-b",
+    )
+    assert (config.fetch_min_bytes, config.fetch_max_bytes, config.fetch_max_wait_ms) == (
+        10,
+        2048,
+        7,
+    )
+    assert (config.max_poll_interval_ms, config.session_timeout_ms) == (1234, 9000)
+    assert (config.max_fetch_records, config.auto_offset_reset) == (50, "latest")
+    assert config.heartbeat_interval_ms == 3000  # not given: the default
+    assert config.isolation_level == "read_committed"
+    health = health_config(args)
+    assert (health.stall_timeout_ms, health.fetch_timeout_ms, health.answer_timeout_ms) == (
+        5000,
+        30_000,
+        100,
+    )
+
+
+def test_run_without_a_consumer_group_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application that names no group is refused before anything starts."""
+    (tmp_path / "nogroup_app.py").write_text("async def process(ctx, task):\n    return None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("DECATON_AIO_GROUP", raising=False)
+    argv = ["run", "nogroup_app:process", "--topic", "t", "--bootstrap-servers", "x:1"]
+    assert main(argv) == EXIT_USAGE
+    assert "names no consumer group" in _one_line_error(capsys)
+
+
+def test_bad_consumer_flag_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """An out-of-range consumer setting exits with one line naming the field."""
+    argv = ["run", "x:y", "--fetch-max-bytes", "0"]
+    args = _build_parser().parse_args(argv)
+    from decaton_aio.cli._run_args import consumer_config
+    from decaton_aio.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fetch_max_bytes"):
+        consumer_config(args, "b:1", "g")
+
+
+def test_tracing_flag_turns_tracing_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--tracing gives the application the global tracer provider; without it, none."""
+    from decaton_aio.cli._commands import _application
+    from decaton_aio.tracing import Tracing
+
+    (tmp_path / "retry_app.py").write_text(RETRY_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("DECATON_AIO_TRACING", raising=False)
+    plain = _application(_build_parser().parse_args(["run", "retry_app:plain"]))
+    assert plain.tracing is None
+    traced = _application(_build_parser().parse_args(["run", "retry_app:plain", "--tracing"]))
+    assert traced.tracing == Tracing()

@@ -496,3 +496,74 @@ async def test_failed_kept_task_of_compaction_is_not_retried_when_policy_says_no
     proc.feed(records([b"a"]))
     await until(lambda: proc.committable() == 1)
     assert [s[0] for s in sender.sent] == ["tasks-dlq"]
+
+
+# ------------------------------------------------------------------ metrics
+
+
+async def test_completion_duration_counts_every_task_and_formats_are_told_apart() -> None:
+    """Every completed task is in the completion histogram, not only deferred ones; a
+    record without dt_meta is counted once even when it runs again; every fetched record
+    is counted as consumed."""
+    runs: dict[int, int] = {}
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        runs[ctx.offset] = runs.get(ctx.offset, 0) + 1
+        if ctx.offset == 2 and ctx.attempt == 1:
+            raise RetryTask(0.0)
+
+    proc = make(process, retry=RetryConfig(FAST, mode="in_place"))
+    proc.feed(
+        [
+            FakeRecord(0, b"a", headers=meta_header()),
+            FakeRecord(1, b"b"),
+            FakeRecord(2, b"c"),
+        ]
+    )
+    await until(lambda: proc.committable() == 3)
+    assert runs == {0: 1, 1: 1, 2: 2}
+    stats = proc.stats
+    assert stats.consumed == 3
+    assert stats.without_metadata == 2
+    assert stats.completion_total().count == 3
+    assert stats.process_total().count == 4
+
+
+async def test_side_topic_sends_and_their_failures_are_counted() -> None:
+    """Retry and dead letter records are counted once durable, failed sends each time."""
+    sender = FakeSender(failures=2)
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        if ctx.offset == 0:
+            ctx.retry()
+        else:
+            raise ValueError("not retriable")
+
+    policy = RetryPolicy(max_attempts=3, backoff_base_ms=10, jitter=0, retry_on=(KeyError,))
+    proc = make(process, sender=sender, retry=RetryConfig(policy))
+    proc.feed([FakeRecord(0, b"a"), FakeRecord(1, b"b")])
+    await until(lambda: proc.committable() == 2, timeout_s=10)
+    stats = proc.stats
+    assert (stats.retry_queued, stats.dead_letter_queued) == (1, 1)
+    assert stats.retry_failed + stats.dead_letter_failed == 2
+    assert stats.completion_total().count == 2  # completed when the sends were durable
+
+
+async def test_timeouts_and_scheduling_delay_are_counted() -> None:
+    """A deferred completion past its timeout counts as timed out; a scheduled task's wait
+    for its time is observed."""
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        if ctx.offset == 0:
+            ctx.deferred()  # never completed
+
+    proc = make(process, properties={"decaton.deferred.complete.timeout.ms": 10})
+    due_ms = int(time.time() * 1000) + 500
+    proc.feed(
+        [FakeRecord(0, b"a"), FakeRecord(1, b"b", headers=meta_header(scheduled_time_ms=due_ms))]
+    )
+    await until(lambda: proc.committable() == 2)
+    stats = proc.stats
+    assert stats.timeouts == 1
+    assert stats.scheduling_delay.count == 1
+    assert 0.0 < stats.scheduling_delay.sum <= 0.5

@@ -1,15 +1,19 @@
-"""Logging setup: JSON off a terminal, console on one, level from argument or env."""
+"""Logging setup: JSON off a terminal, console on one, level from argument or env; the
+task fields of log lines inside a task."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import logging
 
 import pytest
 import structlog
 
+from decaton_aio.context import ProcessingContext
 from decaton_aio.errors import ConfigError
-from decaton_aio.logs import LOG_LEVEL_ENV_VAR, configure_logging
+from decaton_aio.logs import LOG_LEVEL_ENV_VAR, configure_logging, current_task_context
 
 
 def test_json_lines_when_not_a_terminal() -> None:
@@ -50,3 +54,79 @@ def test_unknown_level_is_a_config_error() -> None:
     """A level name that does not exist says which ones do."""
     with pytest.raises(ConfigError, match="debug, info, warning, error, critical"):
         configure_logging("loud")
+
+
+# ------------------------------------------------------------------- task fields
+
+
+async def test_any_logger_inside_a_task_carries_the_task_fields() -> None:
+    """A log line inside a task, through a plain structlog logger or the logging module,
+    before and after the task waited, carries topic, partition, offset, key and
+    subscription; a line outside any task carries none."""
+    from tests.unit.test_partition import make, records, settle
+
+    out = io.StringIO()
+    configure_logging("info", json=True, stream=out)
+    release = asyncio.Event()
+
+    async def process(ctx: ProcessingContext, task: object) -> None:
+        structlog.get_logger("user").info("first step")
+        logging.getLogger("user.stdlib").warning("stdlib first step")
+        if ctx.offset == 1:
+            await release.wait()
+            structlog.get_logger("user").info("after waiting")
+            logging.getLogger("user.stdlib").warning("stdlib after waiting")
+
+    proc = make(process)
+    proc.feed(records([b"k0", b"k1"], first=0))
+    structlog.get_logger("runtime").info("outside")
+    release.set()
+    await settle()
+    assert proc.committable() == 2
+    lines = out.getvalue().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    by_event = {(e["event"], e.get("offset")): e for e in events}
+    for offset, key in ((0, "k0"), (1, "k1")):
+        entry = by_event[("first step", offset)]
+        assert (entry["topic"], entry["partition"], entry["key"]) == ("tasks", 0, key)
+        assert entry["subscription"] == "test"
+    resumed = by_event[("after waiting", 1)]
+    assert (resumed["topic"], resumed["key"]) == ("tasks", "k1")
+    outside = by_event[("outside", None)]
+    assert "topic" not in outside
+    stdlib = [line for line in lines if line.startswith("stdlib")]
+    assert stdlib == [
+        "stdlib first step [subscription=test topic=tasks partition=0 offset=0 key=k0]",
+        "stdlib first step [subscription=test topic=tasks partition=0 offset=1 key=k1]",
+        "stdlib after waiting [subscription=test topic=tasks partition=0 offset=1 key=k1]",
+    ]
+
+
+async def test_task_fields_in_task_mode_and_bound_values_win() -> None:
+    """When most tasks wait, tasks start as plain asyncio tasks: their lines still carry
+    the fields; a value the caller bound itself is kept."""
+    from decaton_aio.consumer._eager import PROBE_EVERY
+    from tests.unit.test_partition import make, records, settle
+
+    out = io.StringIO()
+    configure_logging("info", json=True, stream=out)
+
+    async def process(ctx: ProcessingContext, task: object) -> None:
+        await asyncio.sleep(0)
+        structlog.get_logger("user").info("done", key="mine")
+
+    proc = make(process, limit=1)
+    count = 2 * PROBE_EVERY
+    proc.feed(records([b"a"] * count))
+    while proc.pending:
+        await settle()
+    assert proc._executor._starter.task_mode  # type: ignore[attr-defined]
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["offset"] for e in events] == list(range(count))
+    assert {e["key"] for e in events} == {"mine"}
+    assert all(e["topic"] == "tasks" for e in events)
+
+
+def test_no_task_outside_the_runtime() -> None:
+    """Outside the runtime there is no current task."""
+    assert current_task_context() is None

@@ -161,8 +161,10 @@ def test_counters_and_histograms_are_exported_per_partition() -> None:
 
 
 def test_every_family_has_type_and_help() -> None:
-    """All fourteen decaton_ families are exported with the right type and a help text."""
+    """Every decaton_ family (Decaton's set, lag, subscription state, fetch latency) is
+    exported with the right type and a help text."""
     metrics = Metrics(process_metrics=False)
+    metrics.register_subscription("sub", ("initializing", "running"))
     stats = metrics.register_partition("sub", "t", 0)
     stats.committed_offset, stats.consumed_offset, stats.high_watermark = 1, 2, 3
     text = metrics.render().decode()
@@ -173,15 +175,28 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_tasks_discarded": "counter",
         "decaton_tasks_retried": "counter",
         "decaton_tasks_compacted": "counter",
+        "decaton_tasks_timeout": "counter",
         "decaton_partition_throttled_seconds": "counter",
+        "decaton_partition_paused_seconds": "counter",
+        "decaton_partition_queue_starved_seconds": "counter",
+        "decaton_retry_queued_tasks": "counter",
+        "decaton_retry_queueing_failed": "counter",
+        "decaton_dead_letter_queued_tasks": "counter",
+        "decaton_dead_letter_queueing_failed": "counter",
+        "decaton_shaping_queued_tasks": "counter",
+        "decaton_shaping_queueing_failed": "counter",
+        "decaton_records_consumed": "counter",
         "decaton_task_process_duration_seconds": "histogram",
         "decaton_task_completion_duration_seconds": "histogram",
         "decaton_task_delivery_latency_seconds": "histogram",
+        "decaton_task_scheduling_delay_seconds": "histogram",
         "decaton_partition_tasks_pending": "gauge",
         "decaton_partition_paused": "gauge",
         "decaton_partition_committed_offset": "gauge",
         "decaton_partition_consumed_offset": "gauge",
         "decaton_consumer_lag": "gauge",
+        "decaton_subscription_state": "gauge",
+        "decaton_consumer_fetch_latency_seconds": "histogram",
     }
     assert {name: fam.type for name, fam in families.items()} == expected
     assert all(len(fam.documentation) > 20 for fam in families.values())
@@ -408,3 +423,79 @@ def test_http_server_rejects_out_of_range_port() -> None:
     """A port outside 0..65535 is rejected before anything is bound."""
     with pytest.raises(ConfigError, match="between 0 and 65535"):
         Metrics(process_metrics=False).start_http_server(70000)
+
+
+# ------------------------------------------------------- time counters, formats, state
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_paused_and_starved_time_count_open_intervals_up_to_now() -> None:
+    """Paused and starved seconds add closed intervals and the one in progress; a pause or
+    resume reported twice counts once; a copy freezes the open interval."""
+    clock = FakeClock()
+    stats = PartitionStats(clock)  # starved (nothing pending) from the start
+    clock.now += 2
+    assert stats.starved_total() == 2
+    stats.fed()
+    clock.now += 3
+    stats.starving()
+    stats.starving()  # already starving: the interval keeps its start
+    clock.now += 1
+    assert stats.starved_total() == 3
+    stats.set_paused(True)
+    clock.now += 4
+    stats.set_paused(True)
+    assert stats.paused_total() == 4
+    stats.set_paused(False)
+    stats.set_paused(False)
+    clock.now += 10
+    assert stats.paused_total() == 4
+    frozen = stats.snapshot()
+    clock.now += 5
+    assert (frozen.paused_total(), frozen.starved_total()) == (4, 17)
+    assert stats.starved_total() == 22
+
+
+def test_time_counters_consumed_formats_and_new_counters_are_exported() -> None:
+    """The paused and starved seconds, the records consumed by format and the side-topic
+    counters reach the text format under their Decaton names."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.consumed, stats.without_metadata = 10, 3
+    stats.retry_queued, stats.retry_failed, stats.timeouts = 2, 1, 4
+    stats.paused_s, stats.starved_since = 1.5, -1.0
+    stats.starved_s = 2.5
+    assert value(metrics, "decaton_records_consumed_total", **P0, format="with_dt_meta") == 7
+    assert value(metrics, "decaton_records_consumed_total", **P0, format="without_dt_meta") == 3
+    assert value(metrics, "decaton_retry_queued_tasks_total", **P0) == 2
+    assert value(metrics, "decaton_retry_queueing_failed_total", **P0) == 1
+    assert value(metrics, "decaton_tasks_timeout_total", **P0) == 4
+    assert value(metrics, "decaton_partition_paused_seconds_total", **P0) == 1.5
+    assert value(metrics, "decaton_partition_queue_starved_seconds_total", **P0) == 2.5
+    metrics.retire_partition("sub", "t", 0)  # counters survive the partition
+    assert value(metrics, "decaton_partition_paused_seconds_total", **P0) == 1.5
+    assert value(metrics, "decaton_records_consumed_total", **P0, format="with_dt_meta") == 7
+
+
+def test_subscription_state_is_one_series_per_state() -> None:
+    """The state gauge is 1 for the current state and 0 for every other one; the fetch
+    latency histogram counts fetches per subscription."""
+    metrics = Metrics(process_metrics=False)
+    sub = metrics.register_subscription("sub", ("initializing", "running", "terminated"))
+    sub.state = "running"
+    sub.fetch_latency.observe(0.02)
+    sub.fetch_latency.observe(0.2)
+    states = {
+        s.labels["state"]: s.value
+        for s in samples(metrics)["decaton_subscription_state"]
+        if s.labels["subscription"] == "sub"
+    }
+    assert states == {"initializing": 0, "running": 1, "terminated": 0}
+    assert value(metrics, "decaton_consumer_fetch_latency_seconds_count", subscription="sub") == 2

@@ -1,0 +1,167 @@
+"""The runtime's per-task hot path without a broker, for instruction counts.
+
+``python -m bench.hotpath --passes K`` builds a pool of real aiokafka record objects once
+(the same C record type the runtime reads from a fetch: batches of 500 JSON tasks with a
+``dt_meta`` header, 10,000 keys), then feeds the whole pool K times, each time into a fresh
+partition processor (a new assignment), with a no-op processor, the executor and the
+watermark as the runtime runs them, folding and reading the watermark every batch as the
+commit routine would. Nothing waits, so the loop never sleeps.
+
+Wall-clock time on a shared machine is noise; instruction counts are not. Run it under
+callgrind twice and subtract, so the pool's construction and the interpreter's start
+cancel out::
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.hotpath --passes 1
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.hotpath --passes 3
+
+(instructions of 3 passes - instructions of 1 pass) / (2 * tasks per pass) is the cost of
+one task in instructions (``Collected`` in valgrind's summary line). ``--measure`` does
+exactly that and prints the figure (``make bench-hotpath``; needs valgrind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+from aiokafka import TopicPartition
+from aiokafka.consumer.fetcher import PartitionRecords
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+
+from decaton_aio.consumer._execution import TaskExecutor
+from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.context import ProcessingContext
+from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
+from decaton_aio.metrics import PartitionStats
+from decaton_aio.properties import Properties
+from decaton_aio.serializers import JsonSerializer
+
+__all__ = ["main"]
+
+TP = TopicPartition("hotpath", 0)
+BATCH = 500
+KEYS = 10_000
+
+
+class Task(msgspec.Struct):
+    k: int
+    s: int
+    d: int
+
+
+async def _noop(ctx: ProcessingContext, task: Task) -> None:
+    return None
+
+
+def _pool(tasks: int) -> list[list[Any]]:
+    install_raw_records()
+    meta = encode_metadata(TaskMetadata(timestamp_ms=1_700_000_000_000))
+    encode = msgspec.json.encode
+    batches = []
+    for first in range(0, tasks, BATCH):
+        builder = DefaultRecordBatchBuilder(
+            magic=2, compression_type=0, is_transactional=False,
+            producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 22,
+        )  # fmt: skip
+        for i in range(min(BATCH, tasks - first)):
+            offset = first + i
+            key = offset % KEYS
+            builder.append(
+                offset,
+                timestamp=1_700_000_000_000,
+                key=b"%d" % key,
+                value=encode(Task(key, offset // KEYS, 0)),
+                headers=[(METADATA_HEADER, meta)],
+            )
+        fetched = PartitionRecords(
+            TP, MemoryRecords(bytes(builder.build())), [], first, RAW_RECORDS, None,
+            check_crcs=False, isolation_level=0,
+        )  # fmt: skip
+        batch = list(fetched)
+        assert [r.offset for r in batch] == list(range(first, first + len(batch)))
+        batches.append(batch)
+    return batches
+
+
+async def _run(pool: list[list[Any]], passes: int) -> int:
+    executor = TaskExecutor(
+        subscription_id="hotpath",
+        process=_noop,
+        decode=JsonSerializer(Task).decode,
+        sender=None,
+        properties=Properties({"decaton.partition.concurrency": 100}),
+    )
+    done = 0
+    for _ in range(passes):
+        stats = PartitionStats()
+        partition = PartitionProcessor(
+            TP,
+            executor=executor,
+            limit=100,
+            max_pending=1 << 30,
+            stats=stats,
+            on_below_max_pending=lambda p: None,
+        )
+        for batch in pool:
+            partition.feed(batch)
+            stats.fold()
+            partition.committable()
+        done += stats.processed
+    return done
+
+
+def _instructions(passes: int, tasks: int) -> int:
+    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
+    argv += ["-m", "bench.hotpath", "--passes", str(passes), "--tasks", str(tasks)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def measure(tasks: int) -> int:
+    """Instructions per task: two runs under callgrind, one pass and three passes."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--measure needs valgrind (apt-get install valgrind)")
+    one, three = _instructions(1, tasks), _instructions(3, tasks)
+    per_task = (three - one) // (2 * tasks)
+    print(f"1 pass: {one} instructions, 3 passes: {three}; per task: {per_task}")
+    return per_task
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the passes and print how many tasks were processed (or ``--measure``)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.hotpath")
+    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--tasks", type=int, default=100_000, help="tasks per pass")
+    parser.add_argument(
+        "--measure", action="store_true", help="print instructions per task (callgrind)"
+    )
+    args = parser.parse_args(argv)
+    if args.measure:
+        measure(args.tasks)
+        return 0
+    gc.set_threshold(50_000, 20, 100)  # as the runtime's tune_gc
+    pool = _pool(args.tasks)
+    done = asyncio.run(_run(pool, args.passes))
+    expected = args.passes * args.tasks
+    if done != expected:
+        raise SystemExit(f"processed {done} tasks, expected {expected}")
+    print(f"processed {done} tasks in {args.passes} passes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,298 @@
+"""Committing partitions: offsets with checkpoints, at-least-once or in transactions.
+
+The :class:`Committer` is the subscription's commit and assignment machinery:
+
+- at assignment (:meth:`Committer.assign`): with exactly-once, start each partition's
+  transactional producer first (fencing the previous owner); then read the committed
+  offsets and checkpoints, import each usable checkpoint into the partition's tracker
+  and move the consumer to the committed offset, so finished records are skipped;
+- at commit (:meth:`Committer.commit`): a partition whose watermark or checkpoint changed
+  is committed, with its checkpoint as metadata (see ``_checkpoints``). At-least-once,
+  one ``OffsetCommit`` for all of them; exactly-once, one transaction per partition;
+- a transaction that fails rewinds its partition to the last commit (its records and
+  outputs come again; the aborted outputs were never visible); a fenced partition is
+  closed and waits for the rebalance that takes it away.
+
+Caller: the subscription, on its event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError, OffsetMetadataTooLargeError
+from aiokafka.structs import OffsetAndMetadata
+
+from decaton_aio.consumer._checkpoint_codec import Checkpoint
+from decaton_aio.consumer._checkpoints import CheckpointStore, SendCheckpoint
+from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._transactions import (
+    CommitPlan,
+    FencedError,
+    PartitionTransaction,
+    TransactionFailedError,
+)
+from decaton_aio.producer import ProducerConfig
+
+__all__ = ["Committer"]
+
+log = structlog.get_logger("decaton_aio.consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """The last state committed for a partition assignment."""
+
+    processor: PartitionProcessor
+    offset: int | None
+    checkpoint: Checkpoint | None
+
+
+class Committer:
+    """Commits the partitions of one subscription.
+
+    Args:
+        group_id: the consumer group.
+        store: where checkpoints go; ``None`` without checkpoints.
+        transactions: producer settings for the per-partition transactions;
+            ``None`` without exactly-once.
+        on_rewind: ``on_rewind(processor, offset, checkpoint)`` replaces a partition's
+            state by the one last committed, after a transaction failed.
+        on_fenced: ``on_fenced(processor)`` stops a partition another instance owns now.
+    """
+
+    def __init__(
+        self,
+        group_id: str,
+        *,
+        store: CheckpointStore | None,
+        transactions: ProducerConfig | None,
+        on_rewind: Callable[[PartitionProcessor, int | None, Checkpoint | None], None],
+        on_fenced: Callable[[PartitionProcessor], None],
+    ) -> None:
+        self.group_id = group_id
+        self.store = store
+        self._txn_config = transactions
+        self._txns: dict[TopicPartition, PartitionTransaction] = {}
+        self._saved: dict[TopicPartition, _Saved] = {}
+        self._on_rewind = on_rewind
+        self._on_fenced = on_fenced
+
+    @property
+    def exactly_once(self) -> bool:
+        """Whether commits are transactions."""
+        return self._txn_config is not None
+
+    @property
+    def loads(self) -> bool:
+        """Whether assignment needs :meth:`assign` (checkpoints or transactions)."""
+        return self.store is not None or self._txn_config is not None
+
+    # ------------------------------------------------------------------ assignment
+
+    def prepare(self, processor: PartitionProcessor) -> None:
+        """Give a new partition processor its transaction (exactly-once), not started."""
+        if self._txn_config is None:
+            return
+        txn = self._txns.get(processor.tp)
+        if txn is None:
+            txn = self._txns[processor.tp] = PartitionTransaction(
+                processor.tp, self.group_id, self._txn_config
+            )
+        processor.outputs = txn
+
+    async def assign(
+        self, consumer: AIOKafkaConsumer, processors: list[PartitionProcessor]
+    ) -> None:
+        """Start transactions, then import checkpoints and move to the committed offsets.
+
+        Raises:
+            KafkaError: a transactional producer could not start (exactly-once).
+        """
+        txns = [self._txns[p.tp] for p in processors if p.tp in self._txns]
+        results = await asyncio.gather(*(t.start() for t in txns), return_exceptions=True)
+        for txn, result in zip(txns, results, strict=True):
+            if isinstance(result, FencedError):
+                self._fenced(next(p for p in processors if p.tp == txn.tp))
+            elif isinstance(result, BaseException):
+                raise result
+        if self.store is None:
+            return
+        try:
+            loaded = await self.store.load([p.tp for p in processors])
+        except KafkaError as exc:
+            if self.exactly_once:
+                raise
+            log.warning("cannot read checkpoints; finished records may run again", error=repr(exc))
+            return
+        for processor in processors:
+            entry = loaded.get(processor.tp)
+            if entry is None or processor.closed:
+                continue
+            self._saved[processor.tp] = _Saved(processor, entry.committed, entry.checkpoint)
+            checkpoint = entry.checkpoint
+            if checkpoint is not None and not checkpoint.empty:
+                processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
+                log.info(
+                    "checkpoint loaded",
+                    partition=f"{processor.tp.topic}-{processor.tp.partition}",
+                    committed=entry.committed,
+                    done_above=int(checkpoint.offsets().size),
+                )
+            if entry.committed is not None and (self.exactly_once or checkpoint is not None):
+                # The position aiokafka fetched may predate the previous owner's last
+                # transaction; the checkpoint belongs to this offset exactly.
+                consumer.seek(processor.tp, entry.committed)
+
+    async def release(self, tps: list[TopicPartition]) -> None:
+        """Forget revoked partitions and stop their transactional producers."""
+        txns = [self._txns.pop(tp) for tp in tps if tp in self._txns]
+        for tp in tps:
+            self._saved.pop(tp, None)
+        await asyncio.gather(*(t.stop() for t in txns))
+
+    async def close(self) -> None:
+        """Stop every transactional producer and the checkpoint store."""
+        await self.release(list(self._txns))
+        if self.store is not None:
+            await self.store.close()
+
+    def _fenced(self, processor: PartitionProcessor) -> None:
+        tp = processor.tp
+        log.error(
+            "another instance owns this partition's transactions now; leaving it to them",
+            partition=f"{tp.topic}-{tp.partition}",
+        )
+        self._on_fenced(processor)
+
+    # --------------------------------------------------------------------- commits
+
+    async def commit(
+        self, consumer: AIOKafkaConsumer, processors: list[PartitionProcessor], *, final: bool
+    ) -> None:
+        """Commit every partition whose watermark or checkpoint moved; failures are
+        logged (the next interval tries again)."""
+        if self.exactly_once:
+            await asyncio.gather(*(self._commit_transaction(p) for p in processors))
+            return
+        entries: dict[TopicPartition, tuple[PartitionProcessor, int, Checkpoint | None]] = {}
+        for processor in processors:
+            snapshot = self._snapshot(processor)
+            if snapshot is not None:
+                entries[processor.tp] = (processor, *snapshot)
+        if not entries:
+            return
+        metadata: dict[TopicPartition, str] = {}
+        if self.store is not None:
+            checkpoints = {tp: c for tp, (_, _, c) in entries.items() if c is not None}
+            metadata = await self.store.metadata(checkpoints)
+        offsets = {
+            tp: OffsetAndMetadata(offset, metadata.get(tp, ""))
+            for tp, (_, offset, _) in entries.items()
+        }
+        try:
+            await consumer.commit(offsets)
+        except (KafkaError, AssertionError) as exc:
+            # A commit during a rebalance fails by design; the next interval retries it.
+            if isinstance(exc, OffsetMetadataTooLargeError) and self.store is not None:
+                log.warning("the cluster's offset.metadata.max.bytes is smaller: using the topic")
+                self.store.metadata_max_bytes = 0
+            log.warning(
+                "commit failed; retrying at the next interval" if not final else "commit failed",
+                error=repr(exc),
+                offsets={f"{tp.topic}-{tp.partition}": o.offset for tp, o in offsets.items()},
+            )
+            return
+        for tp, (processor, offset, checkpoint) in entries.items():
+            processor.committed(offset)
+            self._saved[tp] = _Saved(processor, offset, checkpoint)
+        if self.store is not None and self.store.metadata_kept is None:
+            inline = next((tp for tp, o in offsets.items() if o.metadata), None)
+            if inline is not None:
+                await self.store.check_kept(inline, offsets[inline].metadata)
+                if self.store.metadata_kept is False:
+                    self._saved.clear()  # every checkpoint is written again, to the topic
+
+    def _snapshot(self, processor: PartitionProcessor) -> tuple[int, Checkpoint | None] | None:
+        # The offset (and checkpoint) to commit, or None when nothing changed.
+        if processor.closed:
+            return None
+        checkpoint: Checkpoint | None = None
+        if self.store is None:
+            offset = processor.committable()
+            if offset is None:
+                return None
+        else:
+            exported = processor.tracker.export_completed()
+            if exported is None:
+                return None
+            offset = exported[0]
+            checkpoint = Checkpoint(*exported)
+        saved = self._saved.get(processor.tp)
+        same = saved is not None and saved.processor is processor
+        if (
+            offset == processor.last_committed
+            and same
+            and (checkpoint is None or (saved is not None and saved.checkpoint == checkpoint))
+        ):
+            return None
+        return offset, checkpoint
+
+    async def _commit_transaction(self, processor: PartitionProcessor) -> None:
+        txn = self._txns.get(processor.tp)
+        if txn is None or txn.fenced or processor.closed:
+            return
+        taken: list[tuple[int, Checkpoint | None]] = []
+
+        async def plan() -> CommitPlan:
+            snapshot = self._snapshot(processor)
+            if snapshot is None:
+                return None
+            taken.append(snapshot)
+            offset, checkpoint = snapshot
+            metadata = ""
+            if self.store is not None and checkpoint is not None:
+                found = await self.store.metadata(
+                    {processor.tp: checkpoint}, send=self._checkpoint_sender(txn)
+                )
+                metadata = found[processor.tp]
+            return offset, metadata
+
+        try:
+            await txn.commit(plan)
+        except FencedError:
+            self._fenced(processor)
+            return
+        except TransactionFailedError:
+            saved = self._saved.get(processor.tp)
+            offset = saved.offset if saved is not None else None
+            checkpoint = saved.checkpoint if saved is not None else None
+            if offset is None:
+                offset = processor.first_offset
+            self._on_rewind(processor, offset, checkpoint)
+            return
+        if taken:
+            offset, checkpoint = taken[0]
+            processor.committed(offset)
+            self._saved[processor.tp] = _Saved(processor, offset, checkpoint)
+
+    def _checkpoint_sender(self, txn: PartitionTransaction) -> SendCheckpoint:
+        store = self.store
+        assert store is not None
+
+        async def send(topic: str, partition: int, key: bytes, value: bytes) -> int:
+            await store.ensure_topic()
+            return await txn.send_checkpoint(topic, partition, key, value)
+
+        return send
+
+    def adopt(self, old: PartitionProcessor, new: PartitionProcessor) -> None:
+        """A rewound partition's new processor takes the old one's place."""
+        saved = self._saved.get(new.tp)
+        if saved is not None and saved.processor is old:
+            self._saved[new.tp] = _Saved(new, saved.offset, saved.checkpoint)
+        self.prepare(new)

@@ -1,0 +1,198 @@
+"""Exactly-once output on Apache Kafka: each input task's output is seen once by a
+read_committed reader, across rebalances and restarts, and a restart redoes only what was
+in flight. Skipped on Tansu (see ``needs_transactions``)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from decaton_aio import Application, ProcessingContext
+from decaton_aio.testing import BrokerHandle, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def needs_transactions(broker: BrokerHandle) -> None:
+    """Skip where the broker cannot show exactly-once output."""
+    if not broker.hides_aborted_transactions or not broker.supports_idempotence:
+        pytest.skip(
+            f"{broker.flavor}: aiokafka's transactional producer cannot start there and "
+            "read_committed readers are not kept from aborted records"
+        )
+
+
+async def read_committed(bootstrap_servers: str, topic: str, *, at_least: int) -> list[bytes]:
+    """Every committed record value of ``topic``: read until ``at_least`` arrived and each
+    partition's last stable offset is reached (so duplicates would be seen too)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        fetch_max_wait_ms=100,
+    )
+    await consumer.start()
+    values: list[bytes] = []
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        if not parts:
+            await consumer._client.force_metadata_update()
+            parts = consumer._client.cluster.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                values += [r.value for r in records if r.value is not None]
+            ends = [consumer.last_stable_offset(tp) for tp in tps]
+            positions = [await consumer.position(tp) for tp in tps]
+            if len(values) >= at_least and all(
+                e is not None and p >= e for e, p in zip(ends, positions, strict=True)
+            ):
+                return values
+            if loop.time() > deadline:
+                raise TimeoutError(f"read {len(values)} of {at_least} committed outputs")
+    finally:
+        await consumer.stop()
+
+
+async def produce_inputs(
+    task_producer: Any, topic: str, n: int, keys: int = 20, first: int = 0
+) -> None:
+    producer = await task_producer(topic)
+    for i in range(first, first + n):
+        await producer.submit(f"k{i % keys}".encode(), str(i).encode())
+    await producer.flush()
+
+
+def echo_app(topic: str, out: str, seen: list[int], **kw: Any) -> Application:
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        seen.append(int(task))
+        await ctx.produce(out, b"out-" + task, key=ctx.key)
+
+    props = {"decaton.commit.interval.ms": kw.pop("interval_ms", 200)}
+    props.update(kw.pop("properties", {}))
+    return Application(process, topics=(topic,), exactly_once=True, properties=props, **kw)
+
+
+async def test_each_task_output_is_committed_once(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """One instance: every input's output is in the output topic exactly once, and the
+    group's offsets reach the end."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=3)
+    out = await topic_factory(partitions=2)
+    await produce_inputs(task_producer, topic, 300)
+    seen: list[int] = []
+    async with kafka_broker.subscription(echo_app(topic, out, seen)):
+        await wait_until(lambda: len(set(seen)) == 300, timeout_s=60, what="300 tasks")
+    values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=300)
+    counts = Counter(values)
+    assert len(counts) == 300
+    assert max(counts.values()) == 1
+
+
+async def test_a_rebalance_in_the_middle_of_a_transaction(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """A second member joins while the first holds an open transaction (a long commit
+    interval): the first commits it on revoke, the second fences and continues; each
+    output is committed exactly once."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=4)
+    out = await topic_factory(partitions=1)
+    await produce_inputs(task_producer, topic, 200)
+    group = f"eos-{uuid.uuid4().hex[:8]}"
+    seen_a: list[int] = []
+    seen_b: list[int] = []
+    first = kafka_broker.subscription(echo_app(topic, out, seen_a, interval_ms=60_000), group)
+    await first.start()
+    try:
+        await wait_until(lambda: len(set(seen_a)) == 200, timeout_s=60, what="first member")
+        txns = first._committer._txns
+        await wait_until(
+            lambda: all(p.pending == 0 for p in first.partitions.values()),
+            what="outputs in the transactions",
+        )
+        assert all(t.open for t in txns.values())  # outputs wait in open transactions
+        second = kafka_broker.subscription(echo_app(topic, out, seen_b), group)
+        async with second:
+            await wait_until(
+                lambda: 0 < len(first.partitions) < 4 and len(second.partitions) > 0,
+                timeout_s=60,
+                what="the partitions shared by both members",
+            )
+            await produce_inputs(task_producer, topic, 200, first=200)
+            await wait_until(
+                lambda: len(set(seen_a) | set(seen_b)) == 400,
+                timeout_s=90,
+                what="400 tasks over both members",
+            )
+            assert {t for t in seen_b if t >= 200}  # the second member took its share
+    finally:
+        await first.stop()
+    values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=400)
+    counts = Counter(values)
+    assert len(counts) == 400
+    assert max(counts.values()) == 1
+
+
+async def test_a_restart_redoes_only_what_was_in_flight(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """A task stuck at the head holds the committed offset while 99 tasks above it finish
+    and commit their outputs; after a restart only the stuck one runs again, and every
+    output is committed once."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=1)
+    out = await topic_factory(partitions=1)
+    await produce_inputs(task_producer, topic, 100, keys=100)
+    group = f"eos-{uuid.uuid4().hex[:8]}"
+    stuck = asyncio.Event()
+    first_run: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        if ctx.offset == 3:
+            await stuck.wait()
+        first_run.append(ctx.offset)
+        await ctx.produce(out, b"out-" + task)
+
+    app = Application(
+        process,
+        topics=(topic,),
+        exactly_once=True,
+        properties={
+            "decaton.commit.interval.ms": 100,
+            "decaton.processing.shutdown.timeout.ms": 200,
+        },
+    )
+    sub = kafka_broker.subscription(app, group)
+    async with sub:
+        await wait_until(lambda: len(first_run) == 99, what="99 tasks")
+        processor = next(iter(sub.partitions.values()))
+        await wait_until(
+            lambda: processor.last_committed == 3 and not sub._committer._txns[processor.tp].open,
+            what="a commit covering them",
+        )
+    stuck.set()
+    second_run: list[int] = []
+    sub = kafka_broker.subscription(echo_app(topic, out, second_run), group)
+    async with sub:
+        await wait_until(lambda: len(second_run) >= 1, what="the stuck task")
+        processor = next(iter(sub.partitions.values()))
+        await wait_until(lambda: processor.last_committed == 100, what="the commit at the end")
+    assert second_run == [3]
+    values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=100)
+    assert sorted(Counter(values).values()) == [1] * 100
