@@ -11,8 +11,9 @@
     ssl.truststore.location=/etc/kafka/ca.pem
 
 :func:`read_client_properties` maps each key through one table (:data:`CLIENT_PROPERTY_KEYS`)
-onto the fields of :class:`~decaton_aio.security.SecuritySettings` (and the bootstrap
-servers); a key the table does not know is listed in
+onto the fields of :class:`~decaton_aio.security.SecuritySettings`, the bootstrap servers,
+and the consumer settings of :class:`~decaton_aio.app.ConsumerConfig` (``run`` uses them;
+its flags win); a key the table does not know is listed in
 :attr:`ClientProperties.unsupported`, by name, so nothing is ignored silently. A known key
 with a value the Python clients cannot honour (a JKS trust store, a GSSAPI login) is an
 error that says what to do instead. :func:`client_property_entries` writes settings back
@@ -86,6 +87,16 @@ def _pem_only(key: str) -> Callable[[str], dict[str, Any]]:
     return check
 
 
+def _int(key: str, name: str) -> Callable[[str], dict[str, Any]]:
+    def convert(value: str) -> dict[str, Any]:
+        try:
+            return {name: int(value)}
+        except ValueError:
+            raise ConfigError(f"{key}={value}: expected an integer") from None
+
+    return convert
+
+
 def _mechanism(value: str) -> dict[str, Any]:
     if value.upper() == "GSSAPI":
         raise ConfigError(
@@ -119,6 +130,25 @@ CLIENT_PROPERTY_KEYS: Final[Mapping[str, _Key]] = {
     "ssl.keystore.type": _Key("security", _pem_only("ssl.keystore.type")),
     "ssl.key.password": _Key("security", _field("ssl_key_password")),
     "ssl.endpoint.identification.algorithm": _Key("security", _endpoint_identification),
+    # Consumer settings: ConsumerConfig fields (``run`` uses them; its flags win).
+    "client.id": _Key("consumer", _field("client_id")),
+    "group.instance.id": _Key("consumer", _field("group_instance_id")),
+    "client.rack": _Key("consumer", _field("client_rack")),
+    "auto.offset.reset": _Key("consumer", _field("auto_offset_reset")),
+    **{
+        key: _Key("consumer", _int(key, name))
+        for key, name in (
+            ("session.timeout.ms", "session_timeout_ms"),
+            ("heartbeat.interval.ms", "heartbeat_interval_ms"),
+            ("max.poll.interval.ms", "max_poll_interval_ms"),
+            ("max.poll.records", "max_fetch_records"),
+            ("max.partition.fetch.bytes", "max_partition_fetch_bytes"),
+            ("fetch.min.bytes", "fetch_min_bytes"),
+            ("fetch.max.bytes", "fetch_max_bytes"),
+            ("fetch.max.wait.ms", "fetch_max_wait_ms"),
+            ("metadata.max.age.ms", "metadata_max_age_ms"),
+        )
+    },
 }
 
 
@@ -130,6 +160,7 @@ class ClientProperties:
         source: where it came from (a path), for messages.
         bootstrap_servers: ``bootstrap.servers``, when the file names it.
         security_fields: the :class:`SecuritySettings` fields the file sets.
+        consumer_fields: the :class:`~decaton_aio.app.ConsumerConfig` fields it sets.
         unsupported: the keys (and ``sasl.jaas.config`` options) the clients do not use,
             in file order.
     """
@@ -138,6 +169,7 @@ class ClientProperties:
     bootstrap_servers: str | None = None
     security_fields: Mapping[str, Any] = field(default_factory=dict)
     unsupported: tuple[str, ...] = ()
+    consumer_fields: Mapping[str, Any] = field(default_factory=dict)
 
     def security(self, base: SecuritySettings = PLAINTEXT, **overrides: Any) -> SecuritySettings:
         """The settings: ``base``, then the file's fields, then ``overrides`` (e.g. an
@@ -161,7 +193,8 @@ class ClientProperties:
         names = ", ".join(sorted(self.security_fields))
         return (
             f"ClientProperties({self.source!r}, bootstrap_servers={self.bootstrap_servers!r}, "
-            f"security_fields=[{names}], unsupported={self.unsupported!r})"
+            f"security_fields=[{names}], consumer_fields={dict(self.consumer_fields)!r}, "
+            f"unsupported={self.unsupported!r})"
         )
 
 
@@ -174,7 +207,7 @@ def parse_client_properties(
         ConfigError: a known key has a value the clients cannot use; the message names the
             key and ``source``, never a password.
     """
-    sections: dict[str, dict[str, Any]] = {"cluster": {}, "security": {}}
+    sections: dict[str, dict[str, Any]] = {"cluster": {}, "security": {}, "consumer": {}}
     unsupported: list[str] = []
     for key, value in entries.items():
         known = CLIENT_PROPERTY_KEYS.get(key.strip())
@@ -199,6 +232,7 @@ def parse_client_properties(
         sections["cluster"].get("bootstrap_servers") or None,
         security,
         tuple(unsupported),
+        sections["consumer"],
     )
 
 

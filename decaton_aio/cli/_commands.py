@@ -341,7 +341,14 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             app = worker_application(app, role.index)
         options = RunOptions(
             consumer=consumer_config(
-                args, servers, app.group, isolation_level=args.isolation_level, security=security
+                args,
+                servers,
+                app.group,
+                defaults=cluster.client_properties.consumer_fields
+                if cluster.client_properties is not None
+                else None,
+                isolation_level=args.isolation_level,
+                security=security,
             ),
             producer=ProducerConfig(
                 servers,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from decaton_aio.app import ConsumerConfig
@@ -75,9 +76,15 @@ def add_consumer_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def consumer_config(
-    args: argparse.Namespace, bootstrap_servers: str, group_id: str, **fields: Any
+    args: argparse.Namespace,
+    bootstrap_servers: str,
+    group_id: str,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    **fields: Any,
 ) -> ConsumerConfig:
-    """The consumer settings of the parsed flags; ``fields`` are set as given.
+    """The consumer settings of the parsed flags over ``defaults`` (a ``client.properties``
+    file's); ``fields`` are set as given.
 
     Raises:
         ConfigError: a value is out of range (the message names the field).
@@ -87,7 +94,7 @@ def consumer_config(
         for name, value in vars(args).items()
         if name.startswith("consumer_") and value is not None
     }
-    return ConsumerConfig(bootstrap_servers, group_id, **{**given, **fields})
+    return ConsumerConfig(bootstrap_servers, group_id, **{**(defaults or {}), **given, **fields})
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:

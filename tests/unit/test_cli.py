@@ -297,12 +297,12 @@ def test_client_properties_keys_not_used_are_named_and_bad_files_are_one_line(
     )
     assert str(missing) in _one_line_error_text(capsys.readouterr().err)
     unused = tmp_path / "unused.properties"
-    unused.write_text("client.id=me\n")
+    unused.write_text("key.serializer=StringSerializer\n")
     assert (
         main(["inspect", "--client-properties", str(unused), "--group", "g", "--topic", "t"]) == 2
     )
     lines = capsys.readouterr().err.strip().splitlines()
-    assert "not used by decaton-aio: client.id" in lines[0]
+    assert "not used by decaton-aio: key.serializer" in lines[0]
     assert "no cluster named" in lines[1]
 
 
@@ -339,6 +339,27 @@ def test_consumer_and_probe_flags_build_the_configs(monkeypatch: pytest.MonkeyPa
         30_000,
         100,
     )
+
+
+def test_client_properties_consumer_keys_reach_the_consumer_and_flags_win(
+    tmp_path: Path,
+) -> None:
+    """A client.properties file's consumer keys (client.id, static membership, fetch and
+    session settings) become the consumer's settings; a flag given wins over the file."""
+    from decaton_aio.cli._run_args import consumer_config
+    from decaton_aio.client_properties import read_client_properties
+
+    path = tmp_path / "client.properties"
+    path.write_text(
+        "client.id=orders\ngroup.instance.id=pod-1\nsession.timeout.ms=45000\n"
+        "max.poll.records=250\nfetch.max.wait.ms=20\n"
+    )
+    defaults = read_client_properties(path).consumer_fields
+    args = _build_parser().parse_args(["run", "m:app", "--session-timeout-ms", "9000"])
+    config = consumer_config(args, "b:1", "g", defaults=defaults)
+    assert (config.client_id, config.group_instance_id) == ("orders", "pod-1")
+    assert (config.max_fetch_records, config.fetch_max_wait_ms) == (250, 20)
+    assert config.session_timeout_ms == 9000
 
 
 def test_run_without_a_consumer_group_is_one_line(

@@ -36,8 +36,8 @@ key.serializer=org.apache.kafka.common.serialization.StringSerializer
 
 
 def test_a_java_client_file_is_read_and_unused_keys_are_named(tmp_path: Path) -> None:
-    """Security keys map onto the settings (a continued jaas line included); consumer and
-    serializer keys are listed as not used, in file order."""
+    """Security keys map onto the settings (a continued jaas line included), consumer keys
+    onto consumer settings; keys the clients do not use are listed, in file order."""
     path = tmp_path / "client.properties"
     path.write_text(JAVA_FILE)
     props = read_client_properties(path)
@@ -46,16 +46,16 @@ def test_a_java_client_file_is_read_and_unused_keys_are_named(tmp_path: Path) ->
     assert settings == SecuritySettings(
         "SASL_SSL", "SCRAM-SHA-512", "orders", "pw-123", ssl_cafile="/etc/kafka/ca.pem"
     )
-    assert props.unsupported == (
-        "client.id",
-        "group.instance.id",
-        "fetch.min.bytes",
-        "session.timeout.ms",
-        "key.serializer",
-    )
+    assert props.consumer_fields == {
+        "client_id": "orders-service",
+        "group_instance_id": "orders-1",
+        "fetch_min_bytes": 1,
+        "session_timeout_ms": 45000,
+    }
+    assert props.unsupported == ("key.serializer",)
     message = props.unsupported_message()
     assert message is not None
-    assert "client.id, group.instance.id" in message
+    assert "not used by decaton-aio: key.serializer" in message
     assert "pw-123" not in repr(props)
 
 
@@ -63,6 +63,7 @@ def test_a_java_client_file_is_read_and_unused_keys_are_named(tmp_path: Path) ->
     ("entries", "message"),
     [
         ({"ssl.truststore.type": "JKS"}, "read PEM files only"),
+        ({"session.timeout.ms": "soon"}, "session.timeout.ms=soon: expected an integer"),
         ({"sasl.mechanism": "GSSAPI"}, "GSSAPI .* is not supported"),
         (
             {
