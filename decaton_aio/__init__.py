@@ -44,6 +44,7 @@ from decaton_aio.serializers import (
     MsgpackSerializer,
     ProtobufSerializer,
 )
+from decaton_aio.state import KeyState, StateStoreConfig
 from decaton_aio.typing import Record, Serializer, TokenProvider
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "DurableSender",
     "EmbeddedBroker",
     "JsonSerializer",
+    "KeyState",
     "MsgpackSerializer",
     "ProcessingContext",
     "ProcessingError",
@@ -85,6 +87,7 @@ __all__ = [
     "Serializer",
     "SideTopics",
     "SkipTask",
+    "StateStoreConfig",
     "Subscription",
     "SubscriptionState",
     "TaskFunction",

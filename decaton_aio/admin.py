@@ -9,6 +9,7 @@ the command that creates it, instead of stalling a partition at its first retry.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "COPIED_TOPIC_CONFIGS",
     "DEFAULT_SIDE_TOPIC_REPLICATION",
     "TopicAdmin",
+    "ensure_changelog_topic",
     "ensure_side_topics",
     "side_topics_of",
 ]
@@ -304,3 +306,75 @@ def _creation_failures(response: Any, plans: list[_SideTopicPlan]) -> list[str]:
         fix = f"; run: {plan.command()}" if plan is not None else ""
         failures.append(f"{name}: {error}{(' ' + message) if message else ''}{fix}")
     return failures
+
+
+async def ensure_changelog_topic(
+    bootstrap_servers: str,
+    app: Application,
+    topic: str,
+    *,
+    security: SecuritySettings = PLAINTEXT,
+) -> str | None:
+    """Make sure ``topic``, the changelog of ``app``'s state store, exists.
+
+    A missing one is created compacted (``cleanup.policy=compact``), with as many
+    partitions as the task topics (which must agree: a key's state lives in the partition
+    of its number), the task topic's ``max.message.bytes`` and the replication factor of
+    the store's settings (default as for side topics).
+
+    Returns:
+        The changelog topic, ``None`` when the application has no state store.
+
+    Raises:
+        ConfigError: a task topic is missing, the task topics have different partition
+            counts, the changelog has a different count, or it cannot be created (the
+            message says how to create it by hand).
+        BrokerError: the cluster could not be asked.
+    """
+    store = app.state
+    if store is None:
+        return None
+    admin = await start_admin(bootstrap_servers, security)
+    try:
+        existing = set(await admin.list_topics())
+        absent = sorted(t for t in app.topics if t not in existing)
+        if absent:
+            raise ConfigError(
+                f"task topic {', '.join(absent)} does not exist: create it before starting "
+                "the subscription (its state changelog copies its partition count)"
+            )
+        wanted = [*app.topics, topic] if topic in existing else list(app.topics)
+        counts = {
+            d["topic"]: len(d.get("partitions") or []) for d in await admin.describe_topics(wanted)
+        }
+        if len(set(counts.values())) > 1:
+            raise ConfigError(
+                f"state store {store.name!r} needs co-partitioned topics, but the partition "
+                f"counts differ: {dict(sorted(counts.items()))}; give the task topics and "
+                "the changelog the same count"
+            )
+        if topic in existing:
+            return topic
+        plan = (await _plan(admin, {topic: app.topics[0]}, store.replication_factor))[0]
+        configs = {k: v for k, v in plan.configs.items() if k != "retention.ms"}
+        configs["cleanup.policy"] = "compact"
+        plan = dataclasses.replace(plan, configs=configs)
+        response = await admin.create_topics(
+            [NewTopic(topic, plan.partitions, plan.replication_factor, topic_configs=configs)]
+        )
+        failures = _creation_failures(response, [plan])
+        if failures:
+            raise ConfigError(
+                "cannot create the state changelog topic, so no state change could be made "
+                "durable; create it (or let this client create topics) and start again: "
+                + "; ".join(failures)
+            )
+        await _wait_for_leaders(admin, {topic: plan.partitions}, READY_TIMEOUT_S)
+    except KafkaError as exc:
+        raise BrokerError(
+            f"cannot check the changelog topic {topic} at {bootstrap_servers}: {exc!r}"
+        ) from exc
+    finally:
+        await admin.close()
+    log.info("created the state changelog topic", topic=topic, partitions=plan.partitions)
+    return topic

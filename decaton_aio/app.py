@@ -25,6 +25,7 @@ from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.retry import RetryConfig, SideTopics
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 from decaton_aio.serializers import BytesSerializer
+from decaton_aio.state import StateStoreConfig
 from decaton_aio.tracing import Tracing
 from decaton_aio.typing import Serializer
 
@@ -195,6 +196,8 @@ class Application:
             after ``decaton.deferred.complete.timeout.ms``: ``give_up`` completes it and
             counts it as discarded, ``extend`` waits another timeout (and logs), ``retry``
             sends it to the retry topic.
+        state: the state store behind ``ctx.state`` (see :mod:`decaton_aio.state`);
+            ``None``: no state.
         checkpoints: at every commit, save which records above the committed offset are
             already done (in the commit metadata, or the checkpoint topic when too large),
             so a restart or rebalance skips them instead of processing them again.
@@ -226,6 +229,7 @@ class Application:
     side_topics: SideTopics = field(default_factory=SideTopics)
     shaping: bool = False
     deferred_timeout_policy: DeferredTimeoutPolicy = "give_up"
+    state: StateStoreConfig | None = None
     checkpoints: bool = True
     checkpoint_topic: str | None = None
     exactly_once: bool = False

@@ -18,6 +18,7 @@ from decaton_aio.completion import Completion
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import TaskMetadata, metadata_from_headers
 from decaton_aio.metrics import PartitionStats
+from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
 __all__ = ["OutputRecord", "ProcessingContext", "TaskFunction", "TaskSource"]
@@ -68,6 +69,7 @@ class ProcessingContext:
         "_logger",
         "_metadata",
         "_partition",
+        "_state",
         "attempt",
         "outputs",
         "record",
@@ -95,6 +97,34 @@ class ProcessingContext:
         self._completion: Completion | None = None
         #: The records :meth:`produce` collected, ``None`` while there are none.
         self.outputs: list[OutputRecord] | None = None
+        self._state: KeyState | None = None
+
+    @property
+    def state(self) -> KeyState:
+        """The state of the task's key (``get``, ``set``, ``delete``), kept in the
+        application's state store.
+
+        Raises:
+            ConfigError: the application names no state store, or the record has no key.
+        """
+        state = self._state
+        if state is None:
+            store = getattr(self._partition, "store", None)
+            if store is None:
+                raise ConfigError(
+                    "ctx.state needs a state store: pass Application(state=StateStoreConfig(...))"
+                )
+            key = self.record.key
+            if key is None:
+                raise ConfigError("ctx.state: the record has no key, so it has no state")
+            state = self._state = KeyState(store, key, getattr(self._partition, "store_type", None))
+        return state
+
+    @property
+    def state_change(self) -> KeyState | None:
+        """The key state if the task changed it (the runtime writes it), else ``None``."""
+        state = self._state
+        return state if state is not None and state.changed else None
 
     @property
     def stats(self) -> PartitionStats:

@@ -300,6 +300,17 @@ def _retry_config(args: argparse.Namespace, current: RetryConfig | None) -> Retr
     )
 
 
+def worker_application(app: Application, index: int) -> Application:
+    """The application as worker ``index`` of ``run --workers`` runs it: a state
+    directory belongs to one process, so each worker keeps its copies in
+    ``<directory>/worker-<index>`` (a restarted worker keeps its number, so its copies)."""
+    state = app.state
+    if state is None or not isinstance(state.directory, Path):
+        return app
+    directory = state.directory / f"worker-{index}"
+    return dataclasses.replace(app, state=dataclasses.replace(state, directory=directory))
+
+
 def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     app = _application(args)
     overrides = parse_assignments(args.property)
@@ -327,6 +338,7 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             role.watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM))
             if spool_dir is not None:  # a spool belongs to one process
                 spool_dir = spool_dir / f"worker-{role.index}"
+            app = worker_application(app, role.index)
         options = RunOptions(
             consumer=consumer_config(
                 args,

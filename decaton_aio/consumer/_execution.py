@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -48,7 +48,11 @@ from decaton_aio.properties import (
     Properties,
 )
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
+from decaton_aio.state import KeyState
 from decaton_aio.typing import Record, RecordSender
+
+if TYPE_CHECKING:
+    from decaton_aio.consumer._changelog import ChangelogWriter
 
 __all__ = ["TaskExecutor"]
 
@@ -79,6 +83,8 @@ class TaskExecutor:
         retry: the retry configuration, ``None`` for Decaton's default (log and go on).
         side_topics: names of the retry, dead letter and shaping topics.
         deferred_timeout_policy: what a timed-out deferred completion does.
+        state_writer: writes tasks' ``ctx.state`` changes to the store's changelog
+            before they complete; ``None`` when the application has no state store.
     """
 
     def __init__(
@@ -92,7 +98,9 @@ class TaskExecutor:
         retry: RetryConfig | None = None,
         side_topics: SideTopics | None = None,
         deferred_timeout_policy: DeferredTimeoutPolicy = "give_up",
+        state_writer: ChangelogWriter | None = None,
     ) -> None:
+        self._state_writer = state_writer
         self._subscription_id = subscription_id
         self._process = process
         self._decode = decode
@@ -199,6 +207,23 @@ class TaskExecutor:
         stats = partition.stats
         took = time.perf_counter() - ctx.started_at
         stats.processed += 1
+        state = ctx.state_change
+        if state is not None:
+            if exc is None:
+                self._write_state(partition, ctx, state, took)
+                return
+            ctx.logger.info("the task raised: its state change is discarded")
+        self._route(partition, ctx, exc, took)
+
+    def _route(
+        self,
+        partition: TaskHost,
+        ctx: ProcessingContext,
+        exc: BaseException | None,
+        took: float,
+    ) -> None:
+        # The outcome of a processor that ended (its state change, if any, is durable).
+        stats = partition.stats
         record = ctx.record
         completion = ctx.completion
         if exc is None and completion is None and ctx.retry_delay_s is None:
@@ -461,6 +486,25 @@ class TaskExecutor:
             "dead letter",
             started_at=ctx.started_at or None,  # 0: a poison pill, never started
         )
+
+    def _write_state(
+        self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, took: float
+    ) -> None:
+        # The task keeps its slot and lane until the changelog has its change: the key's
+        # next task reads it, and the offset cannot be committed before it is durable.
+        writer = self._state_writer
+        if writer is None:
+            ctx.logger.error("a state change without a state store is dropped")
+            self._route(partition, ctx, None, took)
+            return
+
+        async def write() -> None:
+            if await writer.write(partition, state.store, state.key, state.encoded_change()):
+                self._route(partition, ctx, None, took)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._tasks[task] = None  # a changelog write: no task context of its own
+        task.add_done_callback(self._forget)
 
     def _outcome(self, partition: TaskHost, outcome: str, exc: BaseException | None = None) -> None:
         """How a task ended, when not simply done: ``error`` (with the exception),

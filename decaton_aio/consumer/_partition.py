@@ -33,7 +33,7 @@ import contextlib
 import enum
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
@@ -47,6 +47,7 @@ from decaton_aio.typing import Record
 if TYPE_CHECKING:
     from decaton_aio.consumer._contract import OutputSink, TaskRunner
     from decaton_aio.consumer._hotkeys import HotKeyDetector
+    from decaton_aio.consumer._store import LocalStore
 
 __all__ = ["PartitionProcessor", "PartitionState"]
 
@@ -137,6 +138,10 @@ class PartitionProcessor:
         self._pump_timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Event | None = None
         self._attempts: dict[int, int] = {}  # in-place retries: offset -> next attempt
+        #: The local copy of the partition's state (``ctx.state``), when the app has one.
+        self.store: LocalStore | None = None
+        #: The type ``ctx.state.get`` decodes values as (``None``: plain values).
+        self.store_type: Any = None
 
     # ----------------------------------------------------------------- inspection
 

@@ -44,6 +44,7 @@ from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.consumer._state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics
 from decaton_aio.producer import DurableSender, ProducerConfig
@@ -127,6 +128,11 @@ class Subscription:
                 "decaton.per.key.quota.processing.rate is set but the application does not "
                 "consume its shaping topics: pass Application(shaping=True)"
             )
+        self.state_store = (
+            StateStore(app, consumer, self.producer_config) if app.state is not None else None
+        )
+        if self.state_store is not None:
+            self.metrics.registry.register(StateCollector(app.subscription_id, self.state_store))
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
         self._executor = _executor(
@@ -140,6 +146,7 @@ class Subscription:
             retry=app.retry,
             side_topics=app.side_topics,
             deferred_timeout_policy=app.deferred_timeout_policy,
+            state_writer=self.state_store.writer if self.state_store is not None else None,
         )
         store = None
         if app.checkpoints:
@@ -217,6 +224,10 @@ class Subscription:
             # Before joining the group: a side topic that cannot exist stops the start
             # here, not a partition at its first retry.
             await ensure_side_topics(cfg.bootstrap_servers, self.app, security=cfg.security)
+            extra: dict[str, Any] = {}
+            if self.state_store is not None:
+                await self.state_store.start()
+                extra["partition_assignment_strategy"] = (self.state_store.assignor,)
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
                 group_id=cfg.group_id,
@@ -237,6 +248,7 @@ class Subscription:
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
                 **cfg.security.client_kwargs(),
+                **extra,
             )
             try:
                 await consumer.start()
@@ -247,6 +259,8 @@ class Subscription:
                 await consumer.stop()
                 raise
         except BaseException:
+            if self.state_store is not None:
+                await self.state_store.stop()
             if self._owns_sender:
                 await self._sender.stop()
             raise
@@ -259,6 +273,8 @@ class Subscription:
         self._commit_task = asyncio.create_task(self._commit_routine(), name="decaton-commit")
         for task in (self._fetch_task, self._commit_task):
             task.add_done_callback(self._routine_ended)
+        if self.state_store is not None:
+            self.state_store.reader.on_failure(self._routine_ended)
 
     async def stop(self) -> None:
         """Stop fetching, drain up to the shutdown timeout, commit and leave the group.
@@ -283,6 +299,8 @@ class Subscription:
             await self._committer.close()
             if self._consumer is not None:
                 await self._consumer.stop()
+            if self.state_store is not None:
+                await self.state_store.stop()
             if self._owns_sender:
                 await self._sender.stop()
         finally:
@@ -352,12 +370,17 @@ class Subscription:
         # Called from a completion when pending records fell below the threshold.
         if self._partitions.get(processor.tp) is not processor or self._consumer is None:
             return
+        if self._restoring(processor):
+            processor.set_paused(False)  # the restore resumes it
+            return
         processor.set_paused(False)
         self._consumer.resume(processor.tp)
 
     async def _commit_routine(self) -> None:
         while True:
             await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
+            if self.state_store is not None:
+                self.state_store.flush()
             self._stats.fetch_latency.fold()  # keeps the observation queue short
             await self._commit()
 
@@ -413,6 +436,8 @@ class Subscription:
         await self._commit(processors, final=True)
         for processor in processors:
             self._close_partition(processor.tp, processor)
+            if self.state_store is not None:
+                self.state_store.deactivate(processor.tp.partition)
         await self._committer.release([p.tp for p in processors])
         log.info(
             "partitions revoked",
@@ -422,6 +447,8 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self.state_store is not None:
+            self.state_store.assigned({tp.partition for tp in assigned}, self._restored)
         fresh = [self._new_partition(tp) for tp in assigned if tp not in self._partitions]
         if fresh and self._committer.loads and self._consumer is not None:
             await self._load(self._consumer, fresh)
@@ -448,7 +475,7 @@ class Subscription:
             self._stop_task = asyncio.get_running_loop().create_task(self.stop())
             return
         for processor in fresh:
-            if not processor.paused and not processor.closed:
+            if not processor.paused and not processor.closed and not self._restoring(processor):
                 consumer.resume(processor.tp)
 
     def _rewind_partition(
@@ -466,8 +493,13 @@ class Subscription:
             processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
         if offset is not None:
             self._consumer.seek(tp, offset)
-        if old.paused and not processor.paused:
+        if old.paused and not processor.paused and not self._restoring(processor):
             self._consumer.resume(tp)
+
+    def _restoring(self, processor: PartitionProcessor) -> bool:
+        # Whether the partition waits for its state's restore (it stays paused until then).
+        store = self.state_store
+        return store is not None and store.restoring(processor.tp.partition)
 
     def _fenced_partition(self, processor: PartitionProcessor) -> None:
         # Another instance took the partition over: stop it here until the rebalance
@@ -496,9 +528,23 @@ class Subscription:
             ignore_keys=_key_set(props[IGNORE_KEYS].value),
             hot_keys=hot_keys,
         )
+        if self.state_store is not None:
+            processor.store = self.state_store.store(tp.partition)
+            processor.store_type = self.state_store.config.value_type
+            if self.state_store.restoring(tp.partition) and self._consumer is not None:
+                self._consumer.pause(tp)  # until its state is restored
         self._committer.prepare(processor)
         self._maybe_pause(processor)  # a rate of 0 pauses it from the start
         return processor
+
+    def _restored(self, number: int) -> None:
+        # Partition number ``number``'s state is restored: its topics may fetch (unless
+        # back-pressure paused them meanwhile).
+        if self._consumer is None:
+            return
+        for tp, processor in self._partitions.items():
+            if tp.partition == number and not processor.paused:
+                self._consumer.resume(tp)
 
     def _restart_partition(
         self, tp: TopicPartition, old: PartitionProcessor, offset: int

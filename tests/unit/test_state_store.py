@@ -1,0 +1,177 @@
+"""The local state copy, ctx.state's semantics and the standby-aware assignment plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from decaton_aio import ConfigError, KeyState, StateStoreConfig
+from decaton_aio.consumer._assignor import MemberState, plan_assignment
+from decaton_aio.consumer._store import LocalStore
+
+
+def test_checkpoint_covers_only_changes_acknowledged_in_sending_order(tmp_path: Path) -> None:
+    """Values apply when acknowledged, but the checkpoint passes a change only once every
+    change sent before it was acknowledged; a flushed file reopens at its checkpoint with
+    its values."""
+    path = tmp_path / "0.sqlite"
+    store = LocalStore(path)
+    first, second = store.begin(), store.begin()
+    store.acked(second, b"b", b"2", 11)
+    assert store.get(b"b") == b"2"
+    assert store.position == 0  # the first change is not acknowledged yet
+    store.acked(first, b"a", b"1", 10)
+    assert store.position == 12
+    store.flush()
+    store.close()
+    again = LocalStore(path)
+    assert again.checkpoint == 12
+    assert (again.get(b"a"), again.get(b"b")) == (b"1", b"2")
+    again.close()
+
+
+def test_unflushed_changes_are_not_in_the_reopened_file(tmp_path: Path) -> None:
+    """A crash before the flush loses values and checkpoint together: the file reopens at
+    its last checkpoint, so a restore replays what was lost."""
+    path = tmp_path / "0.sqlite"
+    store = LocalStore(path)
+    store.replay(b"a", b"1", 0)
+    store.flush()
+    store.replay(b"a", b"2", 1)
+    store.replay(b"c", b"3", 2)
+    # no flush: a second connection sees the last commit only
+    other = LocalStore(path)
+    assert other.checkpoint == 1
+    assert (other.get(b"a"), other.get(b"c")) == (b"1", None)
+    other.close()
+    store.close()
+
+
+def test_replay_applies_tombstones_and_skips_past_gaps() -> None:
+    """A tombstone deletes the key; skip_to moves the position past compacted offsets."""
+    store = LocalStore(None)
+    store.replay(b"a", b"1", 3)
+    store.replay(b"a", None, 7)
+    assert store.get(b"a") is None
+    assert store.position == 8
+    store.skip_to(20)
+    assert store.position == 20
+    store.close()
+
+
+def test_key_state_reads_its_own_change_and_encodes_it() -> None:
+    """get sees the task's pending set or delete; the change is encoded for the changelog;
+    values that cannot be encoded, and set(None), are refused with a hint."""
+    store = LocalStore(None)
+    store.replay(b"k", msgspec.msgpack.encode({"n": 1}), 0)
+    state = KeyState(store, b"k")
+    assert state.get() == {"n": 1}
+    assert not state.changed
+    state.set({"n": 2})
+    assert state.get() == {"n": 2}
+    assert msgspec.msgpack.decode(state.encoded_change() or b"") == {"n": 2}
+    state.delete()
+    assert state.get("gone") == "gone"
+    assert state.encoded_change() is None
+    with pytest.raises(ConfigError, match="delete"):
+        state.set(None)
+    with pytest.raises(ConfigError, match="cannot be stored"):
+        state.set(object())
+    store.close()
+
+
+def test_store_config_validates_its_name() -> None:
+    """A store name becomes part of a topic name: other characters are refused."""
+    with pytest.raises(ConfigError, match="store name"):
+        StateStoreConfig("bad name")
+    with pytest.raises(ConfigError, match="num_standby_replicas"):
+        StateStoreConfig("ok", num_standby_replicas=-1)
+    assert StateStoreConfig("counts").changelog_topic("g") == "g-counts-changelog"
+
+
+members_strategy = st.dictionaries(
+    st.text("abcdef", min_size=1, max_size=3),
+    st.builds(
+        MemberState,
+        st.frozensets(st.integers(0, 11), max_size=6),
+        st.dictionaries(st.integers(0, 11), st.integers(0, 1000), max_size=8),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@given(members_strategy, st.integers(1, 12), st.integers(0, 3))
+def test_plan_is_complete_balanced_and_standbys_avoid_owners(
+    members: dict[str, MemberState], partitions: int, standbys: int
+) -> None:
+    """Every partition has one owner; counts differ by at most one; each partition has
+    min(standbys, members - 1) standbys, none of them its owner."""
+    owner, standby = plan_assignment(range(partitions), members, standbys)
+    assert sorted(owner) == list(range(partitions))
+    loads = [sum(1 for m in owner.values() if m == member) for member in members]
+    assert max(loads) - min(loads) <= 1
+    for p in range(partitions):
+        holders = [m for m, ps in standby.items() if p in ps]
+        assert owner[p] not in holders
+        assert len(holders) == min(standbys, len(members) - 1)
+
+
+@given(members_strategy, st.integers(1, 12))
+def test_plan_keeps_owners_then_prefers_the_warmest_copy(
+    members: dict[str, MemberState], partitions: int
+) -> None:
+    """A partition a member owned stays with it while that member is under its share; a
+    partition nobody owned goes to the warmest copy unless that member is full."""
+    owner, _ = plan_assignment(range(partitions), members, 0)
+    share = -(-partitions // len(members))
+    loads = {m: sum(1 for o in owner.values() if o == m) for m in members}
+    for p in range(partitions):
+        previous = [m for m in members if p in members[m].owned]
+        if previous:
+            assert owner[p] in previous or all(loads[m] >= share - 1 for m in previous)
+            continue
+        positions = {m: s.positions.get(p, 0) for m, s in members.items()}
+        best = max(positions.values())
+        if best > 0 and positions[owner[p]] < best:
+            warmest = [m for m, pos in positions.items() if pos == best]
+            assert all(loads[m] >= share - 1 for m in warmest)
+
+
+def test_failover_goes_to_the_standby() -> None:
+    """With the owner gone, a partition goes to the member whose copy is warmest."""
+    members = {
+        "a": MemberState(frozenset({0}), {0: 100, 1: 5}),
+        "b": MemberState(frozenset({1}), {1: 100, 0: 99}),
+        "c": MemberState(frozenset(), {2: 50}),
+    }
+    del members["a"]
+    owner, _ = plan_assignment(range(3), members, 1)
+    assert owner[0] == "b"  # b kept partition 0's standby
+    assert owner == {0: "b", 1: "b", 2: "c"}
+    assert MemberState.decode(members["b"].encode()) == members["b"]
+    assert MemberState.decode(b"\xff") == MemberState()
+
+
+def test_each_worker_of_run_workers_gets_its_own_state_directory(tmp_path: Path) -> None:
+    """Under run --workers a state directory belongs to one worker: worker i keeps its
+    copies in <directory>/worker-<i>; an in-memory store or an app without state is
+    left as it is."""
+    from decaton_aio import Application
+    from decaton_aio.cli._commands import worker_application
+
+    async def process(ctx: object, task: bytes) -> None:
+        return None
+
+    app = Application(process, topics=("t",), state=StateStoreConfig("s", directory=tmp_path))
+    worker = worker_application(app, 2)
+    assert worker.state is not None
+    assert worker.state.directory == tmp_path / "worker-2"
+    memory = Application(process, topics=("t",), state=StateStoreConfig("s"))
+    assert worker_application(memory, 2) is memory
+    plain = Application(process, topics=("t",))
+    assert worker_application(plain, 1) is plain
