@@ -474,7 +474,9 @@ class PartitionProcessor:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            self._idle = asyncio.Event()
+            # One event for every waiter (a shutdown and a revoke can wait together).
+            if self._idle is None or self._idle.is_set():
+                self._idle = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), remaining)
         return True
@@ -487,6 +489,8 @@ class PartitionProcessor:
         """
         self.state = PartitionState.CLOSED
         self._drop_queued()
+        if self._idle is not None:
+            self._idle.set()  # waiters stop waiting: completions no longer count
         if self._in_flight or self._awaiting:
             log.warning(
                 "tasks still running after their partition was closed",

@@ -205,7 +205,10 @@ async def test_sigint_drains_every_worker(
     producer = await task_producer(topic)
     for i in range(40):
         await producer.put(f"k{i}", b'{"sleep_s": 2.0}')
-    sup = await start_supervisor(topic, group, "--workers", "2")
+    # The workers join one after the other: the rebalance between them must drain the
+    # 2-second tasks too (its default timeout would cut them, leaving them uncommitted).
+    drain_rebalances = "decaton.group.rebalance.timeout.ms=10000"
+    sup = await start_supervisor(topic, group, "--workers", "2", "--property", drain_rebalances)
 
     def both_running() -> bool:
         started = {name.split("-")[0] for name, run in sup.logs().items() if run}

@@ -248,6 +248,30 @@ async def test_revoke_drops_queued_and_close_ignores_late_completions() -> None:
     assert proc.committable() == 1
 
 
+async def test_every_waiter_wakes_when_the_partition_goes_idle_or_closes() -> None:
+    """A shutdown and a revoke can wait for the same partition: both wake when its tasks
+    finish; a waiter of a partition that closes meanwhile wakes at the close."""
+    gate = Gate()
+    proc = make(gate, limit=2)
+    proc.feed(records([b"a", b"b"]))
+    await settle()
+    shutdown = asyncio.create_task(proc.wait_idle(60.0))
+    await settle()
+    revoke = asyncio.create_task(proc.wait_idle(60.0))
+    await gate.release(0, 1)
+    assert (shutdown.done(), revoke.done()) == (True, True)
+    assert (shutdown.result(), revoke.result()) == (True, True)
+
+    proc.feed(records([b"c"], first=2))
+    await settle()
+    waiter = asyncio.create_task(proc.wait_idle(60.0))
+    await settle()
+    proc.close()
+    await settle()
+    assert waiter.done()
+    await gate.release(2)
+
+
 async def test_pause_threshold_reports_resume() -> None:
     """needs_pause flips at max pending; a completion below it asks for a resume."""
     gate = Gate()
