@@ -34,7 +34,9 @@ from decaton_aio.consumer._records import RAW_RECORDS
 if TYPE_CHECKING:
     from decaton_aio.consumer._contract import TaskHost
     from decaton_aio.consumer._store import LocalStore
+    from decaton_aio.context import ProcessingContext
     from decaton_aio.producer import DurableSender
+    from decaton_aio.state import KeyState
 
 __all__ = ["ChangelogReader", "ChangelogWriter", "RestoreStats"]
 
@@ -52,6 +54,13 @@ class ChangelogWriter:
     def __init__(self, sender: DurableSender, topic: str) -> None:
         self._sender = sender
         self.topic = topic
+
+    async def write_task(
+        self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, then: Callable[[], None]
+    ) -> None:
+        """Write the task's change (:meth:`write`), then call ``then()``."""
+        if await self.write(partition, state.store, state.key, state.encoded_change()):
+            then()
 
     async def write(
         self, partition: TaskHost, store: LocalStore, key: bytes, value: bytes | None
