@@ -81,10 +81,12 @@ async def test_state_and_outputs_stay_consistent_under_exactly_once(
     aborted = abort_first_commits(sub, covering=10)
     async with sub:
         await wait_until(
-            lambda: len(aborted) == 2
-            and len(sub.partitions) == 2
-            and all(p.last_committed == p.tracker.next_offset for p in sub.partitions.values())
-            and len(runs) == KEYS * PER_KEY,
+            lambda: (
+                len(aborted) == 2
+                and len(sub.partitions) == 2
+                and all(p.last_committed == p.tracker.next_offset for p in sub.partitions.values())
+                and len(runs) == KEYS * PER_KEY
+            ),
             timeout_s=90,
             what="every task committed after the aborts",
         )
