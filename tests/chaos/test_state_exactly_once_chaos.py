@@ -78,10 +78,10 @@ async def test_kills_never_count_a_task_twice(
         await instance.start()
     produced: dict[int, int] = defaultdict(int)  # partition -> end offset
     per_key: Counter[str] = Counter()
-    sent = 0
+    # kill n happens once (n + 1) / (KILLS + 1) of the tasks were sent
+    due = [asyncio.Event() for _ in range(KILLS)]
 
     async def produce() -> None:
-        nonlocal sent
         producer: TaskProducer[bytes] = TaskProducer(
             kafka_broker.producer_config(), topic, BytesSerializer()
         )
@@ -91,13 +91,14 @@ async def test_kills_never_count_a_task_twice(
                 where = await producer.put(key, str(n).encode())
                 produced[where.partition] = max(produced[where.partition], where.offset + 1)
                 per_key[key] += 1
-                sent += 1
-                await asyncio.sleep(0.005)
+                for kill, event in enumerate(due):
+                    if n + 1 >= (kill + 1) * TASKS // (KILLS + 1):
+                        event.set()
+                await asyncio.sleep(0.005)  # a steady pace
 
     async def kills() -> None:
         for n in range(KILLS):
-            while sent < (n + 1) * TASKS // (KILLS + 1):
-                await asyncio.sleep(0.05)
+            await due[n].wait()
             victim = instances[n % len(instances)]
             await victim.stop(signal.SIGKILL)
             await victim.start()
