@@ -4,7 +4,8 @@
 task's partition number) through an ``acks=all`` sender without a spool, and applies it
 to the local store once acknowledged; a failed send is tried again with backoff until it
 works or the task's partition is closed. The task completes only after that, so a
-committed task offset never has a change the changelog lacks.
+committed task offset never has a change the changelog lacks. (With exactly-once the
+changes go into the partitions' transactions instead, see ``_state_txn``.)
 
 :class:`ChangelogReader` owns one group-less consumer that reads changelog partitions
 into local stores: a *restore* reads from the store's position to the end offset taken
