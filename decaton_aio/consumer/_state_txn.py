@@ -63,8 +63,9 @@ class _Pending:
             sent.add_done_callback(lambda future: _offset_of(staged, future))
 
     def committed(self) -> None:
+        changes = self.overlay.take(self)
         if not self.store.closed:
-            self.store.apply_committed(self.overlay.take(self))
+            self.store.apply_committed(changes)
 
     def dropped(self) -> None:
         dropped = self.overlay.discard(self)
