@@ -103,32 +103,34 @@ class TransactionalChangelog:
         store, key, value = state.store, state.key, state.encoded_change()
         attempt = 0
         while not partition.closed and not txn.fenced:
-            try:
-                async with txn.lock:
-                    if partition.closed or txn.fenced or store.closed:
-                        return
+            async with txn.lock:
+                if partition.closed or txn.fenced or store.closed:
+                    return
+                try:
                     number = partition.tp.partition
                     sent = await txn.send(self.topic, value, key=key, partition=number)
                     _pending(txn, store).stage(key, value, sent)
                     for out in outputs or ():
                         await txn.send(out.topic, out.value, key=out.key, headers=out.headers)
-                    then()
+                except FencedError:
                     return
-            except FencedError:
-                return
-            except Exception as exc:
-                attempt += 1
-                delay = compute_backoff(
-                    attempt, base_s=_BACKOFF_BASE_S, factor=2.0, max_s=_BACKOFF_MAX_S, jitter=0.5
-                )
-                log.error(
-                    "cannot put the state change into the transaction; the task stays pending",
-                    topic=self.topic,
-                    partition=partition.tp.partition,
-                    error=repr(exc),
-                    retry_in_s=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
+                except Exception as exc:
+                    failure: Exception | None = exc
+                else:
+                    then()  # completes the task while no commit can come between
+                    return
+            attempt += 1
+            delay = compute_backoff(
+                attempt, base_s=_BACKOFF_BASE_S, factor=2.0, max_s=_BACKOFF_MAX_S, jitter=0.5
+            )
+            log.error(
+                "cannot put the state change into the transaction; the task stays pending",
+                topic=self.topic,
+                partition=partition.tp.partition,
+                error=repr(failure),
+                retry_in_s=round(delay, 3),
+            )
+            await asyncio.sleep(delay)
 
 
 def _pending(txn: PartitionTransaction, store: LocalStore) -> _Pending:
