@@ -13,8 +13,10 @@ msgspec Structs, dataclasses); :meth:`KeyState.get` returns plain Python values 
 value it set (or its delete) is written to the store's changelog topic
 (``<group>-<store>-changelog``, compacted, one partition per task partition) and, once the
 changelog acknowledged it, to the local copy; only then does the task complete, so a
-committed offset never has a change the changelog lacks. A processor that raises changes
-nothing. A key's tasks run one at a time in its lane, so reads and writes need no locks.
+committed offset never has a change the changelog lacks (with ``exactly_once`` the change
+is in the same transaction as the task's outputs and offset, and the copy takes it when
+that transaction commits). A processor that raises changes nothing. A key's tasks run
+one at a time in its lane, so reads and writes need no locks.
 
 The local copy is an SQLite database per partition, in ``directory`` (kept across
 restarts, so a restart replays only the changelog written since its checkpoint) or in

@@ -4,7 +4,8 @@
 task's partition number) through an ``acks=all`` sender without a spool, and applies it
 to the local store once acknowledged; a failed send is tried again with backoff until it
 works or the task's partition is closed. The task completes only after that, so a
-committed task offset never has a change the changelog lacks.
+committed task offset never has a change the changelog lacks. (With exactly-once the
+changes go into the partitions' transactions instead, see ``_state_txn``.)
 
 :class:`ChangelogReader` owns one group-less consumer that reads changelog partitions
 into local stores: a *restore* reads from the store's position to the end offset taken
@@ -34,7 +35,9 @@ from decaton_aio.consumer._records import RAW_RECORDS
 if TYPE_CHECKING:
     from decaton_aio.consumer._contract import TaskHost
     from decaton_aio.consumer._store import LocalStore
+    from decaton_aio.context import ProcessingContext
     from decaton_aio.producer import DurableSender
+    from decaton_aio.state import KeyState
 
 __all__ = ["ChangelogReader", "ChangelogWriter", "RestoreStats"]
 
@@ -52,6 +55,13 @@ class ChangelogWriter:
     def __init__(self, sender: DurableSender, topic: str) -> None:
         self._sender = sender
         self.topic = topic
+
+    async def write_task(
+        self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, then: Callable[[], None]
+    ) -> None:
+        """Write the task's change (:meth:`write`), then call ``then()``."""
+        if await self.write(partition, state.store, state.key, state.encoded_change()):
+            then()
 
     async def write(
         self, partition: TaskHost, store: LocalStore, key: bytes, value: bytes | None

@@ -22,16 +22,17 @@ Caller: both sides, on the event loop that owns the consumer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
-from decaton_aio.context import OutputRecord
+from decaton_aio.context import OutputRecord, ProcessingContext
 from decaton_aio.metrics import PartitionStats
+from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
-__all__ = ["OutputSink", "TaskHost", "TaskRunner"]
+__all__ = ["OutputSink", "StateWriter", "TaskHost", "TaskRunner"]
 
 
 class TaskHost(Protocol):
@@ -81,4 +82,15 @@ class OutputSink(Protocol):
     ) -> None:
         """Make ``outputs`` safe, then ``partition.complete_released(record)``; raise
         (completing nothing) when they could not be."""
+        ...
+
+
+class StateWriter(Protocol):
+    """Where a task's ``ctx.state`` change goes before the task completes."""
+
+    async def write_task(
+        self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, then: Callable[[], None]
+    ) -> None:
+        """Make the change safe for the task's completion, then call ``then()`` (which
+        completes the task); never call it when the partition closed first."""
         ...

@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
 from decaton_aio.completion import DeferredTimeoutPolicy
-from decaton_aio.consumer._contract import TaskHost
+from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
 from decaton_aio.consumer._outputs import DurableOutputs, deliver_outputs
@@ -50,9 +50,6 @@ from decaton_aio.properties import (
 from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record, RecordSender
-
-if TYPE_CHECKING:
-    from decaton_aio.consumer._changelog import ChangelogWriter
 
 __all__ = ["TaskExecutor"]
 
@@ -84,7 +81,8 @@ class TaskExecutor:
         side_topics: names of the retry, dead letter and shaping topics.
         deferred_timeout_policy: what a timed-out deferred completion does.
         state_writer: writes tasks' ``ctx.state`` changes to the store's changelog
-            before they complete; ``None`` when the application has no state store.
+            before they complete (in the partition's transaction with exactly-once);
+            ``None`` when the application has no state store.
     """
 
     def __init__(
@@ -98,7 +96,7 @@ class TaskExecutor:
         retry: RetryConfig | None = None,
         side_topics: SideTopics | None = None,
         deferred_timeout_policy: DeferredTimeoutPolicy = "give_up",
-        state_writer: ChangelogWriter | None = None,
+        state_writer: StateWriter | None = None,
     ) -> None:
         self._state_writer = state_writer
         self._subscription_id = subscription_id
@@ -490,19 +488,21 @@ class TaskExecutor:
     def _write_state(
         self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, took: float
     ) -> None:
-        # The task keeps its slot and lane until the changelog has its change: the key's
-        # next task reads it, and the offset cannot be committed before it is durable.
+        # The task keeps its slot and lane until the changelog has its change (or the
+        # partition's transaction, with its completion): the key's next task reads it,
+        # and the offset cannot be committed without it.
         writer = self._state_writer
         if writer is None:
             ctx.logger.error("a state change without a state store is dropped")
             self._route(partition, ctx, None, took)
             return
 
-        async def write() -> None:
-            if await writer.write(partition, state.store, state.key, state.encoded_change()):
-                self._route(partition, ctx, None, took)
+        def route() -> None:
+            self._route(partition, ctx, None, took)
 
-        task = asyncio.get_running_loop().create_task(write())
+        task = asyncio.get_running_loop().create_task(
+            writer.write_task(partition, ctx, state, route)
+        )
         self._tasks[task] = None  # a changelog write: no task context of its own
         task.add_done_callback(self._forget)
 

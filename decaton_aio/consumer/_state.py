@@ -7,11 +7,15 @@ owns
   number this instance owns or keeps as a standby, in ``<directory>/<group>/<store>/``
   (a lock file keeps a second process off the same directory);
 - the changelog writer (its own ``acks=all`` sender without a spool: a change is durable
-  only when the changelog has it) and the reader of restores and standbys;
+  only when the changelog has it; with exactly-once the partitions' transactions instead,
+  see ``_state_txn``) and the reader of restores and standbys (``read_committed`` with
+  exactly-once: a copy never takes a change of an aborted transaction);
 - the assignor that tells the group what this member holds.
 
-On assignment the subscription calls :meth:`StateStore.activate` per partition number and
-keeps the partition's topics paused until the restore resolves; standbys come from the
+On assignment the subscription calls :meth:`StateStore.assigned` and keeps the partitions'
+topics paused until their restores resolve (with exactly-once a restore starts only once
+the partitions' previous owners are fenced: a transaction of theirs still committing
+would land past the end it reads to); standbys come from the
 assignment (:meth:`StateStore.set_standbys`). Copies neither owned nor standby are closed
 (their files stay for a later assignment).
 
@@ -24,7 +28,7 @@ import asyncio
 import dataclasses
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -35,6 +39,8 @@ from decaton_aio.admin import ensure_changelog_topic
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignor import MemberState, StateAwareAssignor
 from decaton_aio.consumer._changelog import ChangelogReader, ChangelogWriter, RestoreStats
+from decaton_aio.consumer._contract import StateWriter
+from decaton_aio.consumer._state_txn import TransactionalChangelog
 from decaton_aio.consumer._store import LocalStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.producer import DurableSender, ProducerConfig
@@ -68,16 +74,21 @@ class StateStore:
         self._dir: Path | None = None
         if isinstance(config.directory, Path):
             self._dir = config.directory / consumer.group_id / config.name
-        self._sender = DurableSender(
-            dataclasses.replace(producer, spool_dir=None),
-            client_id=f"decaton-aio-changelog-{app.subscription_id}",
-        )
-        self.writer = ChangelogWriter(self._sender, self.topic)
+        self._sender: DurableSender | None = None
+        self.writer: StateWriter
+        if app.exactly_once:
+            self.writer = TransactionalChangelog(self.topic)
+        else:
+            self._sender = DurableSender(
+                dataclasses.replace(producer, spool_dir=None),
+                client_id=f"decaton-aio-changelog-{app.subscription_id}",
+            )
+            self.writer = ChangelogWriter(self._sender, self.topic)
         self.reader = ChangelogReader(
             consumer.bootstrap_servers,
             self.topic,
             client_id=f"{consumer.client_id}-changelog",
-            isolation_level=consumer.isolation_level,
+            isolation_level="read_committed" if app.exactly_once else consumer.isolation_level,
             client_kwargs=consumer.security.client_kwargs(),
         )
         self.assignor = StateAwareAssignor(self.member_state, config.num_standby_replicas)
@@ -102,11 +113,13 @@ class StateStore:
         await ensure_changelog_topic(
             self._bootstrap, self._app, self.topic, security=self._security
         )
-        await self._sender.start()
+        if self._sender is not None:
+            await self._sender.start()
         try:
             await self.reader.start()
         except BaseException:
-            await self._sender.stop()
+            if self._sender is not None:
+                await self._sender.stop()
             raise
 
     async def stop(self) -> None:
@@ -114,7 +127,8 @@ class StateStore:
         for task in self._restoring.values():
             task.cancel()
         await self.reader.stop()
-        await self._sender.stop()
+        if self._sender is not None:
+            await self._sender.stop()
         for p in list(self._stores):
             self._close(p)
         if self._lock is not None:
@@ -150,18 +164,33 @@ class StateStore:
 
     # -------------------------------------------------------------- assignment
 
-    def assigned(self, partitions: set[int], restored: Callable[[int], None]) -> None:
-        """This member owns ``partitions`` now: restore each one not restored yet, and
-        call ``restored(partition)`` when its copy is there; follow the standbys of the
-        assignment."""
+    def assigned(
+        self,
+        partitions: set[int],
+        restored: Callable[[int], None],
+        after: Awaitable[None] | None = None,
+    ) -> None:
+        """This member owns ``partitions`` now: restore each one not restored yet (once
+        ``after`` is done, when given), and call ``restored(partition)`` when its copy is
+        there; follow the standbys of the assignment."""
         for p in sorted(partitions - set(self._restoring)):
+            if after is None:
+                done: Awaitable[RestoreStats] = self.activate(p)
+            else:
+                self._active.add(p)
+                self._open(p)  # the partition's processor reads this copy
+                done = self._activate_after(p, after)
             self._restoring[p] = asyncio.create_task(
-                self._restore(p, self.activate(p), restored), name="decaton-restore"
+                self._restore(p, done, restored), name="decaton-restore"
             )
         self.set_standbys(self.assignor.standbys)
 
+    async def _activate_after(self, partition: int, after: Awaitable[None]) -> RestoreStats:
+        await asyncio.shield(after)  # shared by the assignment's partitions
+        return await self.activate(partition)
+
     async def _restore(
-        self, partition: int, done: asyncio.Future[RestoreStats], restored: Callable[[int], None]
+        self, partition: int, done: Awaitable[RestoreStats], restored: Callable[[int], None]
     ) -> None:
         try:
             await done

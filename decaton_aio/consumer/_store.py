@@ -7,7 +7,10 @@ them:
 
 - a task's change, once the changelog acknowledged it (:meth:`LocalStore.begin` when it is
   sent, :meth:`LocalStore.acked` with its offset);
-- a restore or a standby, reading the changelog (:meth:`LocalStore.replay`).
+- a restore or a standby, reading the changelog (:meth:`LocalStore.replay`);
+- with exactly-once, a task's change sent in its partition's transaction waits in the
+  copy's :attr:`LocalStore.overlay` (reads see it) and is applied when that transaction
+  commits (:meth:`LocalStore.apply_committed`); an abort discards it.
 
 Writes go into an open SQLite transaction; :meth:`LocalStore.flush` commits it together
 with the checkpoint, so a database that survives a crash is consistent with its
@@ -27,6 +30,8 @@ import contextlib
 import sqlite3
 from collections import deque
 from pathlib import Path
+
+from decaton_aio.consumer._overlay import MISSING, Overlay, Staged
 
 __all__ = ["LocalStore"]
 
@@ -73,6 +78,9 @@ class LocalStore:
         self._unacked: deque[_Write] = deque()
         self._dirty = False
         self.closed = False
+        #: Changes of open transactions (exactly-once only; ``None`` otherwise).
+        self.overlay: Overlay | None = None
+        self._committed_end = 0  # past the last change committed by a transaction
 
     @property
     def checkpoint(self) -> int:
@@ -80,7 +88,13 @@ class LocalStore:
         return self._committed
 
     def get(self, key: bytes) -> bytes | None:
-        """The value of ``key``, ``None`` when it has none."""
+        """The value of ``key``, ``None`` when it has none (an open transaction's change
+        first)."""
+        overlay = self.overlay
+        if overlay is not None:
+            found = overlay.lookup(key)
+            if found is not MISSING:
+                return found  # type: ignore[return-value]
         row = self._db.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
@@ -126,6 +140,22 @@ class LocalStore:
             done = unacked.popleft()
             if done.offset >= self.position:
                 self.position = done.offset + 1
+
+    def apply_committed(self, changes: list[Staged]) -> None:
+        """The transaction holding ``changes`` (taken from the overlay, in sending order)
+        committed: apply them; the position passes them, but not a change still open."""
+        end = self._committed_end
+        for change in changes:
+            if not change.superseded:
+                self._put(change.key, change.value)
+            end = max(end, change.offset + 1)
+        self._committed_end = position = end
+        floor = self.overlay.floor() if self.overlay is not None else None
+        if floor is not None:
+            position = min(position, floor if floor >= 0 else self.position)
+        if position > self.position:
+            self.position = position
+            self._dirty = True
 
     def abandon(self, write: _Write) -> None:
         """A change that was never acknowledged (its partition closed): forget it."""

@@ -447,11 +447,18 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        fenced: asyncio.Future[None] | None = None
         if self.state_store is not None:
-            self.state_store.assigned({tp.partition for tp in assigned}, self._restored)
+            if self.app.exactly_once:  # restores read to the end once no one else writes
+                fenced = asyncio.get_running_loop().create_future()
+            self.state_store.assigned({tp.partition for tp in assigned}, self._restored, fenced)
         fresh = [self._new_partition(tp) for tp in assigned if tp not in self._partitions]
-        if fresh and self._committer.loads and self._consumer is not None:
-            await self._load(self._consumer, fresh)
+        try:
+            if fresh and self._committer.loads and self._consumer is not None:
+                await self._load(self._consumer, fresh)
+        finally:
+            if fenced is not None:
+                fenced.set_result(None)
         for processor in fresh:  # visible (and fed) once ready
             self._partitions[processor.tp] = processor
         log.info(

@@ -15,6 +15,10 @@ reads the committed offset and checkpoint only after that, so it never reads a s
 transaction is still changing. The price is a producer (and its connections) per assigned
 partition.
 
+Whoever puts more than outputs into a transaction (the state store's changes) registers
+a :class:`TransactionListener`: told when the open transaction commits, and when it is
+dropped (aborted, fenced, stopped).
+
 Ordering inside a partition: an output delivery (:meth:`PartitionTransaction.deliver`)
 sends the task's records into the open transaction *and* completes the task's offset
 while holding the partition's lock; a commit takes the lock, reads the watermark and
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -46,7 +50,13 @@ from decaton_aio.errors import DecatonError
 from decaton_aio.producer import ProducerConfig
 from decaton_aio.typing import Record
 
-__all__ = ["FencedError", "PartitionTransaction", "TransactionFailedError", "transactional_id"]
+__all__ = [
+    "FencedError",
+    "PartitionTransaction",
+    "TransactionFailedError",
+    "TransactionListener",
+    "transactional_id",
+]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -65,6 +75,18 @@ class TransactionFailedError(DecatonError):
     go back to its last committed state."""
 
     retriable = True
+
+
+class TransactionListener(Protocol):
+    """Told how the open transaction of a partition ended."""
+
+    def committed(self) -> None:
+        """It committed (called under the lock, before another record can enter)."""
+        ...
+
+    def dropped(self) -> None:
+        """It was aborted or will be (a failed commit, a fence, a stop)."""
+        ...
 
 
 def transactional_id(group_id: str, tp: TopicPartition) -> str:
@@ -94,6 +116,7 @@ class PartitionTransaction:
         self._dropped = False  # stopped while starting: the start closes what it opened
         #: Held while outputs enter the transaction and while it commits.
         self.lock = asyncio.Lock()
+        self.listeners: list[TransactionListener] = []
 
     @property
     def open(self) -> bool:
@@ -149,12 +172,17 @@ class PartitionTransaction:
         owner's start)."""
         producer, self._producer = self._producer, None
         self._open = False
+        self._dropped_all()
         self._dropped = self._starting
         if producer is not None:
             try:
                 await asyncio.wait_for(producer.stop(), 10.0)
             except (KafkaError, TimeoutError) as exc:
                 log.warning("transactional producer did not stop cleanly", error=repr(exc))
+
+    def _dropped_all(self) -> None:
+        for listener in self.listeners:
+            listener.dropped()
 
     async def _begin(self) -> Any:
         producer = self._producer
@@ -180,14 +208,39 @@ class PartitionTransaction:
         async with self.lock:
             if partition.closed or self.fenced:
                 return
-            try:
-                producer = await self._begin()
-                for out in outputs:
-                    await producer.send(out.topic, out.value, key=out.key, headers=out.headers)
-            except _FENCED as exc:
-                self.fenced = True
-                raise FencedError(f"{self.transactional_id} was fenced") from exc
+            for out in outputs:
+                await self.send(out.topic, out.value, key=out.key, headers=out.headers)
             partition.complete_released(record)
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Any]:
+        """Put a record into the open transaction (beginning one); call it with the lock
+        held. Returns its delivery future (the record's metadata, with its offset).
+
+        Raises:
+            FencedError: another instance owns the partition now.
+            KafkaError: the client refused the record.
+        """
+        try:
+            producer = await self._begin()
+            sent: asyncio.Future[Any] = await producer.send(
+                topic, value, key=key, headers=headers, partition=partition
+            )
+        except _FENCED as exc:
+            self._fence()
+            raise FencedError(f"{self.transactional_id} was fenced") from exc
+        return sent
+
+    def _fence(self) -> None:
+        self.fenced = True
+        self._dropped_all()
 
     async def send_checkpoint(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         """Write a checkpoint record in the open transaction; its offset. Call it only
@@ -233,9 +286,11 @@ class PartitionTransaction:
                     await producer.send_offsets_to_transaction(offsets, self.group_id)
                 await producer.commit_transaction()
                 self._open = False
+                for listener in self.listeners:
+                    listener.committed()
                 return planned[0] if planned is not None else None
             except _FENCED as exc:
-                self.fenced = True
+                self._fence()
                 raise FencedError(f"{self.transactional_id} was fenced") from exc
             except (KafkaError, OSError) as exc:
                 await self._abandon(exc)

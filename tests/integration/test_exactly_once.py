@@ -30,16 +30,31 @@ def needs_transactions(broker: BrokerHandle) -> None:
 async def read_committed(bootstrap_servers: str, topic: str, *, at_least: int) -> list[bytes]:
     """Every committed record value of ``topic``: read until ``at_least`` arrived and each
     partition's last stable offset is reached (so duplicates would be seen too)."""
+    records = await read_all(bootstrap_servers, topic, at_least=at_least)
+    return [r.value for r in records if r.value is not None]
+
+
+async def read_all(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    at_least: int = 0,
+    isolation_level: str = "read_committed",
+) -> list[Any]:
+    """Every record of ``topic`` a reader with ``isolation_level`` gets, tombstones too:
+    read until ``at_least`` records arrived and each partition's end (last stable offset,
+    or high watermark reading uncommitted) is reached."""
+    committed = isolation_level == "read_committed"
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        isolation_level="read_committed",
+        isolation_level=isolation_level,
         fetch_max_wait_ms=100,
     )
     await consumer.start()
-    values: list[bytes] = []
+    values: list[Any] = []
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         if not parts:
@@ -54,15 +69,16 @@ async def read_committed(bootstrap_servers: str, topic: str, *, at_least: int) -
         while True:
             batch = await consumer.getmany(timeout_ms=200)
             for records in batch.values():
-                values += [r.value for r in records if r.value is not None]
-            ends = [consumer.last_stable_offset(tp) for tp in tps]
+                values += records
+            end_of = consumer.last_stable_offset if committed else consumer.highwater
+            ends = [end_of(tp) for tp in tps]
             positions = [await consumer.position(tp) for tp in tps]
             if len(values) >= at_least and all(
                 e is not None and p >= e for e, p in zip(ends, positions, strict=True)
             ):
                 return values
             if loop.time() > deadline:
-                raise TimeoutError(f"read {len(values)} of {at_least} committed outputs")
+                raise TimeoutError(f"read {len(values)} of {at_least} records of {topic}")
     finally:
         await consumer.stop()
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decaton_aio import ConfigError, KeyState, StateStoreConfig
+from decaton_aio import Application, ConfigError, ConsumerConfig, KeyState, StateStoreConfig
 from decaton_aio.consumer._assignor import MemberState, plan_assignment
+from decaton_aio.consumer._state import StateStore
+from decaton_aio.consumer._state_txn import TransactionalChangelog
 from decaton_aio.consumer._store import LocalStore
+from decaton_aio.producer import ProducerConfig
 
 
 def test_checkpoint_covers_only_changes_acknowledged_in_sending_order(tmp_path: Path) -> None:
@@ -175,3 +181,61 @@ def test_each_worker_of_run_workers_gets_its_own_state_directory(tmp_path: Path)
     assert worker_application(memory, 2) is memory
     plain = Application(process, topics=("t",))
     assert worker_application(plain, 1) is plain
+
+
+class _Reads:
+    """Records what the state store asks its changelog reader for."""
+
+    def __init__(self) -> None:
+        self.restores: list[int] = []
+        self.isolation_level = ""
+
+    def restore(self, partition: int, store: LocalStore) -> asyncio.Future[None]:
+        self.restores.append(partition)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    def follow(self, partition: int, store: LocalStore) -> None:
+        raise AssertionError("no standbys here")
+
+    def forget(self, partition: int) -> None:
+        pass
+
+
+async def test_exactly_once_restores_read_committed_and_wait_for_the_fence() -> None:
+    """With exactly-once the store's reader reads read_committed and the store writes in
+    the partitions' transactions; an assignment's restores start only once the given
+    awaitable (the fencing of the previous owners) is done, while the copies are open and
+    the partitions count as restoring from the start."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        pass
+
+    app = Application(process, topics=("t",), state=StateStoreConfig("counts"), exactly_once=True)
+    store = StateStore(app, ConsumerConfig("localhost:9", "g"), ProducerConfig("localhost:9"))
+    assert store.reader._isolation_level == "read_committed"
+    assert isinstance(store.writer, TransactionalChangelog)
+    plain = StateStore(
+        dataclasses.replace(app, exactly_once=False),
+        ConsumerConfig("localhost:9", "g"),
+        ProducerConfig("localhost:9"),
+    )
+    assert plain.reader._isolation_level == "read_uncommitted"
+    reads = _Reads()
+    store.reader = reads  # type: ignore[assignment]
+    fenced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    restored: list[int] = []
+    store.assigned({0, 1}, restored.append, fenced)
+    assert store.store(0) is not None
+    assert store.restoring(0)
+    assert store.restoring(1)
+    await asyncio.sleep(0)  # one loop turn: the restore routines run up to their wait
+    assert reads.restores == []
+    routines = list(store._restoring.values())
+    fenced.set_result(None)
+    await asyncio.gather(*routines)
+    assert sorted(reads.restores) == [0, 1] == sorted(restored)
+    assert not store.restoring(0)
+    for p in (0, 1):
+        store._close(p)
