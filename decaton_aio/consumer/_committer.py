@@ -42,6 +42,11 @@ __all__ = ["Committer"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
+#: How long one offset commit may take. The client retries a retriable error forever (a
+#: deleted topic answers UnknownTopicOrPartition until it exists again): past this the
+#: commit is given up (the next interval tries again; a revoke goes on without it).
+COMMIT_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class _Saved:
@@ -195,8 +200,8 @@ class Committer:
             for tp, (_, offset, _) in entries.items()
         }
         try:
-            await consumer.commit(offsets)
-        except (KafkaError, AssertionError) as exc:
+            await asyncio.wait_for(consumer.commit(offsets), COMMIT_TIMEOUT_S)
+        except (KafkaError, AssertionError, TimeoutError) as exc:
             # A commit during a rebalance fails by design; the next interval retries it.
             if isinstance(exc, OffsetMetadataTooLargeError) and self.store is not None:
                 log.warning("the cluster's offset.metadata.max.bytes is smaller: using the topic")

@@ -202,13 +202,19 @@ async def test_sigint_drains_every_worker(
     its running tasks finish and commits them, every worker process is gone, exit 0."""
     topic = await topic_factory(partitions=2)
     group = f"workers-{uuid.uuid4().hex[:8]}"
+    # The tasks come once each worker holds one partition (a worker that joined first
+    # would otherwise start them all); a later rebalance drains them (10 s timeout).
+    drain_rebalances = "decaton.group.rebalance.timeout.ms=10000"
+    sup = await start_supervisor(topic, group, "--workers", "2", "--property", drain_rebalances)
+
+    def one_partition_each() -> bool:
+        latest = {e["worker"]: e["partitions"] for e in sup.events("partitions assigned")}
+        return sorted(len(parts) for parts in latest.values()) == [1, 1]
+
+    await eventually(one_partition_each, "one partition assigned to each worker", 90)
     producer = await task_producer(topic)
     for i in range(40):
         await producer.put(f"k{i}", b'{"sleep_s": 2.0}')
-    # The workers join one after the other: the rebalance between them must drain the
-    # 2-second tasks too (its default timeout would cut them, leaving them uncommitted).
-    drain_rebalances = "decaton.group.rebalance.timeout.ms=10000"
-    sup = await start_supervisor(topic, group, "--workers", "2", "--property", drain_rebalances)
 
     def both_running() -> bool:
         started = {name.split("-")[0] for name, run in sup.logs().items() if run}

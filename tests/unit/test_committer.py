@@ -1,0 +1,46 @@
+"""The committer: a commit the client keeps retrying is given up, never awaited forever."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from decaton_aio.consumer import _committer
+from decaton_aio.consumer._committer import Committer
+from tests.unit.test_partition import make, records, settle
+
+
+class _StuckConsumer:
+    """A consumer whose commits never end, like the client's retry loop on a topic that
+    was deleted (UnknownTopicOrPartition is retriable)."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    async def commit(self, offsets: Any) -> None:
+        self.attempts += 1
+        await asyncio.Event().wait()
+
+
+async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit stuck in the client is abandoned after the commit timeout: ``commit``
+    returns (a revoke goes on), the offset is not taken as committed, and the next
+    commit tries it again."""
+    monkeypatch.setattr(_committer, "COMMIT_TIMEOUT_S", 0.01)
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    processor = make(process)
+    processor.feed(records([b"a", b"b"]))
+    await settle()
+    assert processor.committable() == 2
+    committer = Committer(
+        "group", store=None, transactions=None, on_rewind=lambda *a: None, on_fenced=lambda p: None
+    )
+    consumer = _StuckConsumer()
+    await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
+    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    assert consumer.attempts == 2  # not marked committed: tried again
