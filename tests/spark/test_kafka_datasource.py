@@ -278,7 +278,11 @@ async def test_write_then_read_round_trip(spark: SparkSession, kafka_broker, top
     assert (summary.committed, summary.records, summary.tasks) == (True, 60, 2)
     assert (text_summary.committed, text_summary.records) == (True, 1)
     counted = Counter(summary.per_partition) + Counter(text_summary.per_partition)
-    assert counted == Counter(f"{topic}:{r.partition}" for r in read)
+    stored = [(r.partition, bytes(r.value)) for r in read]
+    if kafka_broker.flavor == "tansu":
+        # Tansu refuses idempotent producers: a retried send can store a record twice.
+        stored = list(set(stored))
+    assert counted == Counter(f"{topic}:{partition}" for partition, _ in stored)
 
     got = {bytes(r.value): r for r in read}
     assert len(got) == 61
