@@ -50,6 +50,7 @@ __all__ = [
     "SkipTask",
     "TaskControl",
     "compute_backoff",
+    "send_retry_delay",
 ]
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
@@ -156,6 +157,13 @@ def compute_backoff(
     _check_backoff(base_s=base_s, factor=factor, max_s=max_s, jitter=jitter)
     _check_attempt(attempt)
     return _backoff(attempt, base_s, factor, max_s, jitter, rng)
+
+
+def send_retry_delay(attempt: int) -> float:
+    """How long the runtime waits before sending a record again (a retry, dead letter,
+    output or state change whose send failed; the task stays pending meanwhile): 0.2 s
+    doubling up to 10 s, half of it jittered."""
+    return compute_backoff(attempt, base_s=0.2, factor=2.0, max_s=10.0, jitter=0.5)
 
 
 def _backoff(

@@ -29,7 +29,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from decaton_aio.backoff import compute_backoff
+from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._records import RAW_RECORDS
 
 if TYPE_CHECKING:
@@ -43,8 +43,6 @@ __all__ = ["ChangelogReader", "ChangelogWriter", "RestoreStats"]
 
 log = structlog.get_logger("decaton_aio.state")
 
-_SEND_BACKOFF_BASE_S = 0.2
-_SEND_BACKOFF_MAX_S = 10.0
 _READ_TIMEOUT_MS = 100
 _READ_MAX_RECORDS = 10_000
 
@@ -81,13 +79,7 @@ class ChangelogWriter:
                 )
             except Exception as exc:
                 attempt += 1
-                delay = compute_backoff(
-                    attempt,
-                    base_s=_SEND_BACKOFF_BASE_S,
-                    factor=2.0,
-                    max_s=_SEND_BACKOFF_MAX_S,
-                    jitter=0.5,
-                )
+                delay = send_retry_delay(attempt)
                 log.error(
                     "cannot write the state change to the changelog; the task stays pending",
                     topic=self.topic,

@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from decaton_aio.backoff import RetryTask, SkipTask, compute_backoff
+from decaton_aio.backoff import RetryTask, SkipTask, send_retry_delay
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
@@ -56,14 +56,12 @@ __all__ = ["TaskExecutor"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
-_SEND_BACKOFF_BASE_S = 0.2
 # What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
 _SEND_COUNTERS = {
     "retry": ("retry_queued", "retry_failed"),
     "dead letter": ("dead_letter_queued", "dead_letter_failed"),
     "shaping": ("shaping_queued", "shaping_failed"),
 }
-_SEND_BACKOFF_MAX_S = 10.0
 
 
 class TaskExecutor:
@@ -573,13 +571,7 @@ class TaskExecutor:
                 attempt += 1
                 stats = partition.stats
                 setattr(stats, failed, getattr(stats, failed) + 1)
-                delay = compute_backoff(
-                    attempt,
-                    base_s=_SEND_BACKOFF_BASE_S,
-                    factor=2.0,
-                    max_s=_SEND_BACKOFF_MAX_S,
-                    jitter=0.5,
-                )
+                delay = send_retry_delay(attempt)
                 log.error(
                     f"cannot send the {what} record; the task stays pending",
                     topic=topic,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from decaton_aio.backoff import compute_backoff
+from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import OutputSink, TaskHost
 from decaton_aio.consumer._transactions import FencedError
 from decaton_aio.context import OutputRecord
@@ -30,9 +30,6 @@ from decaton_aio.typing import Record, RecordSender
 __all__ = ["DurableOutputs", "OutputSink", "deliver_outputs"]
 
 log = structlog.get_logger("decaton_aio.consumer")
-
-_BACKOFF_BASE_S = 0.2
-_BACKOFF_MAX_S = 10.0
 
 
 class DurableOutputs:
@@ -66,9 +63,7 @@ async def deliver_outputs(
             if isinstance(exc, FencedError):
                 return
             attempt += 1
-            delay = compute_backoff(
-                attempt, base_s=_BACKOFF_BASE_S, factor=2.0, max_s=_BACKOFF_MAX_S, jitter=0.5
-            )
+            delay = send_retry_delay(attempt)
             log.error(
                 "cannot deliver a task's outputs; the task stays pending",
                 origin=f"{partition.tp.topic}-{partition.tp.partition}@{record.offset}",

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from decaton_aio.backoff import compute_backoff
+from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer._overlay import Overlay, Staged
 from decaton_aio.consumer._store import LocalStore
@@ -40,9 +40,6 @@ from decaton_aio.state import KeyState
 __all__ = ["TransactionalChangelog"]
 
 log = structlog.get_logger("decaton_aio.state")
-
-_BACKOFF_BASE_S = 0.2
-_BACKOFF_MAX_S = 10.0
 
 
 class _Pending:
@@ -120,9 +117,7 @@ class TransactionalChangelog:
                     then()  # completes the task while no commit can come between
                     return
             attempt += 1
-            delay = compute_backoff(
-                attempt, base_s=_BACKOFF_BASE_S, factor=2.0, max_s=_BACKOFF_MAX_S, jitter=0.5
-            )
+            delay = send_retry_delay(attempt)
             log.error(
                 "cannot put the state change into the transaction; the task stays pending",
                 topic=self.topic,
