@@ -120,6 +120,20 @@ class Instance:
             await asyncio.wait_for(self.proc.wait(), 60)
 
 
+async def await_commits(
+    bootstrap_servers: str, group: str, topic: str, ends: dict[int, int], timeout_s: float
+) -> None:
+    """Poll the group's committed offsets (another process commits them) until each
+    partition's reaches its end in ``ends``; fail naming them after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await group_positions(bootstrap_servers, group, topic)
+        if all(p.committed == ends[p.partition] for p in found):
+            return
+        assert time.monotonic() < deadline, f"commits stuck: {found}"
+        await asyncio.sleep(0.5)
+
+
 def read_runs(instances: list[Instance]) -> list[list[tuple[str, int, int, str, int]]]:
     """Each incarnation's events: (kind, partition, offset, key, monotonic ns)."""
     runs = []
@@ -298,13 +312,7 @@ async def test_instances_killed_and_restarted_keep_the_guarantees(
         ends: dict[int, int] = defaultdict(int)
         for partition, offset in produced:
             ends[partition] = max(ends[partition], offset + 1)
-        deadline = time.monotonic() + 90
-        while True:
-            found = await group_positions(broker.bootstrap_servers, group, topic)
-            if all(p.committed == ends[p.partition] for p in found):
-                break
-            assert time.monotonic() < deadline, f"commits stuck: {found}"
-            await asyncio.sleep(0.5)
+        await await_commits(broker.bootstrap_servers, group, topic, ends, 90)
     finally:
         for instance in instances:
             await instance.stop(signal.SIGTERM)

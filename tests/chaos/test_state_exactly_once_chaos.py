@@ -14,7 +14,6 @@ import asyncio
 import signal
 import sys
 import textwrap
-import time
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -24,9 +23,8 @@ import msgspec
 import pytest
 
 from decaton_aio import BytesSerializer, TaskProducer
-from decaton_aio.offsets import group_positions
 from decaton_aio.testing import BrokerHandle
-from tests.chaos.test_chaos import Instance
+from tests.chaos.test_chaos import Instance, await_commits
 from tests.integration.test_exactly_once import needs_transactions, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -105,13 +103,7 @@ async def test_kills_never_count_a_task_twice(
 
     try:
         await asyncio.gather(produce(), kills())
-        deadline = time.monotonic() + 120
-        while True:
-            found = await group_positions(kafka_broker.bootstrap_servers, group, topic)
-            if all(p.committed == produced[p.partition] for p in found):
-                break
-            assert time.monotonic() < deadline, f"commits stuck: {found}"
-            await asyncio.sleep(0.5)
+        await await_commits(kafka_broker.bootstrap_servers, group, topic, produced, 120)
     finally:
         for instance in instances:
             await instance.stop(signal.SIGTERM)
