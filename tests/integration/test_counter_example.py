@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -25,25 +23,17 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from decaton_aio.offsets import group_positions
 from decaton_aio.testing import BrokerHandle, topic_partitions
+from tests.integration.test_follow_example import start_example
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def start_counter(
     broker: BrokerHandle, topic: str, group: str, state: Path, log: Path, *extra: str
 ) -> asyncio.subprocess.Process:
     """Start the counter as its own process, logging JSON lines to ``log``."""
-    argv = [sys.executable, "-m", "decaton_aio", "--log-format", "json", "--log-level", "info"]
-    argv += ["run", "examples.counter.processor:app", "--bootstrap-servers"]
-    argv += [broker.bootstrap_servers, "--topic", topic, "--group", group]
-    argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500", *extra]
-    env = {**os.environ, "COUNTER_STATE_DIR": str(state)}
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            *argv, cwd=ROOT, env=env, stdout=out, stderr=out
-        )
+    app, env = "examples.counter.processor:app", {"COUNTER_STATE_DIR": str(state)}
+    return await start_example(broker, app, topic, group, log, env, *extra, log_level="info")
 
 
 async def last_values(bootstrap_servers: str, topic: str) -> dict[str, Any]:

@@ -32,18 +32,34 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+async def start_example(
+    broker: BrokerHandle,
+    app: str,
+    topic: str,
+    group: str,
+    log: Path,
+    env: dict[str, str],
+    *extra: str,
+    log_level: str = "warning",
+) -> asyncio.subprocess.Process:
+    """Start an example's ``app`` under ``python -m decaton_aio run`` as its own process,
+    with ``env`` added to the environment, logging JSON lines to ``log``."""
+    argv = [sys.executable, "-m", "decaton_aio", "--log-format", "json", "--log-level"]
+    argv += [log_level, "run", app, "--bootstrap-servers", broker.bootstrap_servers]
+    argv += ["--topic", topic, "--group", group]
+    argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500", *extra]
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=out
+        )
+
+
 async def start_processor(
     broker: BrokerHandle, topic: str, group: str, db: Path, log: Path, *extra: str
 ) -> asyncio.subprocess.Process:
     """Start the follow processor as its own process, logging to ``log``."""
-    argv = [sys.executable, "-m", "decaton_aio", "--log-format", "json", "--log-level", "warning"]
-    argv += ["run", "examples.follow.processor:app", "--bootstrap-servers"]
-    argv += [broker.bootstrap_servers, "--topic", topic, "--group", group]
-    argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500", *extra]
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            *argv, cwd=ROOT, env={**os.environ, "FOLLOW_DB": str(db)}, stdout=out, stderr=out
-        )
+    app = "examples.follow.processor:app"
+    return await start_example(broker, app, topic, group, log, {"FOLLOW_DB": str(db)}, *extra)
 
 
 def applied(db: Path) -> int:
