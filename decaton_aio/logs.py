@@ -11,14 +11,13 @@ partition, offset and key. :func:`add_task_context` (a structlog processor) and
 installs both. An application that configures structlog itself adds
 :func:`add_task_context` to its processors.
 
-How the running task is found, at no cost per task: a task's first step runs inline inside
-the executor's ``start`` (the eager path), whose frame holds the task's context in a local
-variable: :func:`current_task_context` walks the stack from the log call up to the
-innermost such frame. A task that waited runs on as an asyncio task, which the runtime
-keeps with its context anyway: the lookup asks for the current asyncio task's. That costs
-a few microseconds per log line inside a task, where binding context variables for every
-task would cost every task, logged or not. Tasks a processor spawns itself are neither:
-bind what they need with ``ctx.logger``.
+How the running task is found, at no cost per task: a task runs inside a frame of the
+runtime that holds its context in a local variable (the executor's ``start`` for its first
+step, the worker that carries it on after it waited): :func:`current_task_context` walks
+the stack from the log call up to the innermost such frame. That costs a few microseconds
+per log line inside a task, where binding context variables for every task would cost
+every task, logged or not. Tasks a processor spawns itself run outside those frames: bind
+what they need with ``ctx.logger``.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from types import CodeType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -46,7 +45,6 @@ __all__ = [
     "configure_logging",
     "current_task_context",
     "register_task_frame",
-    "register_task_lookup",
 ]
 
 LOG_LEVEL_ENV_VAR = "DECATON_AIO_LOG_LEVEL"
@@ -68,18 +66,6 @@ def register_task_frame(code: CodeType, local: str) -> None:
     _TASK_FRAMES[code] = local
 
 
-# Functions returning the context of the task the current asyncio task runs, or None.
-_TASK_LOOKUPS: list[Callable[[], Any]] = []
-
-
-def register_task_lookup(lookup: Callable[[], Any]) -> None:
-    """Declare a function that names the task context of the current asyncio task.
-
-    Caller: the runtime's coroutine starter, at import.
-    """
-    _TASK_LOOKUPS.append(lookup)
-
-
 def current_task_context() -> ProcessingContext | None:
     """The context of the task whose code is running now, or ``None`` outside a task."""
     frames = _TASK_FRAMES
@@ -90,10 +76,6 @@ def current_task_context() -> ProcessingContext | None:
             ctx: ProcessingContext | None = frame.f_locals.get(local)
             return ctx
         frame = frame.f_back  # type: ignore[assignment]
-    for lookup in _TASK_LOOKUPS:
-        found: ProcessingContext | None = lookup()
-        if found is not None:
-            return found
     return None
 
 

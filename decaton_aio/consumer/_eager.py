@@ -1,33 +1,43 @@
-"""Starting processor coroutines cheaply: eagerly when they finish at once, as tasks when
-they wait.
+"""Starting processor coroutines cheaply: eagerly when they finish at once, and in few
+asyncio tasks when they wait.
 
-Most time in a no-op or cache-hit processor would go to creating and scheduling an
-``asyncio.Task``. The eager path runs the coroutine's first step at once, in the caller's
-turn of the loop, and only a coroutine that actually suspends (awaits I/O) is handed to a
-task that carries on from where it stopped (what Python 3.12 calls an eager task, without
-the task object for the common case, on every supported version).
+Two costs dominate a task that does little: creating and scheduling an ``asyncio.Task``
+for it, and reporting its end through a done callback scheduled on the loop. Neither is
+needed most of the time.
 
-For a processor that nearly always waits (I/O-bound), the eager step only adds the cost of
-handing the suspended coroutine over. :class:`CoroutineStarter` watches how often tasks
-suspend and, when most do, starts them as plain tasks; one task in :data:`PROBE_EVERY`
-still goes the eager way, so a change of behaviour is noticed.
+- Eager start: the coroutine's first step runs at once, in the caller's turn of the loop;
+  a coroutine that returns there needs no task at all (what Python 3.12 calls an eager
+  task, without the task object, on every supported version).
+- Workers: a coroutine that suspends goes on in a *worker*, an asyncio task that reports
+  the end of its coroutine by calling ``done`` itself. When that call starts the next task
+  (a completion frees a slot, and the partition fills it at once), the new coroutine is
+  handed to the worker, which runs it next in the same asyncio task. Under load, where
+  every completion starts a waiting record, no task is created per record.
 
-Every coroutine runs in its own copy of the caller's context, so a context variable a
-processor sets never leaks into the runtime or into other tasks. A coroutine that runs on
-as a task is kept with the ``second`` argument of :meth:`CoroutineStarter.start` (its
-owner: the executor passes the task's context), so log lines inside it find their task
-(:func:`decaton_aio.logs.current_task_context`) without any per-task work.
+For a processor that nearly always waits, the eager first step outside a worker only adds
+the cost of handing the suspended coroutine over. :class:`CoroutineStarter` watches how
+often tasks suspend and, when most do, starts them directly in a new worker; one start in
+:data:`PROBE_EVERY` still goes the eager way, so a change of behaviour is noticed.
+
+Every coroutine runs each of its steps in its own copy of the caller's context, so a
+context variable a processor sets never leaks into the runtime or into the next coroutine
+a worker runs. The ``second`` argument of :meth:`CoroutineStarter.start` (its owner: the
+executor passes the task's context) is a local of the worker's frame, so log lines inside
+the coroutine find their task (:func:`decaton_aio.logs.current_task_context`) without any
+per-task work.
+
+Caller: the executor, on the event loop that owns the consumer. Nothing here is
+thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-from decaton_aio.logs import register_task_lookup
+from decaton_aio.logs import register_task_frame
 
 __all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
@@ -40,30 +50,53 @@ PROBE_EVERY = 32
 # Suspension score: +1 when a probed coroutine suspends, -1 when it finishes at once,
 # clamped to [0, _SCORE_MAX]; task mode while the score is above _TASK_MODE_ABOVE.
 _SCORE_MAX = 16
-_FINISHED: Any = object()  # what the first step gives back when the coroutine ended
+_FINISHED: Any = object()  # what a first step gives back when the coroutine ended
+_NOT_STARTED: Any = object()  # a worker's first coroutine whose first step is the worker's
 _TASK_MODE_ABOVE = 8
+
+_Job = tuple[Coroutine[Any, Any, Any], Done, Any, Any]
+
+
+class _Worker:
+    """A worker's mailbox (the coroutine handed to it while it reported the last one),
+    and its first coroutine until it runs (a task cancelled before its first step never
+    runs its coroutine: the end is reported when the task ends)."""
+
+    __slots__ = ("first_job", "next", "task")
+
+    def __init__(self, first_job: _Job) -> None:
+        self.first_job: _Job | None = first_job
+        self.next: _Job | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def ended(self, task: asyncio.Task[None]) -> None:
+        job = self.first_job
+        if job is not None:  # cancelled before it ran
+            coro, done, first, second = job
+            coro.close()
+            done(first, second, asyncio.CancelledError())
 
 
 class CoroutineStarter:
-    """Starts coroutines for one executor and keeps the ones that run.
+    """Starts coroutines for one executor and keeps the workers that run them.
 
     Attributes:
-        tasks: the tasks running now (to wait for or cancel them at shutdown), each with
-            its owner (the ``second`` argument it was started with; ``None`` for tasks
-            added by the caller).
+        tasks: the asyncio tasks running now (to wait for or cancel them at shutdown):
+            the workers, and tasks the caller adds.
     """
 
-    __slots__ = ("__weakref__", "_count", "_score", "tasks")
+    __slots__ = ("_count", "_score", "_vacant", "tasks")
 
     def __init__(self) -> None:
-        self.tasks: dict[asyncio.Task[Any], Any] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
         self._score = 0
         self._count = 0
-        _STARTERS.add(self)
+        # The worker reporting the end of its coroutine right now: the next start is its.
+        self._vacant: _Worker | None = None
 
     @property
     def task_mode(self) -> bool:
-        """Whether most recent coroutines suspended, so new ones start as plain tasks."""
+        """Whether most recent coroutines suspended, so new ones start in a new worker."""
         return self._score > _TASK_MODE_ABOVE
 
     def start(self, coro: Coroutine[Any, Any, Any], done: Done, first: Any, second: Any) -> bool:
@@ -75,13 +108,17 @@ class CoroutineStarter:
             on. Otherwise ``False``, and ``done(first, second, exc_or_none)`` is called
             exactly once when the coroutine ends (before this returns if it raised at once).
         """
+        vacant = self._vacant
+        if vacant is not None:
+            # Called from inside a worker's report: it runs this coroutine next.
+            self._vacant = None
+            vacant.next = (coro, done, first, second)
+            return False
         score = self._score
         if score > _TASK_MODE_ABOVE:
             self._count += 1
             if self._count % PROBE_EVERY:
-                # create_task copies the current context itself.
-                task = asyncio.get_running_loop().create_task(coro)
-                self._track(task, done, first, second)
+                self._spawn(coro, _NOT_STARTED, None, done, first, second)
                 return False
         # Eager path: the first step runs here, in a copy of the current context.
         # next() with a default reports the end without raising StopIteration (when the
@@ -98,79 +135,124 @@ class CoroutineStarter:
             if score:
                 self._score = score - 1
             return True
-        # It suspended: a task carries on from there, in the same context.
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(_resume(coro, yielded), context=context)
-        self._track(task, done, first, second)
+        # It suspended: a worker carries on from there, in the same context.
+        self._spawn(coro, yielded, context, done, first, second)
         if score < _SCORE_MAX:
             self._score = score + 1
         return False
 
-    def _track(self, task: asyncio.Task[Any], done: Done, first: Any, second: Any) -> None:
+    def _spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        yielded: Any,
+        context: contextvars.Context | None,
+        done: Done,
+        first: Any,
+        second: Any,
+    ) -> None:
+        worker = _Worker((coro, done, first, second))
+        # The worker's own context is a clean copy of the caller's: each coroutine it runs
+        # steps in a copy of its own.
+        task = asyncio.get_running_loop().create_task(
+            self._work(worker, coro, yielded, context, done, first, second)
+        )
+        worker.task = task
         tasks = self.tasks
-        tasks[task] = second
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        task.add_done_callback(worker.ended)
 
-        def finished(t: asyncio.Task[Any]) -> None:
-            tasks.pop(t, None)
-            done(first, second, asyncio.CancelledError() if t.cancelled() else t.exception())
+    async def _work(
+        self,
+        worker: _Worker,
+        coro: Coroutine[Any, Any, Any],
+        yielded: Any,
+        context: contextvars.Context | None,
+        done: Done,
+        first: Any,
+        second: Any,
+    ) -> None:
+        # Runs coroutines one after the other, reporting each end through its ``done``,
+        # for as long as each report hands it the next one. ``second`` names the running
+        # coroutine's owner for log lines (register_task_frame below).
+        worker.first_job = None
+        while True:
+            exc: BaseException | None = None
+            try:
+                if context is None:
+                    context = contextvars.copy_context()
+                if yielded is _NOT_STARTED:
+                    yielded = context.run(next, coro.__await__(), _FINISHED)
+                if yielded is not _FINISHED:
+                    await _Continue(coro, yielded, context)
+            except (Exception, asyncio.CancelledError) as error:
+                exc = error
+            self._vacant = worker
+            try:
+                done(first, second, exc)
+            except Exception as error:  # as the loop treats a failing done callback
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "reporting the end of a task failed", "exception": error}
+                )
+            finally:
+                if self._vacant is worker:
+                    self._vacant = None
+            job = worker.next
+            if job is None:
+                return
+            worker.next = None
+            task = worker.task
+            if task is not None and task.cancelling():
+                # This worker was asked to stop: the next coroutine gets a worker of its own.
+                self._spawn(job[0], _NOT_STARTED, None, job[1], job[2], job[3])
+                return
+            coro, done, first, second = job
+            context = None
+            yielded = _NOT_STARTED
 
-        task.add_done_callback(finished)
 
-
-async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
-    return await _Continue(coro, yielded)
-
-
-_STARTERS: weakref.WeakSet[CoroutineStarter] = weakref.WeakSet()
-
-
-def _owner_of_current_task() -> Any:
-    # The owner of the asyncio task running now, if a starter started it.
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return None
-    if task is None:
-        return None
-    for starter in list(_STARTERS):
-        owner = starter.tasks.get(task)
-        if owner is not None:
-            return owner
-    return None
-
-
-register_task_lookup(_owner_of_current_task)
+register_task_frame(CoroutineStarter._work.__code__, "second")
 
 
 class _Continue:
-    """Delegates to a coroutine that already ran its first step, as ``yield from`` would.
+    """Delegates to a coroutine that already ran its first step, as ``yield from`` would,
+    running each of its steps in ``context`` (what it returns is dropped).
 
     The future the coroutine yielded goes up to the task unchanged (with its blocking flag
     set by the coroutine), the task's answer goes back down, and a cancellation thrown into
     the task is thrown into the coroutine; closing it closes the coroutine.
     """
 
-    __slots__ = ("_coro", "_yielded")
+    __slots__ = ("_context", "_coro", "_yielded")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context
+    ) -> None:
         self._coro = coro
         self._yielded = yielded
+        self._context = context
 
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, yielded = self._coro, self._yielded
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, yielded, run = self._coro, self._yielded, self._context.run
+        step = coro.__await__()
         while True:
             try:
                 sent = yield yielded
             except GeneratorExit:  # closed (e.g. a task destroyed at loop teardown)
-                coro.close()  # as yield from does: close, not throw (a no-op if done)
+                run(coro.close)  # as yield from does: close, not throw (a no-op if done)
                 raise
             except BaseException as exc:  # forwarded, as yield from does
                 try:
-                    yielded = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
+                    yielded = run(coro.throw, exc)
+                except StopIteration:
+                    return
             else:
-                try:
-                    yielded = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
+                if sent is None:  # a wake-up: next() with a default ends without raising
+                    yielded = run(next, step, _FINISHED)
+                    if yielded is _FINISHED:
+                        return
+                else:
+                    try:
+                        yielded = run(coro.send, sent)
+                    except StopIteration:
+                        return

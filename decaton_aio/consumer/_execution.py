@@ -109,7 +109,7 @@ class TaskExecutor:
         self._starter = CoroutineStarter()
         self._on_finished = self._finished  # bound once, not per task
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
-        self._tasks = self._starter.tasks  # processor continuations and sends
+        self._tasks = self._starter.tasks  # workers running processors, and sends
         self._outputs = DurableOutputs(sender) if sender is not None else None
 
     # ---------------------------------------------------------------------- start
@@ -203,8 +203,8 @@ class TaskExecutor:
         stats = partition.stats
         took = time.perf_counter() - ctx.started_at
         stats.processed += 1
-        state = ctx.state_change
-        if state is not None:
+        state = ctx._state  # ctx.state_change without the property call
+        if state is not None and state.changed:
             if exc is None:
                 self._write_state(partition, ctx, state, took)
                 return
@@ -221,7 +221,7 @@ class TaskExecutor:
         # The outcome of a processor that ended (its state change, if any, is durable).
         stats = partition.stats
         record = ctx.record
-        completion = ctx.completion
+        completion = ctx._completion  # ctx.completion without the property call
         if exc is None and completion is None and ctx.retry_delay_s is None:
             if ctx.outputs is None:
                 stats.done_at_once.observe(took)  # its process and completion duration
@@ -377,8 +377,7 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             deliver_outputs(sink, partition, ctx.record, outputs)
         )
-        self._tasks[task] = None  # a delivery: no task context of its own
-        task.add_done_callback(self._forget)
+        self._track(task)  # a delivery
 
     def _retry_released(
         self,
@@ -501,8 +500,7 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             writer.write_task(partition, ctx, state, route)
         )
-        self._tasks[task] = None  # a changelog write: no task context of its own
-        task.add_done_callback(self._forget)
+        self._track(task)  # a changelog write
 
     def _outcome(self, partition: TaskHost, outcome: str, exc: BaseException | None = None) -> None:
         """How a task ended, when not simply done: ``error`` (with the exception),
@@ -534,8 +532,7 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             self._send_routine(partition, record, topic, headers, what, timestamp_ms, started_at)
         )
-        self._tasks[task] = None  # a send: no task context of its own
-        task.add_done_callback(self._forget)
+        self._track(task)  # a send
 
     async def _send_routine(
         self,
@@ -588,8 +585,10 @@ class TaskExecutor:
             partition.complete_released(record)
             return
 
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
+    def _track(self, task: asyncio.Task[None]) -> None:
+        # Kept until done, so a shutdown waits for it.
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""

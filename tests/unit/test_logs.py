@@ -102,9 +102,12 @@ async def test_any_logger_inside_a_task_carries_the_task_fields() -> None:
     ]
 
 
-async def test_task_fields_in_task_mode_and_bound_values_win() -> None:
-    """When most tasks wait, tasks start as plain asyncio tasks: their lines still carry
-    the fields; a value the caller bound itself is kept."""
+@pytest.mark.parametrize("keys", ["one", "distinct"])
+async def test_task_fields_in_workers_and_bound_values_win(keys: str) -> None:
+    """Tasks that wait run on in workers: a task handed to a worker as it reports the last
+    one (one key, so each start follows a completion), and tasks started as new workers
+    once most tasks wait (distinct keys: task mode). Their lines still carry the fields;
+    a value the caller bound itself is kept."""
     from decaton_aio.consumer._eager import PROBE_EVERY
     from tests.unit.test_partition import make, records, settle
 
@@ -115,14 +118,20 @@ async def test_task_fields_in_task_mode_and_bound_values_win() -> None:
         await asyncio.sleep(0)
         structlog.get_logger("user").info("done", key="mine")
 
-    proc = make(process, limit=1)
     count = 2 * PROBE_EVERY
-    proc.feed(records([b"a"] * count))
+    if keys == "one":
+        proc = make(process, limit=1)
+        proc.feed(records([b"a"] * count))
+    else:
+        proc = make(process)
+        proc.feed(records([b"%d" % n for n in range(count)]))
+    starter = proc._executor._starter  # type: ignore[attr-defined]
+    if keys == "distinct":
+        assert starter.task_mode
     while proc.pending:
         await settle()
-    assert proc._executor._starter.task_mode  # type: ignore[attr-defined]
     events = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [e["offset"] for e in events] == list(range(count))
+    assert sorted(e["offset"] for e in events) == list(range(count))
     assert {e["key"] for e in events} == {"mine"}
     assert all(e["topic"] == "tasks" for e in events)
 
