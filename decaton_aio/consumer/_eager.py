@@ -118,7 +118,7 @@ class CoroutineStarter:
         if score > _TASK_MODE_ABOVE:
             self._count += 1
             if self._count % PROBE_EVERY:
-                self._spawn(coro, _NOT_STARTED, None, done, first, second)
+                self._spawn((coro, done, first, second))
                 return False
         # Eager path: the first step runs here, in a copy of the current context.
         # next() with a default reports the end without raising StopIteration (when the
@@ -136,26 +136,20 @@ class CoroutineStarter:
                 self._score = score - 1
             return True
         # It suspended: a worker carries on from there, in the same context.
-        self._spawn(coro, yielded, context, done, first, second)
+        self._spawn((coro, done, first, second), yielded, context)
         if score < _SCORE_MAX:
             self._score = score + 1
         return False
 
     def _spawn(
-        self,
-        coro: Coroutine[Any, Any, Any],
-        yielded: Any,
-        context: contextvars.Context | None,
-        done: Done,
-        first: Any,
-        second: Any,
+        self, job: _Job, yielded: Any = _NOT_STARTED, context: contextvars.Context | None = None
     ) -> None:
-        worker = _Worker((coro, done, first, second))
+        # A new worker for ``job``: it carries on from ``yielded`` in ``context`` (a first
+        # step that suspended), or takes the first step itself.
+        worker = _Worker(job)
         # The worker's own context is a clean copy of the caller's: each coroutine it runs
         # steps in a copy of its own.
-        task = asyncio.get_running_loop().create_task(
-            self._work(worker, coro, yielded, context, done, first, second)
-        )
+        task = asyncio.get_running_loop().create_task(self._work(worker, yielded, context))
         worker.task = task
         tasks = self.tasks
         tasks.add(task)
@@ -163,18 +157,13 @@ class CoroutineStarter:
         task.add_done_callback(worker.ended)
 
     async def _work(
-        self,
-        worker: _Worker,
-        coro: Coroutine[Any, Any, Any],
-        yielded: Any,
-        context: contextvars.Context | None,
-        done: Done,
-        first: Any,
-        second: Any,
+        self, worker: _Worker, yielded: Any, context: contextvars.Context | None
     ) -> None:
         # Runs coroutines one after the other, reporting each end through its ``done``,
         # for as long as each report hands it the next one. ``second`` names the running
         # coroutine's owner for log lines (register_task_frame below).
+        assert worker.first_job is not None
+        coro, done, first, second = worker.first_job
         worker.first_job = None
         while True:
             exc: BaseException | None = None
@@ -204,7 +193,7 @@ class CoroutineStarter:
             task = worker.task
             if task is not None and task.cancelling():
                 # This worker was asked to stop: the next coroutine gets a worker of its own.
-                self._spawn(job[0], _NOT_STARTED, None, job[1], job[2], job[3])
+                self._spawn(job)
                 return
             coro, done, first, second = job
             context = None

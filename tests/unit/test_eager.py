@@ -130,3 +130,67 @@ async def test_closing_a_continuation_closes_the_coroutine_even_if_closed_first(
         assert inner.cr_frame is None  # closed
         task.cancel()
         await asyncio.sleep(0)
+
+
+async def test_a_worker_runs_the_coroutine_started_while_it_reports_the_last() -> None:
+    """A coroutine started from inside a worker's report (a completion starting the next
+    record) runs next in that worker: a chain of waiting coroutines uses one asyncio task,
+    and a context variable one of them sets is not seen by the next."""
+    starter = CoroutineStarter()
+    seen: list[int] = []
+    ended: list[BaseException | None] = []
+    task_counts: list[int] = []
+    ran_in: set[asyncio.Task[object] | None] = set()
+
+    async def step(n: int) -> None:
+        seen.append(var.get())  # 0 unless an earlier coroutine's value leaked
+        var.set(n)
+        await asyncio.sleep(0)
+        ran_in.add(asyncio.current_task())
+        assert var.get() == n
+
+    def report(chain: list[int], _: object, exc: BaseException | None) -> None:
+        ended.append(exc)
+        task_counts.append(len(starter.tasks))
+        if chain:
+            starter.start(step(chain.pop(0)), report, chain, None)
+
+    chain = list(range(2, 11))
+    starter.start(step(1), report, chain, None)
+    (task,) = starter.tasks
+    await task
+    assert ended == [None] * 10
+    assert seen == [0] * 10
+    assert ran_in == {task}  # every coroutine ran in the one worker
+    assert task_counts == [1] * 10  # and no second task was made
+    assert var.get() == 0
+
+
+async def test_a_cancelled_worker_hands_the_next_coroutine_to_a_new_one() -> None:
+    """A worker whose task was cancelled does not run more coroutines in that task: the
+    coroutine started during its report gets a worker of its own and runs to its end."""
+    starter = CoroutineStarter()
+    ended: list[tuple[str, type[BaseException] | None]] = []
+    follower_done = asyncio.Event()
+    follower_ran_in: list[asyncio.Task[object] | None] = []
+
+    async def follower() -> None:
+        follower_ran_in.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        follower_done.set()
+
+    def report(name: str, _: object, exc: BaseException | None) -> None:
+        ended.append((name, type(exc) if exc else None))
+        if name == "first":
+            starter.start(follower(), report, "second", None)
+
+    starter.start(asyncio.sleep(10), report, "first", None)
+    (first_task,) = starter.tasks
+    await asyncio.sleep(0)  # the worker waits inside the coroutine
+    first_task.cancel()
+    await follower_done.wait()
+    await asyncio.sleep(0)
+    assert ended == [("first", asyncio.CancelledError), ("second", None)]
+    assert follower_ran_in and follower_ran_in[0] is not first_task
+    assert first_task.done()
+    assert not starter.tasks
