@@ -191,6 +191,7 @@ async def test_a_cancelled_worker_hands_the_next_coroutine_to_a_new_one() -> Non
     await follower_done.wait()
     await asyncio.sleep(0)
     assert ended == [("first", asyncio.CancelledError), ("second", None)]
-    assert follower_ran_in and follower_ran_in[0] is not first_task
+    assert len(follower_ran_in) == 1
+    assert follower_ran_in[0] is not first_task
     assert first_task.done()
     assert not starter.tasks
