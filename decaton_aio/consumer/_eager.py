@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
@@ -173,7 +174,7 @@ class CoroutineStarter:
                 if yielded is _NOT_STARTED:
                     yielded = context.run(next, coro.__await__(), _FINISHED)
                 if yielded is not _FINISHED:
-                    await _Continue(coro, yielded, context)
+                    await _carry_on(coro, yielded, context)
             except (Exception, asyncio.CancelledError) as error:
                 exc = error
             self._vacant = worker
@@ -203,45 +204,35 @@ class CoroutineStarter:
 register_task_frame(CoroutineStarter._work.__code__, "second")
 
 
-class _Continue:
-    """Delegates to a coroutine that already ran its first step, as ``yield from`` would,
-    running each of its steps in ``context`` (what it returns is dropped).
-
-    The future the coroutine yielded goes up to the task unchanged (with its blocking flag
-    set by the coroutine), the task's answer goes back down, and a cancellation thrown into
-    the task is thrown into the coroutine; closing it closes the coroutine.
-    """
-
-    __slots__ = ("_context", "_coro", "_yielded")
-
-    def __init__(
-        self, coro: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context
-    ) -> None:
-        self._coro = coro
-        self._yielded = yielded
-        self._context = context
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        coro, yielded, run = self._coro, self._yielded, self._context.run
-        step = coro.__await__()
-        while True:
+@types.coroutine
+def _carry_on(
+    coro: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context
+) -> Generator[Any, Any, None]:
+    # Delegates to a coroutine that already ran its first step, as ``yield from`` would,
+    # running each of its steps in ``context`` (what it returns is dropped): the future it
+    # yielded goes up to the task unchanged (with its blocking flag set by the coroutine),
+    # the task's answer goes back down, and a cancellation thrown into the task is thrown
+    # into the coroutine; closing it closes the coroutine.
+    run = context.run
+    step = coro.__await__()
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:  # closed (e.g. a task destroyed at loop teardown)
+            run(coro.close)  # as yield from does: close, not throw (a no-op if done)
+            raise
+        except BaseException as exc:  # forwarded, as yield from does
             try:
-                sent = yield yielded
-            except GeneratorExit:  # closed (e.g. a task destroyed at loop teardown)
-                run(coro.close)  # as yield from does: close, not throw (a no-op if done)
-                raise
-            except BaseException as exc:  # forwarded, as yield from does
-                try:
-                    yielded = run(coro.throw, exc)
-                except StopIteration:
+                yielded = run(coro.throw, exc)
+            except StopIteration:
+                return
+        else:
+            if sent is None:  # a wake-up: next() with a default ends without raising
+                yielded = run(next, step, _FINISHED)
+                if yielded is _FINISHED:
                     return
             else:
-                if sent is None:  # a wake-up: next() with a default ends without raising
-                    yielded = run(next, step, _FINISHED)
-                    if yielded is _FINISHED:
-                        return
-                else:
-                    try:
-                        yielded = run(coro.send, sent)
-                    except StopIteration:
-                        return
+                try:
+                    yielded = run(coro.send, sent)
+                except StopIteration:
+                    return

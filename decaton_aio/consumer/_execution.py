@@ -38,6 +38,7 @@ from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
 from decaton_aio.consumer._outputs import DurableOutputs, deliver_outputs
+from decaton_aio.consumer._records import QueuedRecord
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
 from decaton_aio.logs import register_task_frame
@@ -121,20 +122,24 @@ class TaskExecutor:
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
         ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
-        headers = record.headers
+        # The common case inline: dt_meta is the last header (a queued record keeps its
+        # value alone), read by the C parser into a message reused for every record.
+        # Anything else (no parser, other headers last, a malformed header) takes the
+        # general path, which raises DecodeError with the reason.
+        raw = record.packed_headers if type(record) is QueuedRecord else None
+        if type(raw) is not bytes:
+            headers = record.headers
+            raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
+        meta = self._meta
         try:
-            # The common case inline: dt_meta is the last header, read by the C parser
-            # into a message reused for every record. Anything else (no parser, other
-            # headers last, a malformed header) takes the general path, which raises
-            # DecodeError with the reason.
-            meta = self._meta
-            if headers and meta is not None and headers[-1][0] == METADATA_HEADER:
+            if raw is not None and meta is not None:
                 try:
-                    meta.ParseFromString(headers[-1][1])
+                    meta.ParseFromString(raw)
                     scheduled = meta.scheduled_time_millis
                 except Exception:
-                    scheduled = scheduled_time_of(headers)
+                    scheduled = scheduled_time_of(record.headers)
             else:
+                headers = record.headers
                 if self._legacy.value and not has_metadata_header(headers):
                     record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
                     headers = record.headers
