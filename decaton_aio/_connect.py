@@ -83,7 +83,8 @@ async def diagnose(bootstrap_servers: str, security: SecuritySettings) -> Securi
             continue
         host = host.strip("[]")
         try:
-            return await asyncio.wait_for(_probe(host, int(port), security), _PROBE_TIMEOUT_S)
+            async with asyncio.timeout(_PROBE_TIMEOUT_S):
+                return await _probe(host, int(port), security)
         except (OSError, TimeoutError):
             continue  # this one does not answer at all: try the next
     return None

@@ -405,7 +405,8 @@ async def drain(
     )
     await subscription.start()
     try:
-        await asyncio.wait_for(enough.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await enough.wait()
     except TimeoutError:
         finished = len(result.processed) + len(result.failures)
         raise TimeoutError(f"{finished} of {expected} tasks finished in {timeout_s}s") from None

@@ -313,7 +313,8 @@ async def supervise(
             if not sup.done.is_set():
                 sup.stop(signal.SIGTERM)
                 try:
-                    await asyncio.wait_for(sup.done.wait(), config.drain_timeout_s)
+                    async with asyncio.timeout(config.drain_timeout_s):
+                        await sup.done.wait()
                 except TimeoutError:
                     await sup.kill_stragglers()
             for slot in sup.slots:

@@ -200,7 +200,10 @@ class Committer:
             for tp, (_, offset, _) in entries.items()
         }
         try:
-            await asyncio.wait_for(consumer.commit(offsets), COMMIT_TIMEOUT_S)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that arrives as the commit ends, and a shutdown then waits forever.
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                await consumer.commit(offsets)
         except (KafkaError, AssertionError, TimeoutError) as exc:
             # A commit during a rebalance fails by design; the next interval retries it.
             if isinstance(exc, OffsetMetadataTooLargeError) and self.store is not None:

@@ -478,7 +478,8 @@ class PartitionProcessor:
             if self._idle is None or self._idle.is_set():
                 self._idle = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._idle.wait()
         return True
 
     def close(self) -> None:

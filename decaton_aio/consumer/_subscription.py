@@ -413,7 +413,8 @@ class Subscription:
         if high is None or high <= offset:
             return offset
         try:
-            position = int(await asyncio.wait_for(consumer.position(processor.tp), 1.0))
+            async with asyncio.timeout(1.0):
+                position = int(await consumer.position(processor.tp))
         except (KafkaError, TimeoutError):
             return offset  # revoked or resetting meanwhile: next interval
         if processor.skip_to(position):

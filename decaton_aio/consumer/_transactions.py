@@ -176,7 +176,8 @@ class PartitionTransaction:
         self._dropped = self._starting
         if producer is not None:
             try:
-                await asyncio.wait_for(producer.stop(), 10.0)
+                async with asyncio.timeout(10.0):
+                    await producer.stop()
             except (KafkaError, TimeoutError) as exc:
                 log.warning("transactional producer did not stop cleanly", error=repr(exc))
 

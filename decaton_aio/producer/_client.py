@@ -222,7 +222,8 @@ async def stop_client(client: Any, *, grace_s: float) -> None:
     # An idempotent client never expires a batch and would wait forever for a broker
     # that is gone: after a grace period its leftovers are failed on purpose.
     try:
-        await asyncio.wait_for(client.flush(), grace_s)
+        async with asyncio.timeout(grace_s):
+            await client.flush()
     except TimeoutError:
         accumulator = getattr(client, "_message_accumulator", None)
         if accumulator is not None:

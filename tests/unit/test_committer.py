@@ -44,3 +44,40 @@ async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPa
     await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
     await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
     assert consumer.attempts == 2  # not marked committed: tried again
+
+
+class _AnsweringConsumer:
+    """A consumer whose commit ends when the test says so."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[None] | None = None
+        self.called = asyncio.Event()
+
+    async def commit(self, offsets: Any) -> None:
+        self.answer = asyncio.get_running_loop().create_future()
+        self.called.set()
+        await self.answer
+
+
+async def test_a_cancellation_that_arrives_as_the_commit_ends_is_not_lost() -> None:
+    """A shutdown cancels the commit routine: when the cancellation arrives in the same
+    turn of the loop as the broker's answer, the commit still ends cancelled (a lost
+    cancellation left the routine running and the shutdown waiting for it forever)."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    processor = make(process)
+    processor.feed(records([b"a"]))
+    await settle()
+    committer = Committer(
+        "group", store=None, transactions=None, on_rewind=lambda *a: None, on_fenced=lambda p: None
+    )
+    consumer = _AnsweringConsumer()
+    task = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
+    await consumer.called.wait()
+    assert consumer.answer is not None
+    consumer.answer.set_result(None)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
