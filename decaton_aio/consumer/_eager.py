@@ -55,7 +55,9 @@ _FINISHED: Any = object()  # what a first step gives back when the coroutine end
 _NOT_STARTED: Any = object()  # a worker's first coroutine whose first step is the worker's
 _TASK_MODE_ABOVE = 8
 
-_Job = tuple[Coroutine[Any, Any, Any], Done, Any, Any]
+# A coroutine to run: with its done callback, the callback's two arguments, and the copy of
+# its starter's context it steps in.
+_Job = tuple[Coroutine[Any, Any, Any], Done, Any, Any, contextvars.Context]
 
 
 class _Worker:
@@ -73,7 +75,7 @@ class _Worker:
     def ended(self, task: asyncio.Task[None]) -> None:
         job = self.first_job
         if job is not None:  # cancelled before it ran
-            coro, done, first, second = job
+            coro, done, first, second, _ = job
             coro.close()
             done(first, second, asyncio.CancelledError())
 
@@ -109,22 +111,23 @@ class CoroutineStarter:
             on. Otherwise ``False``, and ``done(first, second, exc_or_none)`` is called
             exactly once when the coroutine ends (before this returns if it raised at once).
         """
+        # The coroutine steps in a copy of the current context, wherever it runs.
+        context = contextvars.copy_context()
         vacant = self._vacant
         if vacant is not None:
             # Called from inside a worker's report: it runs this coroutine next.
             self._vacant = None
-            vacant.next = (coro, done, first, second)
+            vacant.next = (coro, done, first, second, context)
             return False
         score = self._score
         if score > _TASK_MODE_ABOVE:
             self._count += 1
             if self._count % PROBE_EVERY:
-                self._spawn((coro, done, first, second))
+                self._spawn((coro, done, first, second, context))
                 return False
-        # Eager path: the first step runs here, in a copy of the current context.
-        # next() with a default reports the end without raising StopIteration (when the
-        # coroutine returns None, nothing is even created): 130 ns less than send(None).
-        context = contextvars.copy_context()
+        # Eager path: the first step runs here. next() with a default reports the end
+        # without raising StopIteration (when the coroutine returns None, nothing is even
+        # created): 130 ns less than send(None).
         try:
             yielded = context.run(next, coro.__await__(), _FINISHED)
         except BaseException as exc:  # the processor's own failure is the caller's
@@ -137,40 +140,33 @@ class CoroutineStarter:
                 self._score = score - 1
             return True
         # It suspended: a worker carries on from there, in the same context.
-        self._spawn((coro, done, first, second), yielded, context)
+        self._spawn((coro, done, first, second, context), yielded)
         if score < _SCORE_MAX:
             self._score = score + 1
         return False
 
-    def _spawn(
-        self, job: _Job, yielded: Any = _NOT_STARTED, context: contextvars.Context | None = None
-    ) -> None:
-        # A new worker for ``job``: it carries on from ``yielded`` in ``context`` (a first
-        # step that suspended), or takes the first step itself.
+    def _spawn(self, job: _Job, yielded: Any = _NOT_STARTED) -> None:
+        # A new worker for ``job``: it carries on from ``yielded`` (a first step that
+        # suspended), or takes the first step itself. The worker's own context (where it
+        # reports ends) is a copy of the caller's; each coroutine steps in its own.
         worker = _Worker(job)
-        # The worker's own context is a clean copy of the caller's: each coroutine it runs
-        # steps in a copy of its own.
-        task = asyncio.get_running_loop().create_task(self._work(worker, yielded, context))
+        task = asyncio.get_running_loop().create_task(self._work(worker, yielded))
         worker.task = task
         tasks = self.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         task.add_done_callback(worker.ended)
 
-    async def _work(
-        self, worker: _Worker, yielded: Any, context: contextvars.Context | None
-    ) -> None:
+    async def _work(self, worker: _Worker, yielded: Any) -> None:
         # Runs coroutines one after the other, reporting each end through its ``done``,
         # for as long as each report hands it the next one. ``second`` names the running
         # coroutine's owner for log lines (register_task_frame below).
         assert worker.first_job is not None
-        coro, done, first, second = worker.first_job
+        coro, done, first, second, context = worker.first_job
         worker.first_job = None
         while True:
             exc: BaseException | None = None
             try:
-                if context is None:
-                    context = contextvars.copy_context()
                 if yielded is _NOT_STARTED:
                     yielded = context.run(next, coro.__await__(), _FINISHED)
                 if yielded is not _FINISHED:
@@ -196,8 +192,7 @@ class CoroutineStarter:
                 # This worker was asked to stop: the next coroutine gets a worker of its own.
                 self._spawn(job)
                 return
-            coro, done, first, second = job
-            context = None
+            coro, done, first, second, context = job
             yielded = _NOT_STARTED
 
 

@@ -132,35 +132,46 @@ async def test_closing_a_continuation_closes_the_coroutine_even_if_closed_first(
         await asyncio.sleep(0)
 
 
+caller: contextvars.ContextVar[int] = contextvars.ContextVar("caller", default=0)
+
+
 async def test_a_worker_runs_the_coroutine_started_while_it_reports_the_last() -> None:
     """A coroutine started from inside a worker's report (a completion starting the next
-    record) runs next in that worker: a chain of waiting coroutines uses one asyncio task,
-    and a context variable one of them sets is not seen by the next."""
+    record) runs next in that worker: a chain of waiting coroutines uses one asyncio task.
+    Each runs in a copy of the context its start was called in (what a tracer attached
+    there), and a context variable one of them sets is not seen by the next."""
     starter = CoroutineStarter()
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     ended: list[BaseException | None] = []
     task_counts: list[int] = []
     ran_in: set[asyncio.Task[object] | None] = set()
 
     async def step(n: int) -> None:
-        seen.append(var.get())  # 0 unless an earlier coroutine's value leaked
+        seen.append((var.get(), caller.get()))  # var: 0 unless the last one's value leaked
         var.set(n)
         await asyncio.sleep(0)
         ran_in.add(asyncio.current_task())
-        assert var.get() == n
+        assert (var.get(), caller.get()) == (n, 100 + n)
 
     def report(chain: list[int], _: object, exc: BaseException | None) -> None:
         ended.append(exc)
         task_counts.append(len(starter.tasks))
         if chain:
-            starter.start(step(chain.pop(0)), report, chain, None)
+            n = chain.pop(0)
+            token = caller.set(100 + n)  # as a tracer attaches the task's span
+            try:
+                starter.start(step(n), report, chain, None)
+            finally:
+                caller.reset(token)
 
     chain = list(range(2, 11))
+    token = caller.set(101)
     starter.start(step(1), report, chain, None)
+    caller.reset(token)
     (task,) = starter.tasks
     await task
     assert ended == [None] * 10
-    assert seen == [0] * 10
+    assert seen == [(0, 100 + n) for n in range(1, 11)]
     assert ran_in == {task}  # every coroutine ran in the one worker
     assert task_counts == [1] * 10  # and no second task was made
     assert var.get() == 0
