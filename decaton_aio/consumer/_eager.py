@@ -152,10 +152,14 @@ class CoroutineStarter:
         worker = _Worker(job)
         task = asyncio.get_running_loop().create_task(self._work(worker, yielded))
         worker.task = task
+        self.track(task)
+        task.add_done_callback(worker.ended)
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Keep ``task`` in :attr:`tasks` until it is done, so a shutdown waits for it."""
         tasks = self.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        task.add_done_callback(worker.ended)
 
     async def _work(self, worker: _Worker, yielded: Any) -> None:
         # Runs coroutines one after the other, reporting each end through its ``done``,

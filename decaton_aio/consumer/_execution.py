@@ -382,7 +382,7 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             deliver_outputs(sink, partition, ctx.record, outputs)
         )
-        self._track(task)  # a delivery
+        self._starter.track(task)  # a delivery
 
     def _retry_released(
         self,
@@ -505,7 +505,7 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             writer.write_task(partition, ctx, state, route)
         )
-        self._track(task)  # a changelog write
+        self._starter.track(task)  # a changelog write
 
     def _outcome(self, partition: TaskHost, outcome: str, exc: BaseException | None = None) -> None:
         """How a task ended, when not simply done: ``error`` (with the exception),
@@ -537,7 +537,7 @@ class TaskExecutor:
         task = asyncio.get_running_loop().create_task(
             self._send_routine(partition, record, topic, headers, what, timestamp_ms, started_at)
         )
-        self._track(task)  # a send
+        self._starter.track(task)  # a send
 
     async def _send_routine(
         self,
@@ -589,11 +589,6 @@ class TaskExecutor:
                 stats.completion_duration.observe(time.perf_counter() - started_at)
             partition.complete_released(record)
             return
-
-    def _track(self, task: asyncio.Task[None]) -> None:
-        # Kept until done, so a shutdown waits for it.
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""
