@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import os
 import secrets
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,6 +46,7 @@ __all__ = [
     "committed_offsets",
     "drain",
     "read_records",
+    "recent_timestamp_ms",
     "start_secured_broker",
     "wait_until",
 ]
@@ -192,6 +194,17 @@ def start_secured_broker(*, user: str = "decaton-test") -> EmbeddedBroker:
         sasl_mechanisms=("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"),
     )
     return EmbeddedBroker(flavor="apache", security=security).start()
+
+
+def recent_timestamp_ms(hours_ago: int = 1) -> int:
+    """A timestamp ``hours_ago`` hours before now, on a whole minute: a fixed record time.
+
+    Give records this (plus small steps) rather than a fixed date when they go to a broker.
+    A record of, say, 2023 is past the default time retention (7 days) the moment it is
+    written, and the broker's next retention check (every 5 minutes) deletes it: a test
+    that reads it back then finds the partition empty, depending on when the check runs.
+    """
+    return (int(time.time()) // 60 * 60 - hours_ago * 3600) * 1000
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -31,7 +31,16 @@ from decaton_aio.producer import (
     SenderMode,
     TaskProducer,
 )
-from decaton_aio.testing import BOOTSTRAP_ENV_VAR, BrokerHandle, TopicAdmin, read_records
+from decaton_aio.testing import (
+    BOOTSTRAP_ENV_VAR,
+    BrokerHandle,
+    TopicAdmin,
+    read_records,
+    recent_timestamp_ms,
+)
+
+# A fixed record time inside the broker's time retention.
+RECORD_MS = recent_timestamp_ms()
 
 pytestmark = pytest.mark.integration
 
@@ -223,7 +232,7 @@ async def test_no_broker_at_start_spools_until_one_comes_up(tmp_path: Path) -> N
         assert producer.sender is not None
         assert producer.sender.mode is SenderMode.SPOOLING
 
-        first = await producer.put("user-1", b"first", timestamp_ms=1_700_000_000_001)
+        first = await producer.put("user-1", b"first", timestamp_ms=RECORD_MS + 1)
         assert first.spooled
         assert first.offset == -1
         assert first.spool_id
@@ -241,9 +250,9 @@ async def test_no_broker_at_start_spools_until_one_comes_up(tmp_path: Path) -> N
         records = await read_records(servers, "no-broker-yet", 2)
         assert [r.value for r in records] == [b"first", b"second"]
         assert records[0].key == b"user-1"
-        assert records[0].timestamp == 1_700_000_000_001
+        assert records[0].timestamp == RECORD_MS + 1
         meta = decode_metadata(dict(records[0].headers)[METADATA_HEADER])
-        assert meta.timestamp_ms == 1_700_000_000_001
+        assert meta.timestamp_ms == RECORD_MS + 1
         assert segment_files(spool_dir) == []
     finally:
         await producer.stop()
@@ -372,7 +381,7 @@ async def test_shared_sender_for_raw_records_and_tasks(
             key=b"k",
             headers=[("h", b"1"), ("h", b"2")],
             partition=1,
-            timestamp_ms=1_700_000_000_000,
+            timestamp_ms=RECORD_MS,
         )
         assert (raw.topic, raw.partition, raw.offset, raw.spooled) == (topic, 1, 0, False)
         tasks: TaskProducer[bytes] = TaskProducer(config, topic, BytesSerializer(), sender=sender)
@@ -385,7 +394,7 @@ async def test_shared_sender_for_raw_records_and_tasks(
     records = await read_records(kafka_broker.bootstrap_servers, topic, 3)
     first = next(r for r in records if r.value == b"raw")
     assert list(first.headers) == [("h", b"1"), ("h", b"2")]
-    assert first.timestamp == 1_700_000_000_000
+    assert first.timestamp == RECORD_MS
 
 
 @own_broker

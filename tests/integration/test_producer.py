@@ -17,8 +17,11 @@ from decaton_aio import (
     TaskProducer,
 )
 from decaton_aio.producer import _client as producer_client
-from decaton_aio.testing import BrokerHandle, read_records
+from decaton_aio.testing import BrokerHandle, read_records, recent_timestamp_ms
 from tests.unit.protobuf_helpers import task_metadata_proto_class
+
+# A fixed record time inside the broker's time retention.
+RECORD_MS = recent_timestamp_ms()
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +35,17 @@ async def test_put_returns_location_and_writes_dt_meta(topic_factory, task_produ
     """A put lands where it says, with a dt_meta header the protobuf library reads."""
     topic = await topic_factory(partitions=1)
     producer = await task_producer(topic, JsonSerializer(Order), application_id="orders-app")
-    where = await producer.put("k1", Order(1, "book"), timestamp_ms=1_700_000_000_123)
+    where = await producer.put("k1", Order(1, "book"), timestamp_ms=RECORD_MS + 123)
     assert (where.topic, where.partition, where.offset) == (topic, 0, 0)
 
     (record,) = await read_records(producer.config.bootstrap_servers, topic, 1)
     assert record.key == b"k1"
     assert msgspec.json.decode(record.value, type=Order) == Order(1, "book")
-    assert record.timestamp == 1_700_000_000_123
+    assert record.timestamp == RECORD_MS + 123
     headers = dict(record.headers)
     proto = task_metadata_proto_class()()
     proto.ParseFromString(headers[METADATA_HEADER])
-    assert proto.timestamp_millis == 1_700_000_000_123
+    assert proto.timestamp_millis == RECORD_MS + 123
     assert proto.source_application_id == "orders-app"
     assert proto.source_instance_id == producer.config.instance_id
     assert proto.retry_count == 0

@@ -31,9 +31,12 @@ from decaton_aio import (
     RetryPolicy,
 )
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
-from decaton_aio.testing import BrokerHandle, drain, read_records
+from decaton_aio.testing import BrokerHandle, drain, read_records, recent_timestamp_ms
 from tests.interop.decaton_jvm import DecatonSubscription, decaton_produce, unb64
 from tests.unit.protobuf_helpers import hello_task_class
+
+# A fixed record time inside the broker's time retention.
+RECORD_MS = recent_timestamp_ms()
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +150,7 @@ async def test_decaton_reads_tasks_of_the_task_producer(
     )
     scheduled = _now_ms() + 2500
     puts = [
-        await producer.put("k1", HelloTask(name="a", age=1, text="x"), timestamp_ms=1_600_000_001),
+        await producer.put("k1", HelloTask(name="a", age=1, text="x"), timestamp_ms=RECORD_MS + 1),
         await producer.put("k2", HelloTask(name="b", age=2), scheduled_time_ms=scheduled),
         await producer.put("ключ", HelloTask(name="c", age=3), partition=1),
         await producer.put(None, HelloTask(name="d", age=4)),
@@ -173,7 +176,7 @@ async def test_decaton_reads_tasks_of_the_task_producer(
         )
         assert [(k, unb64(v)) for k, v in event["headers"]] == list(record.headers)
     by_name = {e["task"]["name"]: e for e in events}
-    assert by_name["a"]["metadata"]["timestamp_ms"] == 1_600_000_001
+    assert by_name["a"]["metadata"]["timestamp_ms"] == RECORD_MS + 1
     assert by_name["b"]["metadata"]["scheduled_time_ms"] == scheduled
     assert by_name["b"]["processed_at_ms"] >= scheduled
     assert by_name["c"]["key"] is None  # not printable ASCII: Decaton has the bytes only
@@ -237,7 +240,7 @@ async def test_a_decaton_retry_is_processed_by_decaton_aio(
     producer = await task_producer(
         topic, ProtobufSerializer(HelloTask), application_id="origin", instance_id="origin-1"
     )
-    await producer.put("retry-me", HelloTask(name="r", age=7), timestamp_ms=1_600_000_000_777)
+    await producer.put("retry-me", HelloTask(name="r", age=7), timestamp_ms=RECORD_MS + 777)
     await producer.put("plain", HelloTask(name="p", age=8))
     group = f"decaton-{uuid.uuid4().hex[:8]}"
     async with DecatonSubscription(
@@ -260,7 +263,7 @@ async def test_a_decaton_retry_is_processed_by_decaton_aio(
     assert got.task == {"name": "r", "age": 7, "text": ""}
     assert got.meta == _meta(again)
     assert got.meta.retry_count == 1
-    assert got.meta.timestamp_ms == 1_600_000_000_777
+    assert got.meta.timestamp_ms == RECORD_MS + 777
     assert (got.meta.source_application_id, got.meta.source_instance_id) == ("origin", "origin-1")
     assert got.meta.scheduled_time_ms >= first["processed_at_ms"] + 1000
     assert got.at_ms >= got.meta.scheduled_time_ms
@@ -277,7 +280,7 @@ async def test_a_decaton_aio_retry_is_processed_by_decaton(
     producer = await task_producer(
         topic, ProtobufSerializer(HelloTask), application_id="origin", instance_id="origin-2"
     )
-    await producer.put("retry-me", HelloTask(name="r", age=1), timestamp_ms=1_600_000_000_888)
+    await producer.put("retry-me", HelloTask(name="r", age=1), timestamp_ms=RECORD_MS + 888)
     await producer.put("plain", HelloTask(name="p", age=2))
 
     async def process(ctx: ProcessingContext, task: Any) -> None:
@@ -304,7 +307,7 @@ async def test_a_decaton_aio_retry_is_processed_by_decaton(
     assert again["key"] == "retry-me"
     assert again["task"] == {"name": "r", "age": 1, "text": ""}
     assert _meta(again) == written
-    assert _meta(again).timestamp_ms == 1_600_000_000_888
+    assert _meta(again).timestamp_ms == RECORD_MS + 888
     assert (_meta(again).source_application_id, _meta(again).source_instance_id) == (
         "origin",
         "origin-2",

@@ -21,7 +21,7 @@ from aiokafka.partitioner import murmur2
 
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
-from decaton_aio.testing import BrokerHandle
+from decaton_aio.testing import BrokerHandle, recent_timestamp_ms
 
 pytest.importorskip("pyspark", reason="PySpark is not installed: pip install -e '.[spark]'")
 
@@ -44,7 +44,8 @@ pytestmark = pytest.mark.spark
 
 T = TypeVar("T")
 
-BASE_MS = 1_700_000_000_000
+# Record and failure times stay inside the broker's time retention.
+BASE_MS = recent_timestamp_ms()
 PER_PARTITION = {0: 30, 1: 20, 2: 10}
 # Extra records with their own headers, produced to partition 1 after the tasks.
 EXTRA_HEADERS = [("trace", b"\x00\x01"), ("trace", b"dup"), ("empty", b"")]

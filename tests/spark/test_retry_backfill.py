@@ -28,7 +28,7 @@ from decaton_aio.metadata import (
 from decaton_aio.offsets import partition_extents
 from decaton_aio.producer import SpoolEntry
 from decaton_aio.retry import RetryConfig, dead_letter_headers
-from decaton_aio.testing import BrokerHandle, drain, read_records
+from decaton_aio.testing import BrokerHandle, drain, read_records, recent_timestamp_ms
 
 pytest.importorskip("pyspark", reason="PySpark is not installed: pip install -e '.[spark]'")
 
@@ -44,7 +44,8 @@ from spark_jobs.retry_backfill import (
 
 pytestmark = pytest.mark.spark
 
-BASE_MS = 1_700_000_000_000
+# Record and failure times stay inside the broker's time retention.
+BASE_MS = recent_timestamp_ms()
 # (key, error type, seconds after BASE_MS of the last failure)
 DEAD_LETTERS = [
     *[(f"user-{i}", "TimeoutError", i) for i in range(12)],
