@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.contenders import CONTENDERS
 from bench.measure import Harness
-from bench.scenarios import LADDER, SWEEPS, Scenario, Sizes
+from bench.scenarios import LADDER, REPORTED_SHARES, SWEEPS, Scenario, Sizes
 from bench.workload import make_tasks, produce_tasks
 
 __all__ = ["FairRun"]
@@ -227,6 +227,7 @@ class FairRun:
                     drain_s=5.0,
                     p99_bound_ms=scn.p99_bound_ms,
                     tag=f"lat-{contender}",
+                    always_up_to=REPORTED_SHARES[-1] * capacity,
                 )
             except Exception as exc:
                 self.record(

@@ -200,9 +200,11 @@ class Harness:
         drain_s: float,
         p99_bound_ms: float,
         tag: str,
+        always_up_to: float = 0.0,
     ) -> list[dict[str, Any]]:
         """Paced rungs at ``rates`` tasks/s (ascending) on one process of the contender;
-        stops after two rungs in a row over ``p99_bound_ms``."""
+        stops after two rungs in a row over ``p99_bound_ms``, once the rates up to
+        ``always_up_to`` have run."""
         spec = self._spec(contender, topic, partitions, options, tag)
         facts_dir = Path(spec.facts_dir)
         proc, log = await self._start(spec, tag)
@@ -237,7 +239,7 @@ class Harness:
                 ok = p99 is not None and p99 < p99_bound_ms
                 rungs.append({"rate": round(rate), "p99_under_bound": ok, **latency})
                 failures = 0 if ok else failures + 1
-                if failures >= 2:
+                if failures >= 2 and rate >= always_up_to:
                     break
         finally:
             await stop_process(proc)

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LADDER", "S6_QUOTA", "SWEEPS", "Scenario", "Sizes", "plan"]
+__all__ = ["LADDER", "REPORTED_SHARES", "S6_QUOTA", "SWEEPS", "Scenario", "Sizes", "plan"]
 
 #: Shares of a contender's own S1 capacity at which the latency ladder paces it.
 LADDER = (0.25, 0.5, 0.65, 0.8, 0.9, 1.0)
+#: The shares the report gives p50/p99 for: the ladder runs them even past its bound.
+REPORTED_SHARES = (0.5, 0.8)
 
 #: Every contender's settings: its concurrency knob and its batch size. The first of each
 #: list is the contender's default (or the usual setting), quick sweeps take the first two.

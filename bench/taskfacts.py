@@ -202,7 +202,11 @@ def produce_to_done_ms(
     """Latency from the producer's send call to the end of the task, for the tasks sent
     within ``[t0_ns, t1_ns)``; ``sent`` has ``partition``, ``offset`` and ``sent_ns``
     columns. Tasks sent but never finished are counted: a percentile that falls among
-    them is reported as a lower bound (``*_lower_bound``)."""
+    them is reported as a lower bound (``*_lower_bound``).
+
+    ``wait_p99_ms`` (send to start) and ``run_p99_ms`` (start to end) split the finished
+    tasks' latency: a long wait is queueing before the task (fetch, pause, per-key order,
+    slots), a long run is a task slowed down while it ran (a stalled event loop)."""
     window = (sent["sent_ns"] >= t0_ns) & (sent["sent_ns"] < t1_ns)
     s_part, s_off, s_ns = sent["partition"][window], sent["offset"][window], sent["sent_ns"][window]
     sent_keys = (s_part << 48) | s_off
@@ -210,9 +214,10 @@ def produce_to_done_ms(
     # The first end of each offset (a task run twice is done at its first end).
     order = np.lexsort((facts.end_ns, done_keys))
     done_keys, done_end = done_keys[order], facts.end_ns[order]
+    done_start = facts.start_ns[order]
     first = np.ones(done_keys.size, dtype=bool)
     first[1:] = done_keys[1:] != done_keys[:-1]
-    done_keys, done_end = done_keys[first], done_end[first]
+    done_keys, done_end, done_start = done_keys[first], done_end[first], done_start[first]
     pos = np.searchsorted(done_keys, sent_keys)
     pos_ok = pos < done_keys.size
     found = np.zeros(sent_keys.size, dtype=bool)
@@ -220,6 +225,9 @@ def produce_to_done_ms(
     latency = done_end[pos[found]] - s_ns[found]
     missing = int((~found).sum())
     out: dict[str, Any] = {"sent": int(sent_keys.size), "not_done": missing}
+    started = done_start[pos[found]]
+    out["wait_p99_ms"] = _p50_p99_ms(started - s_ns[found])[1]
+    out["run_p99_ms"] = _p50_p99_ms(done_end[pos[found]] - started)[1]
     total = latency.size + missing
     for q, name in ((50, "p50_ms"), (99, "p99_ms")):
         if total == 0:

@@ -67,7 +67,7 @@ def test_order_checks_count_overlaps_order_violations_and_duplicates() -> None:
 def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished() -> None:
     """Latency is first end minus send time; tasks never done push a percentile that
     falls among them to a lower bound."""
-    facts = _facts([(1, 0, 0, 0, 1_005_000_000), (1, 0, 0, 0, 1_009_000_000)])
+    facts = _facts([(1, 0, 0, 1_002_000_000, 1_005_000_000), (1, 0, 0, 0, 1_009_000_000)])
     sent = {
         "partition": np.array([0, 0], dtype=np.int64),
         "offset": np.array([0, 1], dtype=np.int64),
@@ -79,6 +79,8 @@ def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished
     assert out["p50_ms"] == 5.0
     assert out["p99_ms"] is None
     assert out["p99_ms_lower_bound"] is not None
+    # The first end's own start splits its 5 ms: 2 ms before it started, 3 ms running.
+    assert (out["wait_p99_ms"], out["run_p99_ms"]) == (2.0, 3.0)
 
 
 @pytest.mark.timeout(300)
