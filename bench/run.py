@@ -167,7 +167,7 @@ class Run:
     # ----------------------------------------------------------------- fair part
 
     async def fair(self, scenarios: list[Scenario], flavor: str) -> None:
-        """S1, S3, S2 and the ladder on one broker (S2-S3 and L need S1's best settings)."""
+        """S1, the ladder, S3 and S2 on one broker (L, S3 and S2 need S1's best settings)."""
         from bench.fair import FairRun
         from bench.measure import Harness
         from decaton_aio.testing import TopicAdmin
@@ -197,6 +197,12 @@ class Run:
                 await fair.sweep(s1, contenders)
                 say("S1: repeats at each contender's best setting")
                 await fair.repeats(s1, contenders)
+            # The ladder right after S1, whose capacities it paces at.
+            if "L" in by_name and s1 is not None:
+                say(f"L: {by_name['L'].title}")
+                await fair.ladder(s1, self._wanted(by_name["L"]))
+            elif "L" in by_name:
+                say("L needs S1 (each contender's capacity): skipped")
             for name in ("S3", "S2"):
                 if name in by_name:
                     scn = by_name[name]
@@ -204,11 +210,6 @@ class Run:
                     if name == "S3":
                         await fair.sweep(scn, self._wanted(scn))
                     await fair.repeats(scn, self._wanted(scn))
-            if "L" in by_name and s1 is not None:
-                say(f"L: {by_name['L'].title}")
-                await fair.ladder(s1, self._wanted(by_name["L"]))
-            elif "L" in by_name:
-                say("L needs S1 (each contender's capacity): skipped")
         finally:
             await admin.close(delete=False)
             broker.stop()
