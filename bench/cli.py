@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.run import RESULTS, SECURED, Run, emit_line, fair_scenarios, say
+from bench.run import RESULTS, SECURED, Run, emit_line, fair_scenarios, report_from_log, say
 from bench.scenarios import SWEEPS, plan
 from decaton_aio.embedded import FLAVORS
 
@@ -38,6 +38,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "cost of TLS and SASL; contenders that cannot connect so are reported unavailable",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument(
+        "--from-log",
+        type=Path,
+        metavar="LOG",
+        help="run nothing: write the report from the standard output of a run (one that "
+        "was stopped too) into --out",
+    )
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
     parser.add_argument("--seed", type=int, help="the random order of runs (default: the time)")
     parser.add_argument("--window-s", type=float, help="the measured window of a repeat")
@@ -77,6 +84,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.from_log is not None:
+        try:
+            report_from_log(args.from_log, args.out)
+        except (OSError, ValueError) as exc:
+            print(f"python -m bench: {exc}", file=sys.stderr)
+            return 2
+        return 0
     sizes, scenarios = plan(args.quick)
     overrides = {
         "window_s": args.window_s,

@@ -255,6 +255,12 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
         "gc thresholds (50000, 20, 100), uvloop.",
         "",
     ]
+    if document.get("unfinished"):
+        lines += [
+            f"**Unfinished run** ({document['unfinished']}): the tables hold what was "
+            "measured before the stop, and the targets are judged on that.",
+            "",
+        ]
     if chart_name:
         lines += [f"![chart]({chart_name})", ""]
     primary = next(iter(brokers_of(results)), None)

@@ -423,31 +423,89 @@ class Run:
     # ------------------------------------------------------------------ output
 
     def write(self) -> None:
-        from bench.report import evaluate_targets, render_chart, render_markdown
-
-        targets = evaluate_targets(self.results)
-        for target in targets:
-            verdict = {True: "PASS", False: "FAIL", None: "n/a"}[target["pass"]]
-            say(
-                f"{verdict:4} {target['target']}: {target['value']} {target.get('op', '')} "
-                f"{target['bound']} {target.get('detail', '')}"
-            )
-            emit_line({"event": "target", **target})
-        document = {
-            "mode": self.mode,
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": self.facts,
-            "sizes": self.sizes.__dict__,
-            "results": self.results,
-            "targets": targets,
-        }
-        base = self.out / (f"{self.mode}-secured" if self.secured else self.mode)
-        base.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
-        chart = render_chart(self.results, base.with_suffix(".png"))
-        base.with_suffix(".md").write_text(
-            render_markdown(document, chart_name=chart.name if chart else None)
+        write_report(
+            self.out, self.mode, self.secured, self.facts, self.sizes.__dict__, self.results
         )
-        say(f"results: {base}.json, {base}.md" + (f", {chart}" if chart else ""))
+
+
+def write_report(
+    out: Path,
+    mode: str,
+    secured: bool,
+    facts: dict[str, Any],
+    sizes: dict[str, Any],
+    results: list[dict[str, Any]],
+    unfinished: str | None = None,
+) -> None:
+    """Judge the targets and write ``<mode>.json``, ``.md`` and ``.png`` into ``out``.
+
+    ``unfinished`` says why the run did not end (the report then holds what it measured).
+    """
+    from bench.report import evaluate_targets, render_chart, render_markdown
+
+    targets = evaluate_targets(results)
+    for target in targets:
+        verdict = {True: "PASS", False: "FAIL", None: "n/a"}[target["pass"]]
+        say(
+            f"{verdict:4} {target['target']}: {target['value']} {target.get('op', '')} "
+            f"{target['bound']} {target.get('detail', '')}"
+        )
+        emit_line({"event": "target", **target})
+    document = {
+        "mode": mode,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": facts,
+        "sizes": sizes,
+        "results": results,
+        "targets": targets,
+        **({"unfinished": unfinished} if unfinished else {}),
+    }
+    base = out / (f"{mode}-secured" if secured else mode)
+    base.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
+    chart = render_chart(results, base.with_suffix(".png"))
+    base.with_suffix(".md").write_text(
+        render_markdown(document, chart_name=chart.name if chart else None)
+    )
+    say(f"results: {base}.json, {base}.md" + (f", {chart}" if chart else ""))
+
+
+def report_from_log(log: Path, out: Path) -> None:
+    """Write the report of a run from the JSON lines it printed, one that was stopped
+    before its end included: its tables hold what was measured, its targets are judged
+    on that, and the report says it is unfinished.
+
+    Raises:
+        ValueError: when the log has no ``machine`` line (not the output of a run).
+    """
+    machine: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = []
+    finished = False
+    for line in log.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the stop
+        event = row.get("event")
+        if event == "machine":
+            machine = row
+        elif event == "target":
+            finished = True
+        elif event != "order":
+            results.append(row)
+    if machine is None:
+        raise ValueError(f"{log} has no 'machine' line: give the standard output of a run")
+    facts = {k: v for k, v in machine.items() if k not in ("event", "mode", "sizes", "secured")}
+    write_report(
+        out,
+        machine["mode"],
+        "secured" in machine,
+        facts,
+        machine["sizes"],
+        results,
+        None if finished else f"the run was stopped; report written from {log.name}",
+    )
 
 
 def _open_log(path: Path) -> BinaryIO:

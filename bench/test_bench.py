@@ -3,6 +3,7 @@ they time code, which a unit test must not."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from bench.measure import Harness
+from bench.run import report_from_log
 from bench.taskfacts import Facts, FactsWriter, load_facts, produce_to_done_ms
 from bench.tracker import TRACKERS, measure_tracker
 from bench.workload import make_tasks, pace_with_librdkafka, produce_tasks
@@ -81,6 +83,67 @@ def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished
     assert out["p99_ms_lower_bound"] is not None
     # The first end's own start splits its 5 ms: 2 ms before it started, 3 ms running.
     assert (out["wait_p99_ms"], out["run_p99_ms"]) == (2.0, 3.0)
+
+
+def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> None:
+    """The lines a run printed before it was stopped (the last one cut short) give a
+    report of what was measured, marked unfinished; a log that is no run is refused."""
+    machine = {
+        "event": "machine",
+        "mode": "full",
+        "sizes": {"window_s": 20.0, "repeats": 5},
+        "cores": 2,
+        "cpu": "test",
+        "python": "3.11",
+        "platform": "linux",
+        "loadavg_at_start": [0.1, 0.1, 0.1],
+        "git": {"commit": "abc1234", "dirty_files": 0},
+        "versions": {"decaton-aio": "0.1.0"},
+    }
+    result = {
+        "event": "result",
+        "scenario": "S1",
+        "contender": "ours",
+        "label": "decaton-aio",
+        "ordered_by_design": True,
+        "batch_based": False,
+        "kind": "cli",
+        "broker": "apache",
+        "setting": {},
+        "processes": 1,
+        "tasks_per_s": 41234.0,
+        "tasks_per_s_min": 40000.0,
+        "tasks_per_s_max": 42000.0,
+        "repeats": 5,
+        "cpu_s_per_1000": 0.024,
+        "cpu_util": 1.0,
+        "broker_cpu_s_per_1000": 0.003,
+        "latency_p50_ms": 12.0,
+        "latency_p99_ms": 40.0,
+        "order_violations": 0,
+        "key_overlaps": 0,
+        "duplicates": 0,
+        "commit_covered": True,
+        "commit_after_s_max": 1.2,
+        "window_s": 20.0,
+        "measured_tasks": 824680,
+        "gc_policy": [50000, 20, 100],
+    }
+    log = tmp_path / "run.log"
+    lines = [json.dumps(machine), "# S1: sweep", json.dumps(result), '{"event": "res']
+    log.write_text("\n".join(lines))
+
+    report_from_log(log, tmp_path)
+
+    text = (tmp_path / "full.md").read_text()
+    assert "Unfinished run" in text
+    assert "41,234" in text
+    document = json.loads((tmp_path / "full.json").read_text())
+    assert [r["contender"] for r in document["results"]] == ["ours"]
+
+    (tmp_path / "other.log").write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="no 'machine' line"):
+        report_from_log(tmp_path / "other.log", tmp_path)
 
 
 @pytest.mark.timeout(300)
