@@ -222,12 +222,12 @@ def produce_to_done_ms(
     pos_ok = pos < done_keys.size
     found = np.zeros(sent_keys.size, dtype=bool)
     found[pos_ok] = done_keys[pos[pos_ok]] == sent_keys[pos_ok]
-    latency = done_end[pos[found]] - s_ns[found]
+    sent_at, started, ended = s_ns[found], done_start[pos[found]], done_end[pos[found]]
+    latency = ended - sent_at
     missing = int((~found).sum())
     out: dict[str, Any] = {"sent": int(sent_keys.size), "not_done": missing}
-    started = done_start[pos[found]]
-    out["wait_p99_ms"] = _p50_p99_ms(started - s_ns[found])[1]
-    out["run_p99_ms"] = _p50_p99_ms(done_end[pos[found]] - started)[1]
+    out["wait_p99_ms"] = _p50_p99_ms(started - sent_at)[1]
+    out["run_p99_ms"] = _p50_p99_ms(ended - started)[1]
     total = latency.size + missing
     for q, name in ((50, "p50_ms"), (99, "p99_ms")):
         if total == 0:
