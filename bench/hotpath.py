@@ -7,6 +7,11 @@ partition processor (a new assignment), with a no-op processor, the executor and
 watermark as the runtime runs them, folding and reading the watermark every batch as the
 commit routine would. Nothing waits, so the loop never sleeps.
 
+``--sleep-ms D`` gives S1's shape instead: each task awaits ``asyncio.sleep(D / 1000)``,
+384 run at once and the feed stops at 10,000 pending records until the partition asks to
+resume, as the consumer's back-pressure does; workers, timers and the ready queue then
+count too.
+
 Wall-clock time on a shared machine is noise; instruction counts are not. Run it under
 callgrind twice and subtract, so the pool's construction and the interpreter's start
 cancel out::
@@ -40,6 +45,7 @@ from aiokafka.record.memory_records import MemoryRecords
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.consumer._runner import install_event_loop_policy
 from decaton_aio.context import ProcessingContext
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.metrics import PartitionStats
@@ -61,6 +67,13 @@ class Task(msgspec.Struct):
 
 async def _noop(ctx: ProcessingContext, task: Task) -> None:
     return None
+
+
+def _sleeping(sleep_s: float) -> Any:
+    async def process(ctx: ProcessingContext, task: Task) -> None:
+        await asyncio.sleep(sleep_s)
+
+    return process
 
 
 def _pool(tasks: int) -> list[list[Any]]:
@@ -93,36 +106,53 @@ def _pool(tasks: int) -> list[list[Any]]:
     return batches
 
 
-async def _run(pool: list[list[Any]], passes: int) -> int:
+async def _run(pool: list[list[Any]], passes: int, sleep_ms: float) -> int:
+    limit, max_pending = (384, 10_000) if sleep_ms else (100, 1 << 30)
     executor = TaskExecutor(
         subscription_id="hotpath",
-        process=_noop,
+        process=_sleeping(sleep_ms / 1000) if sleep_ms else _noop,
         decode=JsonSerializer(Task).decode,
         sender=None,
-        properties=Properties({"decaton.partition.concurrency": 100}),
+        properties=Properties({"decaton.partition.concurrency": limit}),
     )
+    resumed = asyncio.Event()
+    idle = asyncio.Event()
+
+    def resume(partition: PartitionProcessor) -> None:
+        partition.set_paused(False)
+        resumed.set()
+
     done = 0
     for _ in range(passes):
         stats = PartitionStats()
         partition = PartitionProcessor(
             TP,
             executor=executor,
-            limit=100,
-            max_pending=1 << 30,
+            limit=limit,
+            max_pending=max_pending,
             stats=stats,
-            on_below_max_pending=lambda p: None,
+            on_below_max_pending=resume,
         )
         for batch in pool:
             partition.feed(batch)
             stats.fold()
             partition.committable()
+            if partition.needs_pause:
+                partition.set_paused(True)
+                resumed.clear()
+                await resumed.wait()
+        while partition.pending:  # the last tasks still sleep
+            idle.clear()
+            asyncio.get_running_loop().call_later(sleep_ms / 1000, idle.set)
+            await idle.wait()
         done += stats.processed
     return done
 
 
-def _instructions(passes: int, tasks: int) -> int:
+def _instructions(passes: int, tasks: int, sleep_ms: float) -> int:
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
     argv += ["-m", "bench.hotpath", "--passes", str(passes), "--tasks", str(tasks)]
+    argv += ["--sleep-ms", str(sleep_ms)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
@@ -131,11 +161,11 @@ def _instructions(passes: int, tasks: int) -> int:
     return int(found.group(1))
 
 
-def measure(tasks: int) -> int:
+def measure(tasks: int, sleep_ms: float = 0) -> int:
     """Instructions per task: two runs under callgrind, one pass and three passes."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--measure needs valgrind (apt-get install valgrind)")
-    one, three = _instructions(1, tasks), _instructions(3, tasks)
+    one, three = _instructions(1, tasks, sleep_ms), _instructions(3, tasks, sleep_ms)
     per_task = (three - one) // (2 * tasks)
     print(f"1 pass: {one} instructions, 3 passes: {three}; per task: {per_task}")
     return per_task
@@ -147,15 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks per pass")
     parser.add_argument(
+        "--sleep-ms", type=float, default=0, help="each task sleeps this long (S1's shape)"
+    )
+    parser.add_argument(
         "--measure", action="store_true", help="print instructions per task (callgrind)"
     )
     args = parser.parse_args(argv)
     if args.measure:
-        measure(args.tasks)
+        measure(args.tasks, args.sleep_ms)
         return 0
     gc.set_threshold(50_000, 20, 100)  # as the runtime's tune_gc
     pool = _pool(args.tasks)
-    done = asyncio.run(_run(pool, args.passes))
+    install_event_loop_policy()  # as the runtime's event loop
+    done = asyncio.run(_run(pool, args.passes, args.sleep_ms))
     expected = args.passes * args.tasks
     if done != expected:
         raise SystemExit(f"processed {done} tasks, expected {expected}")
