@@ -280,3 +280,19 @@ class ProtobufSerializer(Generic[M]):
         except protobuf_message.DecodeError as exc:
             raise DecodeError("body", str(exc) or type(exc).__name__) from exc
         return task
+
+
+def unchecked_decode(decode: Callable[[bytes], T]) -> Callable[[bytes], T]:
+    """The decoding behind a serializer's ``decode``, without its error translation.
+
+    For the runtime's hot path: a msgspec serializer's ``decode`` is its decoder's own
+    method behind one Python call that turns errors into :class:`DecodeError`. The caller
+    of what this returns calls ``decode`` again when it raises, for that error. Any other
+    ``decode`` comes back as it is.
+    """
+    owner = getattr(decode, "__self__", None)
+    if isinstance(owner, _MsgspecSerializer) and getattr(decode, "__func__", None) is (
+        _MsgspecSerializer.decode
+    ):
+        return owner._decode
+    return decode

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
@@ -150,7 +151,7 @@ class CoroutineStarter:
         # suspended), or takes the first step itself. The worker's own context (where it
         # reports ends) is a copy of the caller's; each coroutine steps in its own.
         worker = _Worker(job)
-        task = asyncio.get_running_loop().create_task(self._work(worker, yielded))
+        task = asyncio.get_running_loop().create_task(_as_task(self._work(worker, yielded)))
         worker.task = task
         self.track(task)
         task.add_done_callback(worker.ended)
@@ -161,20 +162,48 @@ class CoroutineStarter:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _work(self, worker: _Worker, yielded: Any) -> None:
+    @types.coroutine
+    def _work(self, worker: _Worker, yielded: Any) -> Generator[Any, Any, None]:
         # Runs coroutines one after the other, reporting each end through its ``done``,
         # for as long as each report hands it the next one. ``second`` names the running
-        # coroutine's owner for log lines (register_task_frame below).
+        # coroutine's owner for log lines (register_task_frame below). A coroutine that
+        # suspends is driven from here as ``yield from`` would drive it, each step in its
+        # own context: the future it yields goes up to the task unchanged (with its
+        # blocking flag set by the coroutine), the task's answer goes back down, a
+        # cancellation thrown into the task is thrown into the coroutine, and closing the
+        # worker closes the coroutine.
         assert worker.first_job is not None
         coro, done, first, second, context = worker.first_job
         worker.first_job = None
         while True:
             exc: BaseException | None = None
+            run = context.run
             try:
                 if yielded is _NOT_STARTED:
-                    yielded = context.run(next, coro.__await__(), _FINISHED)
+                    yielded = run(next, coro.__await__(), _FINISHED)
                 if yielded is not _FINISHED:
-                    await _carry_on(coro, yielded, context)
+                    step = coro.__await__()
+                    while True:
+                        try:
+                            sent = yield yielded
+                        except GeneratorExit:  # closed (a task destroyed at loop teardown)
+                            run(coro.close)
+                            raise
+                        except BaseException as thrown:  # forwarded, as yield from does
+                            try:
+                                yielded = run(coro.throw, thrown)
+                            except StopIteration:
+                                break
+                        else:
+                            if sent is None:  # a wake-up: next() with a default ends quietly
+                                yielded = run(next, step, _FINISHED)
+                                if yielded is _FINISHED:
+                                    break
+                            else:
+                                try:
+                                    yielded = run(coro.send, sent)
+                                except StopIteration:
+                                    break
             except (Exception, asyncio.CancelledError) as error:
                 exc = error
             self._vacant = worker
@@ -203,35 +232,12 @@ class CoroutineStarter:
 register_task_frame(CoroutineStarter._work.__code__, "second")
 
 
-@types.coroutine
-def _carry_on(
-    coro: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context
-) -> Generator[Any, Any, None]:
-    # Delegates to a coroutine that already ran its first step, as ``yield from`` would,
-    # running each of its steps in ``context`` (what it returns is dropped): the future it
-    # yielded goes up to the task unchanged (with its blocking flag set by the coroutine),
-    # the task's answer goes back down, and a cancellation thrown into the task is thrown
-    # into the coroutine; closing it closes the coroutine.
-    run = context.run
-    step = coro.__await__()
-    while True:
-        try:
-            sent = yield yielded
-        except GeneratorExit:  # closed (e.g. a task destroyed at loop teardown)
-            run(coro.close)  # as yield from does: close, not throw (a no-op if done)
-            raise
-        except BaseException as exc:  # forwarded, as yield from does
-            try:
-                yielded = run(coro.throw, exc)
-            except StopIteration:
-                return
-        else:
-            if sent is None:  # a wake-up: next() with a default ends without raising
-                yielded = run(next, step, _FINISHED)
-                if yielded is _FINISHED:
-                    return
-            else:
-                try:
-                    yielded = run(coro.send, sent)
-                except StopIteration:
-                    return
+if sys.version_info >= (3, 12):
+    # asyncio tasks take only native coroutines from Python 3.12 on: one await around it.
+    async def _as_task(steps: Generator[Any, Any, None]) -> None:
+        await steps
+
+else:
+
+    def _as_task(steps: Generator[Any, Any, None]) -> Any:
+        return steps  # a generator-based coroutine is a task's coroutine as it is

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from decaton_aio.consumer._records import QueuedRecord
+from decaton_aio.consumer._records import QueuedRecord, new_queued
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import (
     METADATA_HEADER,
@@ -37,8 +37,6 @@ __all__ = ["decode_task_request", "has_metadata_header", "legacy_hint", "unwrap"
 
 _TAG_METADATA: Final = 0x0A  # field 1, length-delimited
 _TAG_TASK: Final = 0x12  # field 2, length-delimited
-
-_new_queued = tuple.__new__
 
 
 def has_metadata_header(headers: Sequence[tuple[str, bytes]]) -> bool:
@@ -104,7 +102,7 @@ def unwrap(record: Record) -> QueuedRecord:
     """
     metadata, task = decode_task_request(record.value or b"")
     headers = [*record.headers, (METADATA_HEADER, metadata)]
-    return _new_queued(QueuedRecord, (record.offset, record.timestamp, record.key, task, headers))
+    return new_queued(QueuedRecord, (record.offset, record.timestamp, record.key, task, headers))
 
 
 def legacy_hint(record: Record) -> str | None:
