@@ -59,15 +59,6 @@ _Lane: TypeAlias = list[Record] | deque[Record]
 _SHORT_LANE = 32  # a lane turns from a list into a deque at this many waiting records
 
 
-def _next_in_lane(lanes: dict[bytes, _Lane | None], key: bytes, queue: _Lane) -> Record:
-    # Take the first waiting record of a non-empty lane; the key stays busy (its next
-    # record is about to run).
-    nxt = queue.popleft() if isinstance(queue, deque) else queue.pop(0)
-    if not queue:
-        lanes[key] = None
-    return nxt
-
-
 class PartitionState(enum.Enum):
     """Lifecycle of one partition assignment."""
 
@@ -438,13 +429,20 @@ class PartitionProcessor:
             if lane:
                 key = record.key
                 if key is not None:
-                    queue = self._lanes.get(key)
+                    lanes = self._lanes
+                    queue = lanes.get(key)
                     if queue:
-                        self._ready.append(_next_in_lane(self._lanes, key, queue))
+                        # The key's next record is ready; the key stays busy.
+                        if isinstance(queue, deque):
+                            self._ready.append(queue.popleft())
+                        else:
+                            self._ready.append(queue.pop(0))
+                        if not queue:
+                            lanes[key] = None
                     else:
-                        self._lanes.pop(key, None)
-        if self._paused:
-            self._maybe_resume()
+                        lanes.pop(key, None)  # the key is idle again
+        if self._paused and self._pending < self._max_pending:
+            self._maybe_resume()  # (it checks the rate too)
         if self._ready:
             self._pump()
         if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
