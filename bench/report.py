@@ -45,16 +45,29 @@ def _target(
     name: str, value: float | None, op: str, bound: float | None, detail: str = ""
 ) -> dict[str, Any]:
     if value is None or bound is None:
-        return {"target": name, "value": value, "bound": bound, "pass": None, "detail": detail}
+        return {
+            "target": name,
+            "value": _significant(value),
+            "bound": _significant(bound),
+            "pass": None,
+            "detail": detail,
+        }
     ok = value >= bound if op == ">=" else value <= bound
     return {
         "target": name,
-        "value": round(value, 3),
+        "value": _significant(value),
         "op": op,
-        "bound": round(bound, 3),
+        "bound": _significant(bound),
         "pass": ok,
         "detail": detail,
     }
+
+
+def _significant(value: float | None) -> float | None:
+    # Four significant digits: 93,850.08 -> 93,850; a CPU bound of 0.01853 stays 0.01853.
+    if value is None:
+        return None
+    return round(value, 3) if abs(value) >= 1 else float(f"{value:.4g}")
 
 
 def _best(rows: list[dict[str, Any]], key: str = "tasks_per_s") -> dict[str, Any] | None:
@@ -225,6 +238,14 @@ def _fmt(value: Any, digits: int = 0) -> str:
     if isinstance(value, float | int):
         return f"{value:,.{digits}f}"
     return str(value)
+
+
+def _fmt_target(value: Any) -> str:
+    # A target's value or bound: one decimal, or four significant digits below 1 (CPU
+    # seconds per 1000 tasks would all print as 0.0).
+    if isinstance(value, float) and value and abs(value) < 1:
+        return f"{value:.4g}"
+    return _fmt(value, 1)
 
 
 def _setting(r: dict[str, Any]) -> str:
@@ -414,7 +435,8 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
     for t in document["targets"]:
         verdict = {True: "PASS", False: "**FAIL**", None: "n/a"}[t["pass"]]
         lines.append(
-            f"| {t['target']} | {_fmt(t['value'], 1)} | {t.get('op', '')} {_fmt(t['bound'], 1)} | "
+            f"| {t['target']} | {_fmt_target(t['value'])} | {t.get('op', '')} "
+            f"{_fmt_target(t['bound'])} | "
             f"{verdict} | {t.get('detail', '')} |"
         )
     lines.append("")
