@@ -166,7 +166,9 @@ class TaskExecutor:
             try:
                 task = self._fast_decode(value)
             except Exception:
-                task = self._decode(value)  # the serializer's own error, or its retry
+                if self._fast_decode is self._decode:
+                    raise
+                task = self._decode(value)  # raises the serializer's own DecodeError
         except DecodeError as exc:
             hint = legacy_hint(record)
             if hint is not None:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
@@ -16,6 +17,7 @@ from decaton_aio.context import ProcessingContext
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
 from decaton_aio.retry import RetryConfig
+from decaton_aio.serializers import JsonSerializer
 from tests.unit.test_partition import FakeRecord, FakeSender, make, records, settle
 
 FAST = RetryPolicy(max_attempts=3, backoff_base_ms=10, backoff_max_ms=20, jitter=0)
@@ -138,6 +140,58 @@ async def test_poison_pill_is_dead_lettered_with_the_reason(
     assert (topic, key, sent_value) == ("tasks-dlq", b"a", value)
     assert dict(sent_headers)["dt_dlq_error_type"] == error_type
     assert reason in dict(sent_headers)["dt_dlq_error_message"]
+
+
+class Item(msgspec.Struct):
+    qty: int
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [(b"{", b"truncated"), (b'{"qty": "x"}', b"Expected `int`, got `str` - at `$.qty`")],
+    ids=["malformed", "wrong type"],
+)
+async def test_a_json_body_that_does_not_decode_is_dead_lettered_with_msgspec_reason(
+    body: bytes, reason: bytes
+) -> None:
+    """The executor decodes msgspec bodies with the decoder itself; a body it rejects still
+    goes to the dead letter topic with the serializer's reason, and good bodies decode."""
+    tasks: list[Any] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        tasks.append(task)
+
+    sender = FakeSender()
+    proc = make(process, decode=JsonSerializer(Item).decode, sender=sender)
+    batch = records([b"a", b"b"])
+    batch[0].value = body
+    batch[1].value = b'{"qty": 2}'
+    proc.feed(batch)
+    await settle()
+    assert tasks == [Item(2)]
+    ((topic, _, _, sent_headers),) = sender.sent
+    assert topic == "tasks-dlq"
+    assert dict(sent_headers)["dt_dlq_error_type"] == b"DecodeError:body"
+    assert reason in dict(sent_headers)["dt_dlq_error_message"]
+    assert proc.committable() == 2
+
+
+async def test_a_custom_decode_that_fails_is_called_once() -> None:
+    """A serializer's decode other than msgspec's runs once per record, also when it
+    raises (its failure is not retried)."""
+    calls: list[bytes] = []
+
+    def decode(data: bytes) -> bytes:
+        calls.append(data)
+        raise DecodeError("body", "never")
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise AssertionError("not run")
+
+    proc = make(process, decode=decode, sender=FakeSender())
+    proc.feed(records([b"a"]))
+    await settle()
+    assert calls == [b"v"]
 
 
 async def test_failed_send_keeps_task_pending_until_it_succeeds() -> None:
