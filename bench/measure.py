@@ -237,7 +237,16 @@ class Harness:
                     raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
                 p99 = latency.get("p99_ms")
                 ok = p99 is not None and p99 < p99_bound_ms
-                rungs.append({"rate": round(rate), "p99_under_bound": ok, **latency})
+                # The pace achieved: a producer that cannot keep up sends less than asked.
+                achieved = min(rate, sent["produced_per_s"])
+                rungs.append(
+                    {
+                        "rate": round(achieved),
+                        "requested_rate": round(rate),
+                        "p99_under_bound": ok,
+                        **latency,
+                    }
+                )
                 failures = 0 if ok else failures + 1
                 if failures >= 2 and rate >= always_up_to:
                     break

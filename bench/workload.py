@@ -375,6 +375,9 @@ def pace_with_librdkafka(
     client, which leaves the cores to the contender and the broker. ``linger.ms`` is 1:
     a record waits at most a millisecond for its batch.
 
+    A full producer queue (a pace above what the producer can send on this machine)
+    blocks the pacing until it drains: ``produced_per_s`` is the pace achieved.
+
     Args:
         seq: the next sequence number per key, carried across calls.
         seed: random keys; the same seed gives every contender the same keys.
@@ -412,27 +415,42 @@ def pace_with_librdkafka(
 
     started = time.perf_counter()
     produced = 0
-    while True:
-        elapsed = time.perf_counter() - started
-        if elapsed >= duration_s or (stop is not None and stop.is_set()):
-            break
-        due = int(elapsed * rate) - produced
-        for _ in range(due):
-            k = rng.randrange(keys)
-            s = seq[k]
-            seq[k] = s + 1
+
+    def over() -> bool:
+        ended = time.perf_counter() - started >= duration_s
+        return ended or (stop is not None and stop.is_set())
+
+    def send(k: int) -> bool:
+        # Queue the next task of key k; False when the run ended while the queue was full.
+        value = _encode(Task(k, seq[k], sleep_ms))
+        while True:
             now = time.time_ns()
-            producer.produce(
-                topic,
-                _encode(Task(k, s, sleep_ms)),
-                b"%d" % k,
-                partition=k % partitions,
-                headers=headers,
-                on_delivery=lambda err, msg, now=now: delivered(now, err, msg),
-            )
-        produced += max(due, 0)
+            try:
+                producer.produce(
+                    topic,
+                    value,
+                    b"%d" % k,
+                    partition=k % partitions,
+                    headers=headers,
+                    on_delivery=lambda err, msg, now=now: delivered(now, err, msg),
+                )
+            except BufferError:  # its queue is full: the pace is above what it sends
+                producer.poll(0.001)
+                if over():
+                    return False
+                continue
+            seq[k] += 1
+            return True
+
+    while not over():
+        due = int((time.perf_counter() - started) * rate) - produced
+        for _ in range(due):
+            if not send(rng.randrange(keys)):
+                break
+            produced += 1
         producer.poll(0)
         time.sleep(0.0005)
+    elapsed = time.perf_counter() - started
     producer.flush(30)
     return {
         "partition": np.asarray(parts, dtype=np.int64),
@@ -440,4 +458,5 @@ def pace_with_librdkafka(
         "sent_ns": np.asarray(sent_at, dtype=np.int64),
         "failed": failed,
         "produced": produced,
+        "produced_per_s": produced / elapsed if elapsed > 0 else 0.0,
     }
