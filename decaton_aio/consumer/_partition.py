@@ -32,16 +32,15 @@ import asyncio
 import contextlib
 import enum
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
 
 from decaton_aio.consumer._ratelimit import TokenBucket
-from decaton_aio.consumer._records import QueuedRecord, new_queued, queued
+from decaton_aio.consumer._records import queued
 from decaton_aio.consumer._watermark import WatermarkTracker
-from decaton_aio.metadata import METADATA_HEADER
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
 
@@ -308,19 +307,7 @@ class PartitionProcessor:
                     continue
                 lanes[key] = None
             if ready or bucket is not None or self._in_flight >= self._limit:
-                # It waits, in compact form: queued() inlined for a fetched record.
-                headers = record.headers
-                packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
-                if len(headers) == 1:
-                    name, value = headers[0]
-                    if name == METADATA_HEADER and type(value) is bytes:
-                        packed = value
-                ready.append(
-                    new_queued(
-                        QueuedRecord,
-                        (record.offset, record.timestamp, key, record.value, packed),
-                    )
-                )
+                ready.append(queued(record, key))  # waits: compact form
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1

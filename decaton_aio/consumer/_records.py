@@ -72,8 +72,6 @@ def queued(record: Record, key: bytes | None) -> QueuedRecord:
         record: the fetched record.
         key: its key (equal to ``record.key``): pass the key object of the records already
             waiting for the same key, so they all share one.
-    The feed of :class:`~decaton_aio.consumer._partition.PartitionProcessor` inlines this
-    for the ready queue (one call less per record): keep the two alike.
     """
     if type(record) is QueuedRecord:
         return record
