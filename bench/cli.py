@@ -41,9 +41,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--from-log",
         type=Path,
+        nargs="+",
         metavar="LOG",
         help="run nothing: write the report from the standard output of a run (one that "
-        "was stopped too) into --out",
+        "was stopped too) into --out; of several runs, a later one's rows replace an "
+        "earlier one's of the same scenario and contender",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
     parser.add_argument("--seed", type=int, help="the random order of runs (default: the time)")
@@ -60,6 +62,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="run CONTENDER with this setting only instead of its sweep, e.g. "
         "ours.concurrency=500 (repeatable)",
     )
+    parser.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="CONTENDER=TASKS_PER_S",
+        help="the S1 capacity the ladder paces CONTENDER at when S1 is not in the run, "
+        "e.g. --only L --capacity ours=60000 (repeatable)",
+    )
     args = parser.parse_args(argv)
     for item in args.set:
         name, _, raw = item.partition("=")
@@ -71,6 +81,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         value = json.loads(raw) if raw[0] in "-0123456789[{tfn" else raw
         fixed = args.__dict__.setdefault("fixed", {}).setdefault(who, {})
         fixed[option] = value
+    args.capacities = {}
+    for item in args.capacity:
+        who, _, raw = item.partition("=")
+        if who not in SWEEPS:
+            parser.error(f"--capacity: unknown contender {who!r}")
+        try:
+            args.capacities[who] = float(raw)
+        except ValueError:
+            parser.error(f"--capacity wants CONTENDER=TASKS_PER_S, got {item!r}")
+        if args.capacities[who] <= 0:
+            parser.error(f"--capacity wants a positive rate, got {item!r}")
     args.broker = [b.strip() for b in args.broker.split(",") if b.strip()]
     unknown = [b for b in args.broker if b not in FLAVORS]
     if unknown or not args.broker:

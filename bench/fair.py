@@ -231,7 +231,13 @@ class FairRun:
                 )
             except Exception as exc:
                 self.record(
-                    self._line(scn, contender, event="error", error=f"{type(exc).__name__}: {exc}")
+                    self._line(
+                        scn,
+                        contender,
+                        event="error",
+                        phase="ladder",
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
                 )
                 continue
             for rung, share in zip(rungs, LADDER, strict=False):
@@ -242,6 +248,7 @@ class FairRun:
                     scn,
                     contender,
                     event="latency",
+                    phase="ladder",
                     setting=self.setting("S1", contender),
                     capacity=capacity,
                     rungs=rungs,

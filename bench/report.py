@@ -253,6 +253,21 @@ def _setting(r: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in s.items()) if s else "defaults"
 
 
+def _parts(parts: list[dict[str, Any]] | None) -> list[str]:
+    # The runs a report was assembled from (python -m bench --from-log A B ...).
+    if not parts:
+        return []
+    described = "; ".join(
+        f"{p['log']} (tree {p['commit']}): {', '.join(p['scenarios'])}" for p in parts
+    )
+    return [
+        f"Assembled from {len(parts)} runs, a later one's rows replacing an earlier one's "
+        f"of the same scenario and contender: {described}. The machine facts are the "
+        "first run's.",
+        "",
+    ]
+
+
 def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> str:
     """The results as Markdown: machine, sweeps, one table per scenario, latency, targets."""
     results: list[dict[str, Any]] = document["results"]
@@ -267,6 +282,7 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
         f"tree {m['git'].get('commit')} "
         f"({m['git'].get('dirty_files', '?')} files changed).",
         "",
+        *_parts(m.get("parts")),
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v) + ".",
         "",
         f"Windows: warm-up {sizes.get('warmup_s')} s, window {sizes.get('window_s')} s, "
@@ -349,7 +365,8 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
                 )
             lines.append("")
         lat = _results(rows_all, "S1", "latency")
-        if lat:
+        failed = [r for r in _results(rows_all, "S1", "error") if r.get("phase") == "ladder"]
+        if lat or failed:
             lines += [
                 f"## Latency, paced ({flavor}): produce-to-done",
                 "",
@@ -379,6 +396,7 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
                     f"{_fmt(split.get('wait_p99_ms'), 1)} / {_fmt(split.get('run_p99_ms'), 1)} | "
                     f"{_fmt(r['best_rate_p99_under_bound'])} |"
                 )
+            lines += [f"| {r['contender']} | not run: {r['error'][:120]} |||||" for r in failed]
             lines.append("")
         if flavor != primary:
             continue

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
-from bench.scenarios import S6_QUOTA, Scenario, Sizes
+from bench.scenarios import S6_QUOTA, Scenario, Sizes, plan
 from bench.workload import Spec, make_tasks, produce_paced, produce_tasks, security_of
 
 __all__ = ["REPO", "RESULTS", "SECURED", "Run", "emit_line", "say"]
@@ -189,6 +189,7 @@ class Run:
             client_properties=self.client_properties,
         )
         fair = FairRun(harness, admin, self.sizes, self.record, say, seed)
+        fair.capacity.update(self.args.capacities)  # S1's repeats measure their own
         try:
             s1 = by_name.get("S1")
             if s1 is not None:
@@ -198,11 +199,12 @@ class Run:
                 say("S1: repeats at each contender's best setting")
                 await fair.repeats(s1, contenders)
             # The ladder right after S1, whose capacities it paces at.
-            if "L" in by_name and s1 is not None:
+            if "L" in by_name and (s1 is not None or fair.capacity):
                 say(f"L: {by_name['L'].title}")
-                await fair.ladder(s1, self._wanted(by_name["L"]))
+                shape = s1 or next(s for s in plan(self.sizes.quick)[1] if s.name == "S1")
+                await fair.ladder(shape, self._wanted(by_name["L"]))
             elif "L" in by_name:
-                say("L needs S1 (each contender's capacity): skipped")
+                say("L needs S1 or --capacity (each contender's capacity): skipped")
             for name in ("S3", "S2"):
                 if name in by_name:
                     scn = by_name[name]
@@ -469,16 +471,69 @@ def write_report(
     say(f"results: {base}.json, {base}.md" + (f", {chart}" if chart else ""))
 
 
-def report_from_log(log: Path, out: Path) -> None:
-    """Write the report of a run from the JSON lines it printed, one that was stopped
-    before its end included: its tables hold what was measured, its targets are judged
-    on that, and the report says it is unfinished.
+def report_from_log(logs: list[Path], out: Path) -> None:
+    """Write the report of one or more runs from the JSON lines they printed, runs that
+    were stopped included: its tables hold what was measured, its targets are judged on
+    that, and the report says when a run is unfinished.
+
+    Of several runs (of one mode), a later run's rows replace an earlier run's rows of the
+    same scenario, contender, phase and broker: a rerun of one part of a run (``--only
+    S2``, ``--only L --capacity ...``) completes or replaces that part. The report names
+    every run with its tree and the scenarios it gave.
 
     Raises:
-        ValueError: when the log has no ``machine`` line (not the output of a run).
+        ValueError: when a log has no ``machine`` line (not the output of a run) or the
+            runs are of different modes.
     """
     machine: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    stopped: list[str] = []
+    for log in logs:
+        its_machine, rows, finished = _read_log(log)
+        if machine is None:
+            machine = its_machine
+        elif (its_machine["mode"], "secured" in its_machine) != (
+            machine["mode"],
+            "secured" in machine,
+        ):
+            raise ValueError(
+                f"{log} is a {its_machine['mode']} run, {logs[0]} a {machine['mode']} one"
+            )
+        replaced = {_part_key(r) for r in rows}
+        results = [r for r in results if _part_key(r) not in replaced] + rows
+        parts.append(
+            {
+                "log": log.name,
+                "commit": its_machine.get("git", {}).get("commit"),
+                "scenarios": list(
+                    dict.fromkeys(
+                        "L" if _part_key(r)[2] == "ladder" else str(r.get("scenario")) for r in rows
+                    )
+                ),
+            }
+        )
+        if not finished:
+            stopped.append(log.name)
+    assert machine is not None  # logs is not empty
+    facts = {k: v for k, v in machine.items() if k not in ("event", "mode", "sizes", "secured")}
+    if len(parts) > 1:
+        facts["parts"] = parts
+    write_report(
+        out,
+        machine["mode"],
+        "secured" in machine,
+        facts,
+        machine["sizes"],
+        results,
+        f"stopped; report written from {', '.join(stopped)}" if stopped else None,
+    )
+
+
+def _read_log(log: Path) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+    # A run's machine line, its result rows, and whether it ended (judged its targets).
+    machine: dict[str, Any] | None = None
+    rows: list[dict[str, Any]] = []
     finished = False
     for line in log.read_text(errors="replace").splitlines():
         if not line.startswith("{"):
@@ -493,19 +548,25 @@ def report_from_log(log: Path, out: Path) -> None:
         elif event == "target":
             finished = True
         elif event != "order":
-            results.append(row)
+            rows.append(row)
     if machine is None:
         raise ValueError(f"{log} has no 'machine' line: give the standard output of a run")
-    facts = {k: v for k, v in machine.items() if k not in ("event", "mode", "sizes", "secured")}
-    write_report(
-        out,
-        machine["mode"],
-        "secured" in machine,
-        facts,
-        machine["sizes"],
-        results,
-        None if finished else f"the run was stopped; report written from {log.name}",
-    )
+    # Older runs wrote a failed ladder without its phase: an S1 error of a contender that
+    # has an S1 result is its ladder's.
+    measured = {r.get("contender") for r in rows if r.get("event") == "result"}
+    for row in rows:
+        failed = (row.get("scenario"), row.get("event"), row.get("phase")) == ("S1", "error", None)
+        if failed and row.get("contender") in measured:
+            row["phase"] = "ladder"
+    return machine, rows, finished
+
+
+def _part_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    # What a later run's rows replace: a contender's runs of a scenario (sweep, repeats,
+    # result, errors), or its latency ladder, on one broker.
+    ladder = row.get("event") == "latency" or row.get("phase") == "ladder"
+    part = "ladder" if ladder else "runs"
+    return (row.get("scenario"), row.get("contender"), part, row.get("broker"))
 
 
 def _open_log(path: Path) -> BinaryIO:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,10 +86,9 @@ def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished
     assert (out["wait_p99_ms"], out["run_p99_ms"]) == (2.0, 3.0)
 
 
-def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> None:
-    """The lines a run printed before it was stopped (the last one cut short) give a
-    report of what was measured, marked unfinished; a log that is no run is refused."""
-    machine = {
+def _machine_line(commit: str = "abc1234") -> dict[str, Any]:
+    # A run's first line: its mode, sizes and machine facts.
+    return {
         "event": "machine",
         "mode": "full",
         "sizes": {"window_s": 20.0, "repeats": 5},
@@ -97,10 +97,14 @@ def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> Non
         "python": "3.11",
         "platform": "linux",
         "loadavg_at_start": [0.1, 0.1, 0.1],
-        "git": {"commit": "abc1234", "dirty_files": 0},
+        "git": {"commit": commit, "dirty_files": 0},
         "versions": {"decaton-aio": "0.1.0"},
     }
-    result = {
+
+
+def _result_line(**fields: Any) -> dict[str, Any]:
+    # A contender's S1 result, as a run prints it.
+    return {
         "event": "result",
         "scenario": "S1",
         "contender": "ours",
@@ -128,12 +132,20 @@ def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> Non
         "window_s": 20.0,
         "measured_tasks": 824680,
         "gc_policy": [50000, 20, 100],
+        **fields,
     }
+
+
+def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> None:
+    """The lines a run printed before it was stopped (the last one cut short) give a
+    report of what was measured, marked unfinished; a log that is no run is refused."""
+    machine = _machine_line()
+    result = _result_line()
     log = tmp_path / "run.log"
     lines = [json.dumps(machine), "# S1: sweep", json.dumps(result), '{"event": "res']
     log.write_text("\n".join(lines))
 
-    report_from_log(log, tmp_path)
+    report_from_log([log], tmp_path)
 
     text = (tmp_path / "full.md").read_text()
     assert "Unfinished run" in text
@@ -143,7 +155,74 @@ def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> Non
 
     (tmp_path / "other.log").write_text(json.dumps(result))
     with pytest.raises(ValueError, match="no 'machine' line"):
-        report_from_log(tmp_path / "other.log", tmp_path)
+        report_from_log([tmp_path / "other.log"], tmp_path)
+
+
+def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
+    tmp_path: Path,
+) -> None:
+    """Logs of several runs give one report: a later run's rows replace an earlier run's
+    rows of the same contender and scenario, the rest stay; a ladder that failed (written
+    without its phase by older runs) is replaced by the later ladder and never shows in the
+    S1 table; runs of another mode are refused."""
+    first = tmp_path / "first.log"
+    ladder_error = _result_line(contender="fast", event="error", error="BufferError: full")
+    first.write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in (
+                _machine_line("aaaaaaa"),
+                _result_line(),
+                _result_line(contender="fast", tasks_per_s=90000.0, tasks_per_s_max=90000.0),
+                ladder_error,
+                {"event": "target", "target": "t"},
+            )
+        )
+    )
+    rung = {"share_of_capacity": 0.5, "p50_ms": 11.0, "p99_ms": 20.0, "rate": 45000.0}
+    latency = _result_line(
+        contender="fast",
+        event="latency",
+        phase="ladder",
+        capacity=90000.0,
+        rungs=[rung],
+        best_rate_p99_under_bound=45000.0,
+    )
+    second = tmp_path / "second.log"
+    second.write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in (
+                _machine_line("bbbbbbb"),
+                latency,
+                _result_line(scenario="S2", tasks_per_s=100000.0, tasks_per_s_max=100000.0),
+                _result_line(tasks_per_s=50505.0, tasks_per_s_max=50505.0),
+                {"event": "target", "target": "t"},
+            )
+        )
+    )
+
+    report_from_log([first, second], tmp_path)
+
+    document = json.loads((tmp_path / "full.json").read_text())
+    kept = [(r["scenario"], r["contender"], r["event"]) for r in document["results"]]
+    assert kept == [
+        ("S1", "fast", "result"),
+        ("S1", "fast", "latency"),
+        ("S2", "ours", "result"),
+        ("S1", "ours", "result"),
+    ]
+    assert "unfinished" not in document
+    text = (tmp_path / "full.md").read_text()
+    assert "50,505" in text  # the later S1 of ours
+    assert "41,234" not in text
+    assert "BufferError" not in text  # the failed ladder, replaced
+    assert "45,000" in text
+    assert "first.log (tree aaaaaaa): S1, L; second.log (tree bbbbbbb): L, S2, S1" in text
+
+    (tmp_path / "quick.log").write_text(json.dumps({**_machine_line(), "mode": "quick"}))
+    with pytest.raises(ValueError, match="quick run"):
+        report_from_log([first, tmp_path / "quick.log"], tmp_path)
 
 
 @pytest.mark.timeout(300)
@@ -201,3 +280,19 @@ async def test_secured_harness_runs_ours_and_paces_over_sasl_ssl(
         assert len(sent["offset"]) == sent["produced"] > 0
     finally:
         await admin.close()
+
+
+def test_capacity_gives_the_ladder_its_pace_and_a_bad_one_exits_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--capacity`` names a contender's S1 rate for a ladder run without S1; an
+    unknown contender or a rate that is no positive number ends the command."""
+    from bench.cli import _parse
+
+    args = _parse(["--only", "L", "--capacity", "ours=60000", "--capacity", "gather=1e4"])
+    assert args.capacities == {"ours": 60000.0, "gather": 10000.0}
+    for bad in ("nobody=5", "ours=fast", "ours=0"):
+        with pytest.raises(SystemExit) as ended:
+            _parse(["--capacity", bad])
+        assert ended.value.code == 2
+        assert "--capacity" in capsys.readouterr().err
