@@ -44,8 +44,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         nargs="+",
         metavar="LOG",
         help="run nothing: write the report from the standard output of a run (one that "
-        "was stopped too) into --out; of several runs, a later one's rows replace an "
-        "earlier one's of the same scenario and contender",
+        "was stopped too) into --out; of several runs, a contender's scenario a later "
+        "run finished replaces an earlier run's rows of it",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
     parser.add_argument("--seed", type=int, help="the random order of runs (default: the time)")
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.from_log is not None:
         try:
+            args.out.mkdir(parents=True, exist_ok=True)
             report_from_log(args.from_log, args.out)
         except (OSError, ValueError) as exc:
             print(f"python -m bench: {exc}", file=sys.stderr)

@@ -261,9 +261,9 @@ def _parts(parts: list[dict[str, Any]] | None) -> list[str]:
         f"{p['log']} (tree {p['commit']}): {', '.join(p['scenarios'])}" for p in parts
     )
     return [
-        f"Assembled from {len(parts)} runs, a later one's rows replacing an earlier one's "
-        f"of the same scenario and contender: {described}. The machine facts are the "
-        "first run's.",
+        f"Assembled from {len(parts)} runs, a contender's scenario that a later run "
+        f"finished replacing an earlier run's rows of it: {described}. The machine facts "
+        "are the first run's.",
         "",
     ]
 

@@ -476,10 +476,11 @@ def report_from_log(logs: list[Path], out: Path) -> None:
     were stopped included: its tables hold what was measured, its targets are judged on
     that, and the report says when a run is unfinished.
 
-    Of several runs (of one mode), a later run's rows replace an earlier run's rows of the
-    same scenario, contender, phase and broker: a rerun of one part of a run (``--only
-    S2``, ``--only L --capacity ...``) completes or replaces that part. The report names
-    every run with its tree and the scenarios it gave.
+    Of several runs (of one mode), a later run that finished a part (a contender's runs of
+    a scenario on a broker, or its ladder) replaces an earlier run's rows of that part; a
+    part the later run left unfinished stays as the earlier run had it. So a rerun of one
+    part of a run (``--only S2``, ``--only L --capacity ...``) completes or replaces that
+    part. The report names every run with its tree and the scenarios it gave.
 
     Raises:
         ValueError: when a log has no ``machine`` line (not the output of a run) or the
@@ -500,8 +501,11 @@ def report_from_log(logs: list[Path], out: Path) -> None:
             raise ValueError(
                 f"{log} is a {its_machine['mode']} run, {logs[0]} a {machine['mode']} one"
             )
-        replaced = {_part_key(r) for r in rows}
-        results = [r for r in results if _part_key(r) not in replaced] + rows
+        finished_parts = {_part_key(r) for r in rows if _finishes_part(r)}
+        earlier = {_part_key(r) for r in results}
+        results = [r for r in results if _part_key(r) not in finished_parts] + [
+            r for r in rows if _part_key(r) in finished_parts or _part_key(r) not in earlier
+        ]
         parts.append(
             {
                 "log": log.name,
@@ -559,6 +563,14 @@ def _read_log(log: Path) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
         if failed and row.get("contender") in measured:
             row["phase"] = "ladder"
     return machine, rows, finished
+
+
+def _finishes_part(row: dict[str, Any]) -> bool:
+    # A part's last row: its result, its ladder, or why it has none (not its sweep's rows).
+    event = row.get("event")
+    if event == "error":
+        return row.get("phase") in (None, "ladder")
+    return event in ("result", "latency", "unavailable")
 
 
 def _part_key(row: dict[str, Any]) -> tuple[Any, ...]:

@@ -161,10 +161,11 @@ def test_a_stopped_run_still_gets_its_report_from_its_log(tmp_path: Path) -> Non
 def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
     tmp_path: Path,
 ) -> None:
-    """Logs of several runs give one report: a later run's rows replace an earlier run's
-    rows of the same contender and scenario, the rest stay; a ladder that failed (written
-    without its phase by older runs) is replaced by the later ladder and never shows in the
-    S1 table; runs of another mode are refused."""
+    """Logs of several runs give one report: a later run that finished a contender's
+    scenario replaces the earlier run's rows of it, a part it left unfinished does not,
+    the rest stay; a ladder that failed (written without its phase by older runs) is
+    replaced by the later ladder and never shows in the S1 table; runs of another mode are
+    refused."""
     first = tmp_path / "first.log"
     ladder_error = _result_line(contender="fast", event="error", error="BufferError: full")
     first.write_text(
@@ -197,7 +198,9 @@ def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
                 latency,
                 _result_line(scenario="S2", tasks_per_s=100000.0, tasks_per_s_max=100000.0),
                 _result_line(tasks_per_s=50505.0, tasks_per_s_max=50505.0),
-                {"event": "target", "target": "t"},
+                # stopped in a sweep: the earlier run's S1 of "fast" stays, S3 is new
+                _result_line(contender="fast", event="run", phase="sweep", tasks_per_s=7.0),
+                _result_line(scenario="S3", event="run", phase="sweep", tasks_per_s=7.0),
             )
         )
     )
@@ -211,8 +214,9 @@ def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
         ("S1", "fast", "latency"),
         ("S2", "ours", "result"),
         ("S1", "ours", "result"),
+        ("S3", "ours", "run"),
     ]
-    assert "unfinished" not in document
+    assert document["unfinished"] == "stopped; report written from second.log"
     text = (tmp_path / "full.md").read_text()
     assert "50,505" in text  # the later S1 of ours
     assert "41,234" not in text
