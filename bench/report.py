@@ -258,7 +258,8 @@ def _parts(parts: list[dict[str, Any]] | None) -> list[str]:
     if not parts:
         return []
     described = "; ".join(
-        f"{p['log']} (tree {p['commit']}): {', '.join(p['scenarios'])}" for p in parts
+        f"{p['log']} (tree {p['commit']}): {', '.join(p['scenarios']) or 'nothing kept'}"
+        for p in parts
     )
     return [
         f"Assembled from {len(parts)} runs, a contender's scenario that a later run "

@@ -222,7 +222,7 @@ def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
     assert "41,234" not in text
     assert "BufferError" not in text  # the failed ladder, replaced
     assert "45,000" in text
-    assert "first.log (tree aaaaaaa): S1, L; second.log (tree bbbbbbb): L, S2, S1" in text
+    assert "first.log (tree aaaaaaa): S1; second.log (tree bbbbbbb): L, S2, S1, S3" in text
 
     (tmp_path / "quick.log").write_text(json.dumps({**_machine_line(), "mode": "quick"}))
     with pytest.raises(ValueError, match="quick run"):
