@@ -338,18 +338,23 @@ async def test_a_deleted_and_recreated_topic_is_processed_from_its_start(
     try:
         # A recreated topic is noticed at the next metadata refresh: 1 s here.
         async with kafka_broker.subscription(app, group, metadata_max_age_ms=1000) as sub:
+
+            async def committed_to(end: int, what: str) -> None:
+                # Until the group's commit is the topic's end, checked on the broker.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 30
+                while [
+                    (p.committed, p.lag)
+                    for p in await group_positions(kafka_broker.bootstrap_servers, group, topic)
+                ] != [(end, 0)]:
+                    assert loop.time() < deadline, what
+                    await asyncio.sleep(0.1)
+
             await wait_until(lambda: len(seen) == 30, what="the first topic's tasks")
             # Deleted once the group committed the first topic's end: the revoke then has
             # nothing to commit on the deleted topic (a commit the client retries there
             # delayed the rejoin, whose assignment could still name the deleted topic).
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 30
-            while [
-                p.committed
-                for p in await group_positions(kafka_broker.bootstrap_servers, group, topic)
-            ] != [30]:
-                assert loop.time() < deadline, "the first topic's commit did not come"
-                await asyncio.sleep(0.1)
+            await committed_to(30, "the first topic's commit did not come")
             await admin.close()  # deletes the topic
             admin = TopicAdmin(kafka_broker.bootstrap_servers)
             await wait_until(lambda: not sub.partitions, timeout_s=30, what="the revoke")
@@ -359,14 +364,6 @@ async def test_a_deleted_and_recreated_topic_is_processed_from_its_start(
             for i, task in enumerate(fresh):
                 await producer.put(f"k{i % 3}", task)
             await wait_until(lambda: set(fresh) <= set(seen), timeout_s=60, what="new tasks")
-
-            async def at_end() -> bool:
-                found = await group_positions(kafka_broker.bootstrap_servers, group, topic)
-                return [(p.committed, p.lag) for p in found] == [(10, 0)]
-
-            deadline = loop.time() + 30
-            while not await at_end():
-                assert loop.time() < deadline, "the commits did not reach the new end"
-                await asyncio.sleep(0.2)
+            await committed_to(10, "the commits did not reach the new end")
     finally:
         await admin.close()
