@@ -488,8 +488,7 @@ def report_from_log(logs: list[Path], out: Path) -> None:
     """
     machine: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-    given: list[list[dict[str, Any]]] = []  # each run's rows
+    given: list[tuple[Path, str | None, list[dict[str, Any]]]] = []  # each run's rows
     stopped: list[str] = []
     for log in logs:
         its_machine, rows, finished = _read_log(log)
@@ -507,20 +506,25 @@ def report_from_log(logs: list[Path], out: Path) -> None:
         results = [r for r in results if _part_key(r) not in finished_parts] + [
             r for r in rows if _part_key(r) in finished_parts or _part_key(r) not in earlier
         ]
-        parts.append({"log": log.name, "commit": its_machine.get("git", {}).get("commit")})
-        given.append(rows)
+        given.append((log, its_machine.get("git", {}).get("commit"), rows))
         if not finished:
             stopped.append(log.name)
     kept = {id(r) for r in results}
-    for part, rows in zip(parts, given, strict=True):
-        # What each run gave the report: the scenarios of its rows that were not replaced.
-        part["scenarios"] = list(
-            dict.fromkeys(
-                "L" if _part_key(r)[2] == "ladder" else str(r.get("scenario"))
-                for r in rows
-                if id(r) in kept
-            )
-        )
+    # What each run gave the report: the scenarios of its rows that were not replaced.
+    parts = [
+        {
+            "log": log.name,
+            "commit": commit,
+            "scenarios": list(
+                dict.fromkeys(
+                    "L" if _part_key(r)[2] == "ladder" else str(r.get("scenario"))
+                    for r in rows
+                    if id(r) in kept
+                )
+            ),
+        }
+        for log, commit, rows in given
+    ]
     assert machine is not None  # logs is not empty
     facts = {k: v for k, v in machine.items() if k not in ("event", "mode", "sizes", "secured")}
     if len(parts) > 1:
