@@ -49,6 +49,7 @@ def maven_into_cache(
     *,
     what: str,
     error: Callable[[str], Exception],
+    verify: Callable[[Path], None] | None = None,
 ) -> Path:
     """Fill ``cache`` by running Maven once, unless a finished copy is there already.
 
@@ -61,6 +62,8 @@ def maven_into_cache(
         arguments: Maven's arguments (goals, ``-D`` settings) given the staging directory.
         what: what is resolved or built, for the error message.
         error: builds the exception to raise from a message.
+        verify: called with the staging directory once Maven succeeded; what it raises
+            discards the staging directory and propagates.
 
     Returns:
         ``cache``.
@@ -90,6 +93,8 @@ def maven_into_cache(
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-_OUTPUT_TAIL_LINES:])
             raise error(f"Maven failed on {what} (exit {result.returncode}):\n{tail}")
+        if verify is not None:
+            verify(staging)
         (staging / COMPLETE_MARKER).write_text(what)
         if cache.exists():  # another process finished first, or a stale partial copy
             shutil.rmtree(cache, ignore_errors=True)
