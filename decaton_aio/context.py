@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import structlog
 from aiokafka import TopicPartition
@@ -21,6 +21,9 @@ from decaton_aio.metrics import PartitionStats
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
+if TYPE_CHECKING:
+    from decaton_aio.consumer._store import LocalStore
+
 __all__ = ["OutputRecord", "ProcessingContext", "TaskFunction", "TaskSource"]
 
 #: A processor: ``async def process(ctx, task)``.
@@ -29,10 +32,21 @@ TaskFunction = Callable[["ProcessingContext", Any], Coroutine[Any, Any, Any]]
 
 class TaskSource(Protocol):
     """What a context reads of the partition its task came from (the runtime's partition
-    processor)."""
+    processor, or a wrapper of it, which forwards all of this)."""
 
     tp: TopicPartition
     stats: PartitionStats
+
+    @property
+    def store(self) -> LocalStore | None:
+        """The local copy of the partition's state (``ctx.state``); ``None``: the
+        application has no state store."""
+        ...
+
+    @property
+    def store_type(self) -> Any:
+        """The type ``ctx.state.get`` decodes values as (``None``: plain values)."""
+        ...
 
 
 def _noop() -> None:
@@ -109,7 +123,8 @@ class ProcessingContext:
         """
         state = self._state
         if state is None:
-            store = getattr(self._partition, "store", None)
+            partition = self._partition
+            store = partition.store
             if store is None:
                 raise ConfigError(
                     "ctx.state needs a state store: pass Application(state=StateStoreConfig(...))"
@@ -117,7 +132,7 @@ class ProcessingContext:
             key = self.record.key
             if key is None:
                 raise ConfigError("ctx.state: the record has no key, so it has no state")
-            state = self._state = KeyState(store, key, getattr(self._partition, "store_type", None))
+            state = self._state = KeyState(store, key, partition.store_type)
         return state
 
     @property

@@ -25,21 +25,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from aiokafka import TopicPartition
-
-from decaton_aio.context import OutputRecord, ProcessingContext
-from decaton_aio.metrics import PartitionStats
+from decaton_aio.context import OutputRecord, ProcessingContext, TaskSource
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
 __all__ = ["OutputSink", "StateWriter", "TaskHost", "TaskRunner"]
 
 
-class TaskHost(Protocol):
-    """The partition, as the executor sees it."""
-
-    tp: TopicPartition
-    stats: PartitionStats
+class TaskHost(TaskSource, Protocol):
+    """The partition, as the executor sees it: what its tasks' contexts read
+    (:class:`~decaton_aio.context.TaskSource`: ``tp``, ``stats``, ``store``,
+    ``store_type``), and the calls that report their outcomes. A wrapper of a partition
+    (the traced executor's host) forwards all of it."""
 
     @property
     def outputs(self) -> OutputSink | None:

@@ -26,6 +26,7 @@ from opentelemetry.context import Context
 from decaton_aio._otel import extract_context, inject_context, messaging_attributes
 from decaton_aio.consumer._contract import OutputSink, TaskHost
 from decaton_aio.consumer._execution import TaskExecutor
+from decaton_aio.consumer._store import LocalStore
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import scheduled_time_of
 from decaton_aio.metrics import PartitionStats
@@ -55,6 +56,14 @@ class _TracedHost:
     @property
     def outputs(self) -> OutputSink | None:
         return self._partition.outputs
+
+    @property
+    def store(self) -> LocalStore | None:
+        return self._partition.store
+
+    @property
+    def store_type(self) -> Any:
+        return self._partition.store_type
 
     def end(self) -> None:
         span = self.span

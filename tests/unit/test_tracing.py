@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from aiokafka import TopicPartition
 from opentelemetry import trace
@@ -17,6 +18,7 @@ from decaton_aio.backoff import RetryPolicy
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._store import LocalStore
 from decaton_aio.consumer._tracing import TracedTaskExecutor
 from decaton_aio.context import ProcessingContext
 from decaton_aio.metrics import PartitionStats
@@ -122,6 +124,29 @@ async def test_a_record_without_trace_context_starts_a_new_trace(
     assert [s.attributes["messaging.kafka.offset"] for s in spans] == [0, 1]  # type: ignore[index]
     assert all(s.parent is None for s in spans)
     assert spans[0].context.trace_id != spans[1].context.trace_id
+
+
+async def test_a_traced_task_reads_its_partition_state(
+    tracing: Tracing, exporter: InMemorySpanExporter
+) -> None:
+    """The traced host forwards the partition's state store and value type: ctx.state reads
+    the key's value, decoded as the store's type."""
+    store = LocalStore(None)
+    store.replay(b"user-1", msgspec.msgpack.encode(41), 0)
+    seen: list[Any] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        seen.append(ctx.state.get())
+
+    proc = traced(process, tracing, FakeSender())
+    proc.store, proc.store_type = store, float
+    proc.feed([FakeRecord(0, b"user-1")])
+    assert proc.committable() == 1
+    assert seen == [41.0]
+    assert type(seen[0]) is float
+    (span,) = task_spans(exporter)
+    assert (span.attributes or {})[OUTCOME_ATTRIBUTE] == "ok"
+    store.close()
 
 
 async def test_a_deferred_task_span_ends_at_completion(
