@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.body import FACTS_ENV_VAR, GC_POLICY
 from bench.contenders import CONTENDERS
+from bench.loopstats import free_port, scrape, window_figures
 from bench.procs import cpu_delta, cpu_times, start_process, stop_process
 from bench.taskfacts import count_facts, load_facts, produce_to_done_ms
 from bench.workload import RunSpec, pace_with_librdkafka, security_of
@@ -48,8 +49,14 @@ def _truthy(value: Any) -> bool:
     return str(value).lower() in ("1", "true", "yes", "on")
 
 
-def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None = None) -> list[str]:
-    """The command that runs ``spec``'s contender."""
+def command_line(
+    spec: RunSpec,
+    python: str,
+    java: dict[str, list[str]] | None = None,
+    metrics_port: int | None = None,
+) -> list[str]:
+    """The command that runs ``spec``'s contender (ours serving its metrics on
+    ``metrics_port`` when given)."""
     who = CONTENDERS[spec.contender]
     if who.kind == "cli":
         options = dict(spec.options)
@@ -67,6 +74,8 @@ def command_line(spec: RunSpec, python: str, java: dict[str, list[str]] | None =
             argv += ["--client-properties", spec.client_properties]
         for name, value in options.items():
             argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
+        if metrics_port is not None:
+            argv += ["--metrics-port", str(metrics_port)]
         return argv
     if who.kind == "java":
         if not java or spec.contender not in java:
@@ -113,10 +122,12 @@ class Harness:
             client_properties=self.client_properties,
         )
 
-    async def _start(self, spec: RunSpec, tag: str) -> tuple[asyncio.subprocess.Process, Path]:
+    async def _start(
+        self, spec: RunSpec, tag: str, metrics_port: int | None = None
+    ) -> tuple[asyncio.subprocess.Process, Path]:
         log = self.workdir / f"{tag}.log"
         env = {**os.environ, FACTS_ENV_VAR: spec.facts_dir, "PYTHONPATH": str(REPO)}
-        argv = command_line(spec, self.python, self.java)
+        argv = command_line(spec, self.python, self.java, metrics_port)
         return await start_process(argv, env=env, cwd=REPO, log=log), log
 
     async def _first_task(self, proc: asyncio.subprocess.Process, facts: Path, log: Path) -> None:
@@ -207,7 +218,9 @@ class Harness:
         ``always_up_to`` have run."""
         spec = self._spec(contender, topic, partitions, options, tag)
         facts_dir = Path(spec.facts_dir)
-        proc, log = await self._start(spec, tag)
+        # Ours serves its metrics: the loop's lag, GC pauses and the wait split per rung.
+        port = free_port() if CONTENDERS[contender].kind == "cli" else None
+        proc, log = await self._start(spec, tag, port)
         seq = [0] * keys
         rungs: list[dict[str, Any]] = []
         try:
@@ -225,7 +238,14 @@ class Harness:
             for i, rate in enumerate(rates, start=2):
                 started = time.time_ns()
                 t0 = started + int(warmup_s * 1e9)
-                sent = await self._pace(topic, rate, warmup_s + window_s, keys, partitions, seq, i)
+                pacing = asyncio.create_task(
+                    self._pace(topic, rate, warmup_s + window_s, keys, partitions, seq, i)
+                )
+                opened = None
+                if port is not None:
+                    await asyncio.sleep(warmup_s)  # the window opens at a time, not an event
+                    opened = await scrape(port)
+                sent = await pacing
                 t1 = time.time_ns()
                 deadline = time.monotonic() + drain_s
                 while True:
@@ -237,6 +257,11 @@ class Harness:
                     raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
                 p99 = latency.get("p99_ms")
                 ok = p99 is not None and p99 < p99_bound_ms
+                runtime: dict[str, Any] = {}
+                if port is not None and opened is not None:
+                    closed = await scrape(port)
+                    if closed is not None:
+                        runtime = {"runtime": window_figures(opened, closed)}
                 # The pace achieved: a producer that cannot keep up sends less than asked.
                 achieved = min(rate, sent["produced_per_s"])
                 rungs.append(
@@ -245,6 +270,7 @@ class Harness:
                         "requested_rate": round(rate),
                         "p99_under_bound": ok,
                         **latency,
+                        **runtime,
                     }
                 )
                 failures = 0 if ok else failures + 1

@@ -18,13 +18,19 @@ from prometheus_client.utils import floatToGoString
 
 from decaton_aio.errors import ConfigError
 
-__all__ = ["DEFAULT_BUCKETS_S", "FastHistogram"]
+__all__ = ["DEFAULT_BUCKETS_S", "LOOP_BUCKETS_S", "FastHistogram"]
 
 DEFAULT_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
 """Histogram upper bounds in seconds: sub-millisecond processors up to minute-long retries."""
+
+LOOP_BUCKETS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+)  # fmt: skip
+"""Upper bounds for how long the event loop is held (loop lag, GC pauses, the runtime's own
+steps): fine below 10 ms, where a healthy loop lives."""
 
 
 class FastHistogram:
@@ -53,8 +59,14 @@ class FastHistogram:
 
     def __init__(self, bounds: tuple[float, ...] = DEFAULT_BUCKETS_S) -> None:
         # The default is known good; skipping its check keeps scrape-time copies cheap.
-        if bounds is not DEFAULT_BUCKETS_S and not (
-            bounds and all(map(math.isfinite, bounds)) and all(a < b for a, b in pairwise(bounds))
+        if (
+            bounds is not DEFAULT_BUCKETS_S
+            and bounds is not LOOP_BUCKETS_S
+            and not (
+                bounds
+                and all(map(math.isfinite, bounds))
+                and all(a < b for a, b in pairwise(bounds))
+            )
         ):
             raise ConfigError(f"histogram bounds must be finite and strictly increasing: {bounds}")
         self.bounds = bounds

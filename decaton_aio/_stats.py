@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from decaton_aio._histogram import FastHistogram
+from decaton_aio._histogram import LOOP_BUCKETS_S, FastHistogram
 
 __all__ = ["PartitionStats", "SubscriptionStats"]
 
@@ -24,7 +24,7 @@ _SUMMED = (
 )  # fmt: skip
 _HISTOGRAMS = (
     "process_duration", "completion_duration", "done_at_once", "delivery_latency",
-    "scheduling_delay",
+    "scheduling_delay", "lane_wait", "slot_wait",
 )  # fmt: skip
 
 
@@ -48,8 +48,11 @@ class PartitionStats:
     on the hot path), ``process_duration`` and ``completion_duration`` (the same two
     durations of the other tasks: deferred, retried, dead-lettered; the completion is
     longer), read together through :meth:`process_total` and :meth:`completion_total`;
-    ``delivery_latency`` (record timestamp to processing start) and ``scheduling_delay``
-    (seconds a scheduled task waited for its time).
+    ``delivery_latency`` (record timestamp to processing start), ``scheduling_delay``
+    (seconds a scheduled task waited for its time), ``lane_wait`` (seconds a record waited
+    behind an earlier record of its key) and ``slot_wait`` (seconds a ready record waited
+    for a concurrency slot or a rate token); a record started as soon as it was fed waits
+    in neither and is not observed there.
 
     Caller: the event loop that owns the partition (writes); the scrape thread (reads).
 
@@ -88,6 +91,8 @@ class PartitionStats:
         self.done_at_once = FastHistogram()
         self.delivery_latency = FastHistogram()
         self.scheduling_delay = FastHistogram()
+        self.lane_wait = FastHistogram()
+        self.slot_wait = FastHistogram()
 
     # Declared for type checkers; set in __init__ from _SUMMED.
     processed: int
@@ -205,11 +210,45 @@ class SubscriptionStats:
         state: the subscription's state (``SubscriptionState`` value), set on transitions.
         states: every state the subscription can be in (one gauge series each).
         fetch_latency: seconds each fetch call took to return records or time out.
+        loop_lag: seconds a timer due every 10 ms fired late (how long the event loop was
+            held by anything: the runtime, processors, the garbage collector).
+        gc_pause: seconds each collection of the cyclic garbage collector took.
+        step_duration: seconds the runtime held the event loop in one step of its own (a
+            share of a fetch batch handed to its partitions, their first tasks started).
+        longest_step_s: the longest of those steps so far.
+        fetch_wait: seconds from a record's timestamp to the fetch that returned it (one
+            record sampled per step: the first, the oldest of its step).
+        feed_wait: seconds from the fetch to the step that fed the records (one
+            observation per step).
     """
 
-    __slots__ = ("fetch_latency", "state", "states")
+    __slots__ = (
+        "feed_wait", "fetch_latency", "fetch_wait", "gc_pause", "longest_step_s", "loop_lag",
+        "state", "states", "step_duration",
+    )  # fmt: skip
 
     def __init__(self, states: tuple[str, ...]) -> None:
         self.states = states
         self.state = states[0] if states else ""
         self.fetch_latency = FastHistogram()
+        self.loop_lag = FastHistogram(LOOP_BUCKETS_S)
+        self.gc_pause = FastHistogram(LOOP_BUCKETS_S)
+        self.step_duration = FastHistogram(LOOP_BUCKETS_S)
+        self.longest_step_s = 0.0
+        self.fetch_wait = FastHistogram()
+        self.feed_wait = FastHistogram()
+
+    def step(self, seconds: float) -> None:
+        """Observe one step of the runtime's own work of ``seconds``."""
+        self.step_duration.observe(seconds)
+        if seconds > self.longest_step_s:
+            self.longest_step_s = seconds
+
+    def fold(self) -> None:
+        """Sort the histograms' queued observations into buckets (once per commit
+        interval, so the queues stay short)."""
+        for histogram in (
+            self.fetch_latency, self.loop_lag, self.gc_pause, self.step_duration,
+            self.fetch_wait, self.feed_wait,
+        ):  # fmt: skip
+            histogram.fold()

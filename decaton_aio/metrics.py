@@ -123,6 +123,12 @@ _HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], .
      "task's produce time) to processing start.", lambda s: s.delivery_latency),
     ("decaton_task_scheduling_delay_seconds", "Seconds a scheduled task (dt_meta "
      "scheduled time) waited for its time once fetched.", lambda s: s.scheduling_delay),
+    ("decaton_task_lane_wait_seconds", "Seconds a record waited behind an earlier record "
+     "of its key (per-key order); records that did not wait are not counted.",
+     lambda s: s.lane_wait),
+    ("decaton_task_slot_wait_seconds", "Seconds a ready record waited for a concurrency "
+     "slot (decaton.partition.concurrency) or a rate token; records started as soon as "
+     "they were fed are not counted.", lambda s: s.slot_wait),
 )  # fmt: skip
 # Gauges of live partitions only; a value below 0 means unknown and the sample is left out.
 _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
@@ -141,11 +147,26 @@ _STATE = (
     "decaton_subscription_state",
     "1 for the state the subscription is in (label state), 0 for the others.",
 )
-_FETCH_LATENCY = (
-    "decaton_consumer_fetch_latency_seconds",
-    "Seconds each fetch call took to return records, or to time out (100 ms) when none "
-    "arrived; rebalance callbacks run inside it.",
-)
+# Per subscription: (name, help, read).
+_SubscriptionHistogram = tuple[str, str, Callable[[SubscriptionStats], FastHistogram]]
+_SUBSCRIPTION_HISTOGRAMS: tuple[_SubscriptionHistogram, ...] = (
+    ("decaton_consumer_fetch_latency_seconds", "Seconds each fetch call took to return "
+     "records, or to time out (100 ms) when none arrived; rebalance callbacks run inside it.",
+     lambda s: s.fetch_latency),
+    ("decaton_event_loop_lag_seconds", "Seconds a timer due every 10 ms fired late: how "
+     "long the event loop was held (by the runtime, processors or the garbage collector). "
+     "High lag with short process durations means an overloaded loop, not a slow processor.",
+     lambda s: s.loop_lag),
+    ("decaton_gc_pause_seconds", "Seconds each collection of Python's cyclic garbage "
+     "collector held the process.", lambda s: s.gc_pause),
+    ("decaton_runtime_step_duration_seconds", "Seconds the runtime held the event loop in "
+     "one step of its own (a share of a fetch batch handed to its partitions).",
+     lambda s: s.step_duration),
+    ("decaton_task_fetch_wait_seconds", "Seconds from a record's timestamp to the fetch that "
+     "returned it (the first record of each feed step, sampled).", lambda s: s.fetch_wait),
+    ("decaton_task_feed_wait_seconds", "Seconds fetched records waited for the feed step "
+     "that handed them to their partition.", lambda s: s.feed_wait),
+)  # fmt: skip
 
 
 class DecatonCollector:
@@ -198,7 +219,7 @@ class DecatonCollector:
             rows = self._snapshot()
             subscriptions = sorted(self._subscriptions())
         families = _Families.new()
-        counters, consumed, histograms, gauges, state, fetch_latency = families
+        counters, consumed, histograms, gauges, state, sub_histograms = families
         for labels, stats, live in rows:
             values = (labels.subscription, labels.topic, str(labels.partition))
             for counter, (_, _, read) in zip(counters, _COUNTERS, strict=True):
@@ -217,8 +238,11 @@ class DecatonCollector:
             now = sub.state
             for name in sub.states:
                 state.add_metric((subscription, name), 1.0 if name == now else 0.0)
-            latency = sub.fetch_latency
-            fetch_latency.add_metric((subscription,), latency.cumulative(), latency.sum)
+            for family, (_, _, read_sub) in zip(
+                sub_histograms, _SUBSCRIPTION_HISTOGRAMS, strict=True
+            ):
+                hist = read_sub(sub)
+                family.add_metric((subscription,), hist.cumulative(), hist.sum)
         yield from families.all()
 
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
@@ -239,7 +263,7 @@ class _Families(NamedTuple):
     histograms: list[HistogramMetricFamily]
     gauges: list[GaugeMetricFamily]
     state: GaugeMetricFamily
-    fetch_latency: HistogramMetricFamily
+    subscription_histograms: list[HistogramMetricFamily]
 
     @classmethod
     def new(cls) -> _Families:
@@ -250,7 +274,10 @@ class _Families(NamedTuple):
             [HistogramMetricFamily(n, doc, labels=labels) for n, doc, _ in _HISTOGRAMS],
             [GaugeMetricFamily(n, doc, labels=labels) for n, doc, _ in _GAUGES],
             GaugeMetricFamily(*_STATE, labels=("subscription", "state")),
-            HistogramMetricFamily(*_FETCH_LATENCY, labels=("subscription",)),
+            [
+                HistogramMetricFamily(n, doc, labels=("subscription",))
+                for n, doc, _ in _SUBSCRIPTION_HISTOGRAMS
+            ],
         )
 
     def all(self) -> list[Metric]:
@@ -260,7 +287,7 @@ class _Families(NamedTuple):
             *self.histograms,
             *self.gauges,
             self.state,
-            self.fetch_latency,
+            *self.subscription_histograms,
         ]
 
 

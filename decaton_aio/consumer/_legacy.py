@@ -102,7 +102,8 @@ def unwrap(record: Record) -> QueuedRecord:
     """
     metadata, task = decode_task_request(record.value or b"")
     headers = [*record.headers, (METADATA_HEADER, metadata)]
-    return new_queued(QueuedRecord, (record.offset, record.timestamp, record.key, task, headers))
+    fields = (record.offset, record.timestamp, record.key, task, headers, 0.0)
+    return new_queued(QueuedRecord, fields)
 
 
 def legacy_hint(record: Record) -> str | None:

@@ -33,13 +33,14 @@ import contextlib
 import enum
 from collections import deque
 from collections.abc import Callable, Collection
+from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
 
 from decaton_aio.consumer._ratelimit import TokenBucket
-from decaton_aio.consumer._records import queued
+from decaton_aio.consumer._records import QueuedRecord, queued
 from decaton_aio.consumer._watermark import WatermarkTracker
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
@@ -54,7 +55,7 @@ __all__ = ["PartitionProcessor", "PartitionState"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 
-_Lane: TypeAlias = list[Record] | deque[Record]
+_Lane: TypeAlias = list[QueuedRecord] | deque[QueuedRecord]
 _SHORT_LANE = 32  # a lane turns from a list into a deque at this many waiting records
 
 
@@ -121,7 +122,7 @@ class PartitionProcessor:
         # key -> None (busy, nothing queued) or the records waiting behind it: a list while
         # short (a deque costs 632 bytes even for one record), a deque once longer.
         self._lanes: dict[bytes, _Lane | None] = {}
-        self._ready: deque[Record] = deque()
+        self._ready: deque[QueuedRecord] = deque()
         self._in_flight = 0
         self._awaiting = 0  # released records whose offset completes later
         self._pumping = False
@@ -325,6 +326,8 @@ class PartitionProcessor:
             ready = self._ready
             start = self._executor.start
             bucket = self._bucket
+            waited = self.stats.slot_wait.observe
+            now = monotonic()
             while ready and self._in_flight < self._limit and self.state is PartitionState.ACTIVE:
                 if bucket is not None:
                     if bucket.paused:
@@ -335,6 +338,7 @@ class PartitionProcessor:
                         return
                 self._in_flight += 1
                 record = ready.popleft()
+                waited(now - record.queued_at)
                 attempts = self._attempts
                 start(self, record, attempts.pop(record.offset, 1) if attempts else 1)
         finally:
@@ -387,7 +391,7 @@ class PartitionProcessor:
         def due() -> None:
             self._timers.discard(handle)
             if self.state is PartitionState.ACTIVE:
-                self._ready.appendleft(record)  # its lane waited: it goes first
+                self._ready.appendleft(queued(record, record.key))  # its lane waited: first
                 self._pump()
 
         handle = loop.call_later(delay_s, due)
@@ -419,11 +423,11 @@ class PartitionProcessor:
                     lanes = self._lanes
                     queue = lanes.get(key)
                     if queue:
-                        # The key's next record is ready; the key stays busy.
-                        if isinstance(queue, deque):
-                            self._ready.append(queue.popleft())
-                        else:
-                            self._ready.append(queue.pop(0))
+                        # The key's next record is ready (waiting for a slot from now);
+                        # the key stays busy.
+                        waiting = queue.popleft() if isinstance(queue, deque) else queue.pop(0)
+                        self.stats.lane_wait.observe(monotonic() - waiting.queued_at)
+                        self._ready.append(queued(waiting, key))
                         if not queue:
                             lanes[key] = None
                     else:

@@ -21,6 +21,7 @@ A record that has to wait for its key or for a slot is kept as a :class:`QueuedR
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import monotonic
 from typing import Any, NamedTuple
 
 import structlog
@@ -39,6 +40,7 @@ class _Fields(NamedTuple):
     key: bytes | None
     value: bytes | None
     packed_headers: bytes | Sequence[tuple[str, bytes]]
+    queued_at: float = 0.0
 
 
 class QueuedRecord(_Fields):
@@ -48,6 +50,8 @@ class QueuedRecord(_Fields):
     holding a tuple of a new key string and the value (about 230 bytes). A queued record
     keeps only the value then (``packed_headers`` is the ``bytes``), and any other header
     list as it is. A partition with 100,000 pending records holds mostly these.
+    ``queued_at`` is when it started waiting (``time.monotonic()``), for the lane and slot
+    wait metrics.
     """
 
     __slots__ = ()
@@ -66,22 +70,23 @@ new_queued = tuple.__new__
 
 
 def queued(record: Record, key: bytes | None) -> QueuedRecord:
-    """The compact form of a record that has to wait (in a key lane or the ready queue).
+    """The compact form of a record that has to wait (in a key lane or the ready queue),
+    waiting from now.
 
     Args:
-        record: the fetched record.
+        record: the fetched record, or a queued one that starts waiting again.
         key: its key (equal to ``record.key``): pass the key object of the records already
             waiting for the same key, so they all share one.
     """
     if type(record) is QueuedRecord:
-        return record
+        return new_queued(QueuedRecord, (*record[:5], monotonic()))
     headers = record.headers
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
     if len(headers) == 1:
         name, value = headers[0]
         if name == METADATA_HEADER and type(value) is bytes:
             packed = value
-    fields = (record.offset, record.timestamp, key, record.value, packed)
+    fields = (record.offset, record.timestamp, key, record.value, packed, monotonic())
     return new_queued(QueuedRecord, fields)
 
 

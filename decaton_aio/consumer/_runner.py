@@ -32,7 +32,13 @@ from decaton_aio.properties import (
     properties_from_env,
 )
 
-__all__ = ["RunOptions", "install_event_loop_policy", "run_application", "tune_gc"]
+__all__ = [
+    "RunOptions",
+    "freeze_startup_objects",
+    "install_event_loop_policy",
+    "run_application",
+    "tune_gc",
+]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -85,6 +91,19 @@ def tune_gc() -> None:
     50,000 allocations costs little memory and gives the CPU back.
     """
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 100)
+
+
+def freeze_startup_objects() -> None:
+    """Put every object alive now out of the cyclic garbage collector's reach.
+
+    Modules, the application, its clients and the runtime's own structures are built once
+    at startup and live as long as the process; a full collection would walk all of them
+    each time (hundreds of milliseconds with the event loop held, measured under load).
+    After ``gc.freeze()`` collections walk only what was made since. Objects frozen are
+    never freed, which is what long-lived startup objects need anyway.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def install_event_loop_policy() -> bool:
@@ -193,6 +212,7 @@ async def run_application(
         started_up = True
         if not signals:  # a signal during the startup hooks: nothing to consume
             await subscription.start()
+            freeze_startup_objects()
             for index, source in enumerate(sources, start=1):  # layer 0: the application's
                 await source.start(properties, layer=index)
             if on_started is not None:

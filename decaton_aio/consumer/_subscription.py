@@ -4,16 +4,20 @@ The :class:`Subscription` owns an aiokafka consumer (auto commit off) and, per a
 partition, a ``PartitionProcessor``. Two routines run on the loop:
 
 - the fetch routine takes record batches and feeds them to their partitions, pausing a
-  partition whose pending records reach ``decaton.max.pending.records``;
+  partition whose pending records reach ``decaton.max.pending.records``; it lets the loop
+  run other work (timers, I/O, completions) whenever a step has fed for ``_STEP_BUDGET_S``,
+  so no step of the runtime's own holds the event loop for long
+  (``decaton_runtime_step_duration_seconds``);
 - the commit routine commits every partition's watermark (with its checkpoint, or in a
   transaction with exactly-once; see ``_committer``) each ``decaton.commit.interval.ms``;
   a failed commit is logged and tried again next time.
 
-Rebalances (aiokafka calls the listener inside ``getmany``, so no record is fed while it
-runs): on revoke, stop starting the partitions' tasks, drop their queued records, wait up
-to ``decaton.group.rebalance.timeout.ms`` for running ones, commit, and close them; on
-assign, a fresh processor per partition, paused until its checkpoint is imported (and,
-with exactly-once, its transactional producer started). Shutdown stops fetching, drains up to
+Rebalances (aiokafka calls the listener while the fetch routine awaits; a batch still
+being fed stops at its next step when its partition was revoked or replaced): on revoke,
+stop starting the partitions' tasks, drop their queued records, wait up to
+``decaton.group.rebalance.timeout.ms`` for running ones, commit, and close them; on assign,
+a fresh processor per partition, paused until its checkpoint is imported (and, with
+exactly-once, its transactional producer started). Shutdown stops fetching, drains up to
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
 
 Unexpected errors in a routine stop the subscription and are re-raised by
@@ -42,11 +46,12 @@ from decaton_aio.consumer._checkpoints import CheckpointStore
 from decaton_aio.consumer._committer import Committer
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
+from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer._state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
-from decaton_aio.metrics import Metrics
+from decaton_aio.metrics import Metrics, SubscriptionStats
 from decaton_aio.producer import DurableSender, ProducerConfig
 from decaton_aio.properties import (
     COMMIT_INTERVAL_MS,
@@ -67,6 +72,10 @@ __all__ = ["Subscription", "SubscriptionState"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 _FETCH_TIMEOUT_MS = 100
+#: Records handed to a partition in one step of the fetch routine (tasks started with them).
+_STEP_RECORDS = 32
+#: A step of the fetch routine goes on with the batch's next records while it took less.
+_STEP_BUDGET_S = 0.001
 _QUOTA_WINDOW_S = 1.0
 
 
@@ -167,6 +176,8 @@ class Subscription:
         self._stats = self.metrics.register_subscription(
             app.subscription_id, tuple(s.value for s in SubscriptionState)
         )
+        self._loop_watch = LoopWatch(self._stats.loop_lag)
+        self._gc_watch = GcWatch(self._stats.gc_pause)
         #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
         self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -185,6 +196,12 @@ class Subscription:
     def partitions(self) -> dict[TopicPartition, PartitionProcessor]:
         """The partitions assigned now, with their processors (read only)."""
         return dict(self._partitions)
+
+    @property
+    def stats(self) -> SubscriptionStats:
+        """What the subscription counts (not per partition): its state, fetch latency,
+        event loop lag, GC pauses and the runtime's own steps (read only)."""
+        return self._stats
 
     def on_state_change(self, listener: Callable[[SubscriptionState], None]) -> None:
         """Call ``listener(new_state)`` on every state transition."""
@@ -269,6 +286,8 @@ class Subscription:
         consumer.subscribe(topics, listener=_Listener(self))
         self._watch_properties()
         self._set_state(SubscriptionState.RUNNING)
+        self._loop_watch.start(asyncio.get_running_loop())
+        self._gc_watch.start()
         self._fetch_task = asyncio.create_task(self._fetch_routine(), name="decaton-fetch")
         self._commit_task = asyncio.create_task(self._commit_routine(), name="decaton-commit")
         for task in (self._fetch_task, self._commit_task):
@@ -304,6 +323,8 @@ class Subscription:
             if self._owns_sender:
                 await self._sender.stop()
         finally:
+            self._loop_watch.stop()
+            self._gc_watch.stop()
             for unsubscribe in self._unsubscribe:
                 unsubscribe()
             self._set_state(SubscriptionState.TERMINATED)
@@ -347,24 +368,41 @@ class Subscription:
             end_of = consumer.last_stable_offset
         else:
             end_of = consumer.highwater
-        clock = time.monotonic
-        observe = self._stats.fetch_latency.observe
+        clock, wall = time.monotonic, time.time
+        stats = self._stats
+        fetch_latency, fetch_wait = stats.fetch_latency.observe, stats.fetch_wait.observe
+        step, feed_wait = stats.step, stats.feed_wait.observe
         while True:
-            began = clock()
+            asked = clock()
             batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
-            self.last_fetch_at = now = clock()
-            observe(now - began)
+            self.last_fetch_at = fetched = began = clock()
+            fetch_latency(fetched - asked)
+            fetched_ms = wall() * 1000
             for tp, records in batches.items():
                 processor = partitions.get(tp)
                 if processor is None or not records:
                     continue  # revoked while the batch was in the client
-                if not processor.feed(records):
-                    processor = self._restart_partition(tp, processor, records[0].offset)
-                    processor.feed(records)
-                self._maybe_pause(processor)
+                # Fed _STEP_RECORDS at a time; once a step took its budget, the loop runs
+                # what waits (timers, I/O, completions) before the next: none waits for a
+                # whole batch.
+                for first in range(0, len(records), _STEP_RECORDS):
+                    if (now := clock()) - began > _STEP_BUDGET_S:
+                        step(now - began)
+                        await asyncio.sleep(0)
+                        began = clock()
+                        if partitions.get(tp) is not processor:
+                            break  # revoked, rewound or fenced meanwhile: fetched again
+                    chunk = records[first : first + _STEP_RECORDS]
+                    fetch_wait((fetched_ms - chunk[0].timestamp) * 0.001)
+                    feed_wait(began - fetched)
+                    if not processor.feed(chunk):
+                        processor = self._restart_partition(tp, processor, chunk[0].offset)
+                        processor.feed(chunk)
+                    self._maybe_pause(processor)
                 high = end_of(tp)
                 if high is not None:
                     processor.stats.high_watermark = high
+            step(clock() - began)
 
     def _resume(self, processor: PartitionProcessor) -> None:
         # Called from a completion when pending records fell below the threshold.
@@ -381,7 +419,7 @@ class Subscription:
             await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
             if self.state_store is not None:
                 self.state_store.flush()
-            self._stats.fetch_latency.fold()  # keeps the observation queue short
+            self._stats.fold()  # keeps the observation queues short
             await self._commit()
 
     async def _commit(

@@ -190,6 +190,8 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_task_completion_duration_seconds": "histogram",
         "decaton_task_delivery_latency_seconds": "histogram",
         "decaton_task_scheduling_delay_seconds": "histogram",
+        "decaton_task_lane_wait_seconds": "histogram",
+        "decaton_task_slot_wait_seconds": "histogram",
         "decaton_partition_tasks_pending": "gauge",
         "decaton_partition_paused": "gauge",
         "decaton_partition_committed_offset": "gauge",
@@ -197,6 +199,11 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_consumer_lag": "gauge",
         "decaton_subscription_state": "gauge",
         "decaton_consumer_fetch_latency_seconds": "histogram",
+        "decaton_event_loop_lag_seconds": "histogram",
+        "decaton_gc_pause_seconds": "histogram",
+        "decaton_runtime_step_duration_seconds": "histogram",
+        "decaton_task_fetch_wait_seconds": "histogram",
+        "decaton_task_feed_wait_seconds": "histogram",
     }
     assert {name: fam.type for name, fam in families.items()} == expected
     assert all(len(fam.documentation) > 20 for fam in families.values())
@@ -499,3 +506,25 @@ def test_subscription_state_is_one_series_per_state() -> None:
     }
     assert states == {"initializing": 0, "running": 1, "terminated": 0}
     assert value(metrics, "decaton_consumer_fetch_latency_seconds_count", subscription="sub") == 2
+
+
+def test_loop_lag_gc_pauses_and_steps_are_exported_per_subscription() -> None:
+    """The loop's health is on the metrics page in fine buckets: a 3 ms lag lands above
+    the 2 ms bound and within the 5 ms one, and the longest step is kept."""
+    metrics = Metrics(process_metrics=False)
+    sub = metrics.register_subscription("sub", ("running",))
+    sub.loop_lag.observe(0.0001)
+    sub.loop_lag.observe(0.003)
+    sub.gc_pause.observe(0.0004)
+    sub.step(0.0015)
+    sub.step(0.0007)
+    sub.fold()
+
+    def bucket(name: str, le: str) -> float:
+        return value(metrics, f"{name}_bucket", subscription="sub", le=le)
+
+    assert bucket("decaton_event_loop_lag_seconds", "0.002") == 1
+    assert bucket("decaton_event_loop_lag_seconds", "0.005") == 2
+    assert value(metrics, "decaton_gc_pause_seconds_count", subscription="sub") == 1
+    assert bucket("decaton_runtime_step_duration_seconds", "0.001") == 1
+    assert sub.longest_step_s == 0.0015

@@ -69,7 +69,9 @@ def test_queued_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> No
     assert (packed.offset, packed.timestamp, packed.key, packed.value, packed.headers) == (
         raw.offset, raw.timestamp, raw.key, raw.value, [("dt_meta", b"\x08\x01")],  # type: ignore[attr-defined]
     )  # fmt: skip
-    assert queued(packed, packed.key) is packed
+    again = queued(packed, packed.key)  # waits again, from now: same record
+    assert again[:5] == packed[:5]
+    assert again.queued_at >= packed.queued_at > 0
     other = FakeRecord(7, b"k", headers=[("trace", b"t"), ("dt_meta", b"\x08\x01")])
     assert queued(other, b"k").headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
     assert queued(FakeRecord(8, b"k"), b"k").headers == ()

@@ -1,0 +1,117 @@
+"""Watching the event loop: how late it runs timers, and how long the collector stops it.
+
+A runtime whose loop is held (a long synchronous step, a garbage collection walking many
+objects) starts tasks late and finishes their sleeps late, however fast its processor is.
+Two numbers tell an overloaded loop from a slow processor:
+
+- **loop lag**: a timer due every :data:`LAG_INTERVAL_S` measures how late it fired. A
+  loop that is never held for long fires it within a fraction of a millisecond.
+- **GC pauses**: ``gc.callbacks`` time every collection of the cyclic garbage collector
+  (every generation), wherever it was triggered.
+
+Both go to histograms of the subscription's stats (``SubscriptionStats.loop_lag`` and
+``gc_pause``), exported on the metrics page.
+
+Caller: :class:`LoopWatch` is started and stopped by its subscription on the event loop;
+the GC callback runs in whichever thread triggered the collection (an array append,
+atomic under the GIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+from decaton_aio._histogram import FastHistogram
+
+__all__ = ["LAG_INTERVAL_S", "GcWatch", "LoopWatch"]
+
+#: How often the lag timer is due (100 times a second: a few microseconds of CPU each).
+LAG_INTERVAL_S = 0.01
+
+
+class LoopWatch:
+    """Measures the lateness of a periodic timer on the running loop.
+
+    Args:
+        lag: where each lateness (seconds) is observed.
+        interval_s: how often the timer is due.
+        clock: the loop's clock (``loop.time`` when started on a loop).
+    """
+
+    def __init__(
+        self,
+        lag: FastHistogram,
+        interval_s: float = LAG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._observe = lag.observe
+        self._interval = interval_s
+        self._clock = clock
+        self._due: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def tick(self) -> float:
+        """Observe how late this tick came and return when the next one is due.
+
+        The next tick is due one interval after this one ran, not after it was due, so a
+        long stall is counted once rather than as a burst of late ticks.
+        """
+        now = self._clock()
+        if self._due is not None:
+            self._observe(max(0.0, now - self._due))
+        self._due = now + self._interval
+        return self._due
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start ticking on ``loop`` (its clock replaces the one given)."""
+        if self._handle is not None:
+            return
+        self._clock = loop.time
+        self._due = None
+
+        def fire() -> None:
+            self._handle = loop.call_at(self.tick(), fire)
+
+        fire()
+
+    def stop(self) -> None:
+        """Stop ticking; idempotent."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class GcWatch:
+    """Times every collection of the cyclic garbage collector while registered.
+
+    Args:
+        pause: where each collection's duration (seconds) is observed.
+        clock: a monotonic clock.
+    """
+
+    def __init__(self, pause: FastHistogram, clock: Callable[[], float] = time.perf_counter):
+        self._observe = pause.observe
+        self._clock = clock
+        self._began: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        """The ``gc.callbacks`` entry: ``phase`` is ``"start"`` or ``"stop"``."""
+        if phase == "start":
+            self._began = self._clock()
+        elif self._began is not None:
+            self._observe(self._clock() - self._began)
+            self._began = None
+
+    def start(self) -> None:
+        """Register with ``gc.callbacks``; idempotent."""
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def stop(self) -> None:
+        """Unregister; idempotent."""
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
