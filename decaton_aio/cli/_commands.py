@@ -25,14 +25,23 @@ from typing import Any
 
 import msgspec
 import structlog
+from aiokafka.errors import KafkaError
 
 from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
+from decaton_aio._connect import start_admin
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
 from decaton_aio.cli._run_args import consumer_config, health_config
 from decaton_aio.cli._security import cluster_from_args
-from decaton_aio.cli._supervisor import SupervisorConfig, supervise, worker_role
+from decaton_aio.cli._supervisor import (
+    AUTO,
+    SupervisorConfig,
+    choose_workers,
+    supervise,
+    usable_cpus,
+    worker_role,
+)
 from decaton_aio.client_properties import ClusterSettings
 from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
 from decaton_aio.embedded import BrokerSecurity, EmbeddedBroker
@@ -41,10 +50,13 @@ from decaton_aio.offsets import group_positions
 from decaton_aio.producer import ProducerConfig, TaskProducer
 from decaton_aio.properties import parse_assignments
 from decaton_aio.retry import RetryConfig
+from decaton_aio.security import SecuritySettings
 from decaton_aio.serializers import JsonSerializer
 from decaton_aio.tracing import Tracing
 
-__all__ = ["DataError", "inspect", "produce", "run_broker", "run_target"]
+__all__ = ["DataError", "inspect", "partition_counts", "produce", "run_broker", "run_target"]
+
+log = structlog.get_logger("decaton_aio.supervisor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,8 +342,11 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             servers = broker.bootstrap_servers
             print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)
             asyncio.run(_create_topics(servers, app.topics))
-        if args.workers > 1 and role is None:
-            return _supervise(args, argv, servers)
+        workers = args.workers
+        if workers == AUTO and role is None:
+            workers = _auto_workers(servers, security, app.topics)
+        if workers != 1 and role is None:
+            return _supervise(args, argv, servers, workers)
         spool_dir, metrics_addr = args.spool_dir, args.metrics_addr
         if role is not None:
             structlog.contextvars.bind_contextvars(worker=role.index)
@@ -370,9 +385,63 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     return EXIT_OK
 
 
-def _supervise(args: argparse.Namespace, argv: Sequence[str], servers: str) -> int:
+def _auto_workers(servers: str, security: SecuritySettings, topics: Sequence[str]) -> int:
+    """``--workers auto``: the worker count for the task topics' partitions on this
+    machine's usable CPUs, logged with why (once, at start)."""
+    counts = asyncio.run(partition_counts(servers, topics, security=security))
+    missing = [t for t in topics if not counts.get(t)]
+    choice = choose_workers(0 if missing else sum(counts.values()), usable_cpus())
+    if choice.guessed:
+        log.warning(
+            "workers chosen",
+            workers=choice.workers,
+            cpus=choice.cpus,
+            why=f"task topics {missing} not found (missing, or not visible to this client), "
+            "so their partitions are unknown: one worker per CPU, kept until the next start",
+        )
+    else:
+        log.info(
+            "workers chosen",
+            workers=choice.workers,
+            partitions=choice.partitions,
+            cpus=choice.cpus,
+            why=choice.why,
+            topics=counts,
+        )
+    return choice.workers
+
+
+async def partition_counts(
+    servers: str, topics: Sequence[str], *, security: SecuritySettings
+) -> dict[str, int]:
+    """The partition count of each of ``topics`` that exists (a missing topic is left out).
+
+    Raises:
+        SecurityError: TLS or SASL failed.
+        BrokerError: the cluster cannot be reached or did not answer.
+    """
+    admin = await start_admin(servers, security)
+    try:
+        # The metadata of every topic: naming the topics could make a broker with
+        # auto.create.topics.enable create a missing one, with the broker's default count.
+        described = await admin.describe_topics()
+    except KafkaError as exc:
+        raise BrokerError(
+            f"cannot read the partitions of {list(topics)} at {servers}: {exc!r}"
+        ) from exc
+    finally:
+        await admin.close()
+    wanted = set(topics)
+    return {
+        d["topic"]: len(d.get("partitions") or [])
+        for d in described
+        if d.get("topic") in wanted and d.get("error_code", 0) == 0
+    }
+
+
+def _supervise(args: argparse.Namespace, argv: Sequence[str], servers: str, workers: int) -> int:
     config = SupervisorConfig(
-        args.workers,
+        workers,
         restart_backoff_ms=args.worker_restart_backoff_ms,
         restart_backoff_max_ms=max(30_000, args.worker_restart_backoff_ms),
         max_restarts=args.max_worker_restarts,

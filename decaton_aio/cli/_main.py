@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from decaton_aio._version import __version__
 from decaton_aio.cli import _commands
@@ -167,8 +167,10 @@ def _build_parser() -> _Parser:
         default=os.environ.get("DECATON_AIO_WORKERS", "1"),  # parsed by argparse
         metavar="N|auto",
         help="worker processes in the group, run by a supervisor that forwards signals, "
-        "restarts a worker that dies and serves one metrics endpoint; auto: one per CPU "
-        "(default 1: no supervisor; env DECATON_AIO_WORKERS)",
+        "restarts a worker that dies and serves one metrics endpoint; auto: chosen at start "
+        "from the task topics' partitions and the usable CPUs, one per partition up to the "
+        "CPUs, then up to two per CPU so that the partitions divide evenly (default 1: no "
+        "supervisor; env DECATON_AIO_WORKERS)",
     )
     run.add_argument(
         "--max-worker-restarts",
@@ -310,7 +312,7 @@ def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _workers(text: str) -> int:
+def _workers(text: str) -> int | Literal["auto"]:
     try:
         return parse_workers(text)
     except ConfigError as exc:

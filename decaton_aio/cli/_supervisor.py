@@ -2,7 +2,8 @@
 
 Every worker is ``python -m decaton_aio run`` with the supervisor's own arguments, one
 consumer of the application's group; the group spreads the partitions over them, so the
-application uses N cores. The supervisor:
+application uses N cores. ``--workers auto`` picks N once, at start, from the task topics'
+partitions and the usable CPUs (:func:`choose_workers`). The supervisor:
 
 - starts the workers in their own session (a terminal's Ctrl-C reaches only the
   supervisor) and forwards every SIGINT/SIGTERM it receives to each worker: the first makes
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final, Literal
 
 import structlog
 
@@ -39,11 +41,15 @@ from decaton_aio.cli._common import EXIT_OK
 from decaton_aio.errors import ConfigError, DecatonError
 
 __all__ = [
+    "AUTO",
     "WORKER_ENV_VAR",
     "SupervisorConfig",
+    "WorkerChoice",
     "WorkerRole",
+    "choose_workers",
     "parse_workers",
     "supervise",
+    "usable_cpus",
     "worker_role",
 ]
 
@@ -53,17 +59,19 @@ log = structlog.get_logger("decaton_aio.supervisor")
 WORKER_ENV_VAR = "DECATON_AIO_WORKER"
 
 
-def parse_workers(text: str) -> int:
-    """``--workers``: a positive number, or ``auto`` for the CPUs this process may use.
+#: ``--workers auto``: the count is chosen at start by :func:`choose_workers`.
+AUTO: Final = "auto"
+
+
+def parse_workers(text: str) -> int | Literal["auto"]:
+    """``--workers``: a positive number, or :data:`AUTO` (decided at start from the task
+    topics' partitions and the usable CPUs, see :func:`choose_workers`).
 
     Raises:
         ConfigError: for anything else.
     """
-    if text.strip().lower() == "auto":
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # not on Linux
-            return max(1, os.cpu_count() or 1)
+    if text.strip().lower() == AUTO:
+        return AUTO
     try:
         count = int(text)
     except ValueError:
@@ -71,6 +79,78 @@ def parse_workers(text: str) -> int:
     if count < 1:
         raise ConfigError(f"--workers takes a positive number or 'auto', got {text!r}")
     return count
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; a container's CPU quota is
+    not seen)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """What ``--workers auto`` chose.
+
+    Attributes:
+        workers: how many worker processes.
+        partitions: the task topics' partitions, summed (0: unknown, e.g. a topic missing).
+        cpus: the usable CPUs.
+        why: one sentence for the log.
+    """
+
+    workers: int
+    partitions: int
+    cpus: int
+    why: str
+
+    @property
+    def guessed(self) -> bool:
+        """The partitions were unknown: one worker per CPU, whatever the topics get."""
+        return self.partitions <= 0
+
+
+def choose_workers(partitions: int, cpus: int) -> WorkerChoice:
+    """The worker count for ``partitions`` (summed over the task topics) on ``cpus``.
+
+    The group gives each worker ``partitions // workers`` or one more, so a worker with
+    one more is the bottleneck while the others idle part of the time. Hence:
+
+    - ``partitions <= cpus``: one worker per partition (more would hold nothing);
+    - else the smallest count from ``cpus`` to ``2 * cpus`` that divides ``partitions``
+      evenly (3 partitions on 2 CPUs: 3 workers of one partition, the OS shares the CPUs);
+    - else, and when ``partitions`` is unknown (0 or less), one worker per CPU.
+
+    Raises:
+        ValueError: ``cpus`` is less than 1.
+    """
+    if cpus < 1:
+        raise ValueError(f"cpus must be at least 1, got {cpus}")
+    if partitions <= 0:
+        why = "no partitions known: one worker per CPU"
+        return WorkerChoice(cpus, 0, cpus, why)
+    if partitions <= cpus:
+        why = "no more partitions than CPUs: one worker per partition (more would idle)"
+        return WorkerChoice(partitions, partitions, cpus, why)
+    for workers in range(cpus, 2 * cpus + 1):
+        if partitions % workers == 0:
+            each = partitions // workers
+            if workers == cpus:
+                why = f"the partitions divide evenly over the CPUs: {each} per worker"
+            else:
+                held = "one partition" if each == 1 else f"{each} partitions"
+                why = (
+                    f"the partitions do not divide evenly over the CPUs: {workers} workers "
+                    f"of {held} each, the CPUs shared"
+                )
+            return WorkerChoice(workers, partitions, cpus, why)
+    why = (
+        f"no count from {cpus} to {2 * cpus} divides the partitions evenly: one worker per "
+        f"CPU, holding {partitions // cpus} or {partitions // cpus + 1} partitions"
+    )
+    return WorkerChoice(cpus, partitions, cpus, why)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from decaton_aio.cli._supervisor import choose_workers, usable_cpus
 from decaton_aio.testing import BrokerHandle, committed_offsets
 
 pytestmark = pytest.mark.integration
@@ -266,3 +267,58 @@ async def test_a_worker_that_keeps_crashing_ends_the_supervisor(
         0.05,
         0.1,
     ]
+
+
+async def test_auto_gives_every_worker_the_same_share_of_partitions(
+    topic_factory: Any, start_supervisor: Callable[..., Awaitable[Supervisor]]
+) -> None:
+    """``--workers auto`` on 3 partitions asks the cluster, logs its choice with the
+    partitions and the CPUs (3 workers on 2 CPUs), runs that many workers and each holds
+    the same number of partitions; SIGINT drains them all."""
+    topic = await topic_factory(partitions=3)
+    group = f"workers-{uuid.uuid4().hex[:8]}"
+    choice = choose_workers(3, usable_cpus())
+    sup = await start_supervisor(topic, group, "--workers", "auto")
+    [line] = await eventually(lambda: sup.events("workers chosen"), "the worker count")
+    assert line["level"] == "info"
+    assert (line["workers"], line["partitions"], line["cpus"]) == (choice.workers, 3, choice.cpus)
+    assert line["topics"] == {topic: 3}
+
+    def balanced() -> bool:
+        latest = {e.get("worker"): e["partitions"] for e in sup.events("partitions assigned")}
+        shares = sorted(len(parts) for parts in latest.values())
+        return shares == [3 // choice.workers] * choice.workers
+
+    await eventually(balanced, "every worker holding the same share", 90)
+    sup.proc.send_signal(signal.SIGINT)
+    assert await sup.wait() == 0
+
+
+async def test_auto_with_a_missing_topic_runs_one_worker_per_cpu(
+    topic_factory: Any,
+    task_producer: Any,
+    start_supervisor: Callable[..., Awaitable[Supervisor]],
+) -> None:
+    """A task topic that does not exist at start: a warning, one worker per CPU, and the
+    topic is processed once it is created (today a worker's start fails while its task
+    topic is missing, and the supervisor's restarts pick the topic up)."""
+    topic = f"later-{uuid.uuid4().hex[:8]}"
+    group = f"workers-{uuid.uuid4().hex[:8]}"
+    sup = await start_supervisor(topic, group, "--workers", "auto")
+    [line] = await eventually(lambda: sup.events("workers chosen"), "the worker count")
+    assert line["level"] == "warning"
+    assert line["workers"] == line["cpus"] == usable_cpus()
+    assert topic in line["why"]
+
+    def looked_for_the_topic() -> bool:
+        running = [e for e in sup.events("subscription state") if e["state"] == "running"]
+        return bool(sup.events("worker exited: restarting")) or len(running) >= usable_cpus()
+
+    await eventually(looked_for_the_topic, "the workers looking for the topic")
+    await topic_factory(partitions=2, name=topic)
+    producer = await task_producer(topic)
+    for i in range(20):
+        await producer.put(f"k{i}", b'{"sleep_s": 0.01}')
+    await eventually(lambda: len(sup.ended()) >= 20, "the tasks of the topic created later", 90)
+    sup.proc.send_signal(signal.SIGINT)
+    assert await sup.wait() == 0

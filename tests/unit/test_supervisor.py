@@ -1,36 +1,255 @@
-"""The pieces of ``run --workers N`` that need no broker: the worker count, the restart
-backoff, a worker's role from its environment, and one endpoint over the workers' metrics."""
+"""The pieces of ``run --workers N`` that need no broker: the worker count (and how
+``auto`` chooses it), the restart backoff, a worker's role from its environment, and one
+endpoint over the workers' metrics."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
-from decaton_aio.cli import main
+from decaton_aio.cli import EXIT_UNAVAILABLE, _commands, main
 from decaton_aio.cli._federation import Federation
 from decaton_aio.cli._supervisor import (
+    AUTO,
     WORKER_ENV_VAR,
     SupervisorConfig,
     WorkerRole,
+    choose_workers,
     parse_workers,
+    usable_cpus,
     worker_role,
 )
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics
+from decaton_aio.security import SecuritySettings
 
 
 def test_workers_is_a_positive_number_or_auto() -> None:
-    """``auto`` is the number of CPUs this process may run on; 0, negatives and words
-    are refused with what to pass instead."""
+    """``auto`` stays ``auto`` (it is decided at start, against the cluster); 0, negatives
+    and words are refused with what to pass instead."""
     assert parse_workers("3") == 3
-    assert parse_workers("auto") == len(os.sched_getaffinity(0))
+    assert parse_workers("auto") == AUTO
+    assert parse_workers(" Auto ") == AUTO
     for bad in ("0", "-2", "many", ""):
         with pytest.raises(ConfigError, match="positive number or 'auto'"):
             parse_workers(bad)
+
+
+def test_usable_cpus_are_the_affinity_mask() -> None:
+    assert usable_cpus() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("partitions", "cpus", "workers"),
+    [
+        (3, 2, 3),  # one partition each, the OS shares the 2 cores
+        (96, 2, 2),  # 48 each
+        (1, 8, 1),  # a second worker would hold nothing
+        (9, 4, 4),  # nothing from 4 to 8 divides 9: one per CPU, 2 or 3 partitions each
+        (0, 4, 4),  # unknown (a topic missing): one per CPU
+        (4, 4, 4),
+        (10, 4, 5),  # 2 each
+        (5, 2, 2),  # neither 2, 3 nor 4 divides 5
+        (12, 8, 12),
+        (2, 1, 1),
+        (7, 1, 1),
+    ],
+)
+def test_auto_examples(partitions: int, cpus: int, workers: int) -> None:
+    choice = choose_workers(partitions, cpus)
+    assert choice.workers == workers
+    assert (choice.partitions, choice.cpus) == (partitions, cpus)
+    assert choice.why
+    assert choice.guessed == (partitions == 0)
+
+
+def test_auto_needs_a_cpu() -> None:
+    with pytest.raises(ValueError, match="cpus"):
+        choose_workers(3, 0)
+
+
+def _busiest(partitions: int, cpus: int, workers: int) -> float:
+    """How long the busiest worker takes, in partition-CPU units, when every partition
+    holds the same load, the group gives each worker ``partitions // workers`` or one more
+    and the OS shares the CPUs equally among busy workers."""
+    return math.ceil(partitions / workers) * max(workers, cpus) / cpus
+
+
+@given(partitions=st.integers(0, 5000), cpus=st.integers(1, 256))
+@example(partitions=3, cpus=2)
+@example(partitions=2 * 3 * 5 * 7, cpus=64)
+def test_auto_invariants(partitions: int, cpus: int) -> None:
+    """Whatever the cluster and the machine:
+
+    - at least one worker, and never more than max(partitions, CPUs) nor 2 x CPUs;
+    - unknown partitions (0): one per CPU;
+    - no idle worker: never more workers than partitions;
+    - no idle CPU for want of a worker: at least min(partitions, CPUs) workers;
+    - more workers than CPUs only to balance: then the partitions divide evenly, and
+      no smaller count from the CPUs up does;
+    - balanced whenever a count from min(partitions, CPUs) to 2 x CPUs can be;
+    - never slower than one worker per CPU (the old ``auto``) when the OS shares the
+      CPUs equally.
+    """
+    workers = choose_workers(partitions, cpus).workers
+    assert 1 <= workers <= max(partitions, cpus)
+    assert workers <= 2 * cpus
+    if partitions == 0:
+        assert workers == cpus
+        return
+    assert workers <= partitions
+    assert workers >= min(partitions, cpus)
+    if workers > cpus:
+        assert partitions % workers == 0
+        assert all(partitions % w for w in range(cpus, workers))
+    if any(partitions % w == 0 for w in range(min(partitions, cpus), 2 * cpus + 1)):
+        assert partitions % workers == 0
+    assert _busiest(partitions, cpus, workers) <= _busiest(partitions, cpus, cpus)
+    assert _busiest(partitions, cpus, workers) <= _busiest(partitions, cpus, min(cpus, partitions))
+
+
+@given(partitions=st.integers(1, 5000), cpus=st.integers(1, 256))
+def test_auto_with_at_least_as_many_cpus_as_partitions_gives_each_its_own(
+    partitions: int, cpus: int
+) -> None:
+    """Where the partitions fit on the CPUs, each worker holds exactly one."""
+    if partitions <= cpus:
+        assert choose_workers(partitions, cpus).workers == partitions
+
+
+AUTO_APP = textwrap.dedent(
+    """
+    from decaton_aio import Application
+
+    async def process(ctx, task):
+        return None
+
+    app = Application(process, topics=("orders", "audit"), group_id="g")
+    """
+)
+
+
+@pytest.fixture
+def auto_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Any:
+    """``main(run --workers auto ...)`` against a fake cluster of ``counts`` on ``cpus``:
+    what the supervisor was started with (None: a single process) and the log events."""
+    (tmp_path / "auto_app.py").write_text(AUTO_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_commands, "install_event_loop_policy", lambda: False)
+
+    def run(counts: dict[str, int], cpus: int, *flags: str) -> tuple[Any, list[dict[str, Any]]]:
+        seen: dict[str, Any] = {}
+
+        async def partition_counts(
+            servers: str, topics: Sequence[str], *, security: SecuritySettings
+        ) -> dict[str, int]:
+            seen["asked"] = (servers, tuple(topics), security)
+            return {t: n for t, n in counts.items() if t in topics}
+
+        async def supervise(config: SupervisorConfig, argv: Sequence[str], **kw: Any) -> int:
+            seen["config"], seen["argv"] = config, list(argv)
+            return 0
+
+        async def run_application(app: Any, options: Any) -> None:
+            seen["single"] = options
+
+        monkeypatch.setattr(_commands, "partition_counts", partition_counts)
+        monkeypatch.setattr(_commands, "usable_cpus", lambda: cpus)
+        monkeypatch.setattr(_commands, "supervise", supervise)
+        monkeypatch.setattr(_commands, "run_application", run_application)
+        argv = ["--log-format", "json", "run", "auto_app:app", "--bootstrap-servers", "k:9092"]
+        assert main([*argv, "--workers", "auto", *flags]) == 0
+        events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+        return seen, [e for e in events if e["event"] == "workers chosen"]
+
+    return run
+
+
+def test_auto_asks_the_cluster_and_logs_its_choice(auto_run: Any) -> None:
+    """3 partitions (2 + 1 over the task topics) on 2 CPUs: 3 workers, and one line that
+    says so with the partitions, the CPUs and why; each worker runs ``--workers 1``."""
+    seen, chosen = auto_run({"orders": 2, "audit": 1, "other": 40}, 2)
+    assert seen["asked"][:2] == ("k:9092", ("orders", "audit"))
+    assert seen["config"].workers == 3
+    assert seen["argv"][-4:] == ["--workers", "1", "--bootstrap-servers", "k:9092"]
+    [line] = chosen
+    assert line["level"] == "info"
+    assert (line["workers"], line["partitions"], line["cpus"]) == (3, 3, 2)
+    assert line["topics"] == {"orders": 2, "audit": 1}
+    assert "do not divide evenly" in line["why"]
+
+
+def test_auto_asks_with_the_consumers_security_settings(auto_run: Any, tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("secret")
+    flags = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512"]
+    flags += ["--sasl-username", "alice", "--sasl-password-file", str(password)]
+    seen, _ = auto_run({"orders": 4, "audit": 4}, 2, *flags)
+    security = seen["asked"][2]
+    assert (security.security_protocol, security.sasl_username) == ("SASL_PLAINTEXT", "alice")
+    assert seen["config"].workers == 2
+
+
+@pytest.mark.parametrize("counts", [{"orders": 3}, {"orders": 3, "audit": 0}])
+def test_auto_with_a_missing_topic_runs_one_worker_per_cpu_and_warns(
+    auto_run: Any, counts: dict[str, int]
+) -> None:
+    """A task topic that does not exist yet (or has no partitions): its partitions are
+    unknown, so one worker per CPU, with a warning naming the topic; the supervisor still
+    starts."""
+    seen, chosen = auto_run(counts, 4)
+    assert seen["config"].workers == 4
+    [line] = chosen
+    assert line["level"] == "warning"
+    assert (line["workers"], line["cpus"]) == (4, 4)
+    assert "['audit']" in line["why"]
+    assert "next start" in line["why"]
+
+
+def test_auto_that_chooses_one_worker_runs_without_a_supervisor(auto_run: Any) -> None:
+    """One partition: a single process, as with ``--workers 1``."""
+    seen, chosen = auto_run({"orders": 1}, 8, "--topic", "orders")
+    assert "config" not in seen
+    assert "single" in seen
+    assert [(e["workers"], e["partitions"], e["cpus"]) for e in chosen] == [(1, 1, 8)]
+
+
+def test_auto_with_an_unreachable_cluster_ends_before_any_worker_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing answers at the bootstrap address: exit 69 (unavailable) with a line naming
+    the cluster; no worker was started."""
+    (tmp_path / "auto_app.py").write_text(AUTO_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_commands, "install_event_loop_policy", lambda: False)
+    argv = ["run", "auto_app:app", "--bootstrap-servers", "127.0.0.1:1", "--workers", "auto"]
+    assert main(argv) == EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert "decaton-aio: cannot reach the cluster at 127.0.0.1:1" in err
+    assert "worker started" not in err
+
+
+def test_a_given_worker_count_asks_nothing(auto_run: Any) -> None:
+    """``--workers 3`` is taken as given: no question to the cluster, no choice logged."""
+    seen, chosen = auto_run({}, 2, "--workers", "3")
+    assert "asked" not in seen
+    assert not chosen
+    assert seen["config"].workers == 3
 
 
 def test_a_bad_workers_argument_is_one_line_and_exit_2(
