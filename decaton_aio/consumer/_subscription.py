@@ -9,8 +9,9 @@ partition, a ``PartitionProcessor``. Two routines run on the loop:
   so no step of the runtime's own holds the event loop for long
   (``decaton_runtime_step_duration_seconds``);
 - the commit routine commits every partition's watermark (with its checkpoint, or in a
-  transaction with exactly-once; see ``_committer``) each ``decaton.commit.interval.ms``;
-  a failed commit is logged and tried again next time.
+  transaction with exactly-once; see ``_committer``) each ``decaton.commit.interval.ms``,
+  its preparation in steps of the same budget; a failed commit is logged and tried again
+  next time.
 
 Rebalances (aiokafka calls the listener while the fetch routine awaits; a batch still
 being fed stops at its next step when its partition was revoked or replaced): on revoke,
@@ -41,15 +42,13 @@ from aiokafka.errors import KafkaError
 from decaton_aio._connect import connect_error
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.consumer._checkpoint_codec import Checkpoint
-from decaton_aio.consumer._checkpoints import CheckpointStore
-from decaton_aio.consumer._committer import Committer
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer._state import StateCollector, StateStore
+from decaton_aio.consumer.commit import Checkpoint, CheckpointStore, Committer
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics, SubscriptionStats
 from decaton_aio.producer import DurableSender, ProducerConfig
@@ -432,12 +431,20 @@ class Subscription:
             return
         if processors is None:
             processors = list(self._partitions.values())  # the loop below may await
+        clock, step = time.monotonic, self._stats.step
+        began = clock()
         for processor in processors:
+            if (now := clock()) - began > _STEP_BUDGET_S:  # many partitions: let others run
+                step(now - began)
+                await asyncio.sleep(0)
+                began = clock()
             processor.stats.pending = processor.pending
             processor.stats.fold()  # keeps the histograms' observation queues short
             offset = processor.committable()
             if offset is not None and processor.pending == 0:
-                await self._past_skipped(consumer, processor, offset)
+                await self._past_skipped(consumer, processor, offset)  # may ask the broker
+                began = clock()
+        step(clock() - began)
         await self._committer.commit(consumer, processors, final=final)
 
     async def _past_skipped(
