@@ -10,15 +10,14 @@ outcome into a finish, a deferred completion, a retry or a dead letter.
 
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
 (lanes, slots, pause), ``_execution`` (a task's outcome), ``_watermark`` (the commit
-point), ``_committer`` (commits, checkpoints at assignment, transactions),
-``_checkpoint_codec`` and ``_checkpoints`` (the checkpoint's encoding and store),
-``_outputs`` (``ctx.produce`` delivery), ``_transactions`` (exactly-once), ``_state``,
+point), ``_state``,
 ``_store``, ``_changelog``, ``_assignor``, ``_state_txn`` and ``_overlay`` (the state
 store; its changes in transactions with exactly-once), ``_records``
 (fetched records without per-record objects), ``_eager`` (starting a coroutine inline),
 ``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties, metrics
 around a subscription), ``_health`` (the liveness and readiness probes,
-:class:`HealthCheck`).
+:class:`HealthCheck`). Subpackages: ``commit`` (commits with checkpoints, exactly-once
+transactions, ``ctx.produce`` delivery).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
-from decaton_aio.consumer._outputs import DurableOutputs, deliver_outputs
 from decaton_aio.consumer._records import QueuedRecord
+from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
 from decaton_aio.logs import register_task_frame

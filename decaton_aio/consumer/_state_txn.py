@@ -33,7 +33,7 @@ from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer._overlay import Overlay, Staged
 from decaton_aio.consumer._store import LocalStore
-from decaton_aio.consumer._transactions import FencedError, PartitionTransaction
+from decaton_aio.consumer.commit import FencedError, PartitionTransaction
 from decaton_aio.context import ProcessingContext
 from decaton_aio.state import KeyState
 

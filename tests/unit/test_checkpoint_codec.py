@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decaton_aio.consumer._checkpoint_codec import (
+from decaton_aio.consumer._watermark import WatermarkTracker
+from decaton_aio.consumer.commit._checkpoint_codec import (
     Checkpoint,
     CorruptCheckpointError,
     decode,
@@ -18,7 +19,6 @@ from decaton_aio.consumer._checkpoint_codec import (
     untrusted_reason,
     usable,
 )
-from decaton_aio.consumer._watermark import WatermarkTracker
 
 
 def checkpoint_of(base: int, bits: list[bool]) -> Checkpoint:

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from decaton_aio.consumer import _committer
-from decaton_aio.consumer._committer import Committer
+from decaton_aio.consumer.commit import Committer, _committer
 from tests.unit.test_partition import make, records, settle
 
 

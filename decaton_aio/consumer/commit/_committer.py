@@ -27,10 +27,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
-from decaton_aio.consumer._checkpoint_codec import Checkpoint
-from decaton_aio.consumer._checkpoints import CheckpointStore, SendCheckpoint
 from decaton_aio.consumer._partition import PartitionProcessor
-from decaton_aio.consumer._transactions import (
+from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
+from decaton_aio.consumer.commit._checkpoints import CheckpointStore, SendCheckpoint
+from decaton_aio.consumer.commit._transactions import (
     CommitPlan,
     FencedError,
     PartitionTransaction,

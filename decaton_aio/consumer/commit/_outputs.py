@@ -23,7 +23,7 @@ import structlog
 
 from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import OutputSink, TaskHost
-from decaton_aio.consumer._transactions import FencedError
+from decaton_aio.consumer.commit._transactions import FencedError
 from decaton_aio.context import OutputRecord
 from decaton_aio.typing import Record, RecordSender
 

@@ -32,7 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from decaton_aio.consumer._checkpoint_codec import (
+from decaton_aio.consumer.commit._checkpoint_codec import (
     TEXT_PREFIX,
     Checkpoint,
     CorruptCheckpointError,

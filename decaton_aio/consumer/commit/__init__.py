@@ -1,0 +1,36 @@
+"""Committing: offsets with their checkpoints, at-least-once or in transactions, and the
+delivery of tasks' outputs that a commit must cover.
+
+:class:`Committer` is the subscription's commit and assignment machinery: it commits each
+partition's watermark with its :class:`Checkpoint` (the completed offsets past it, kept by
+a :class:`CheckpointStore` in the commit metadata or a checkpoint topic) and imports the
+checkpoint again at assignment, so finished records are not redone. With exactly-once each
+partition has a :class:`PartitionTransaction` holding its outputs, offset and checkpoint
+(and, through its listeners, the state store's changes); a partition another instance took
+over raises :class:`FencedError`. :func:`deliver_outputs` hands a task's ``ctx.produce``
+records to its partition's sink (:class:`DurableOutputs`, or the transaction) before the
+task's offset completes.
+
+Inside (private): ``_committer`` (commit, load at assignment, rewind, fencing),
+``_checkpoint_codec`` (the checkpoint's encoding and trust rule), ``_checkpoints`` (where
+checkpoints are stored), ``_transactions`` (one transactional producer per partition),
+``_outputs`` (output delivery).
+"""
+
+from __future__ import annotations
+
+from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
+from decaton_aio.consumer.commit._checkpoints import CheckpointStore
+from decaton_aio.consumer.commit._committer import Committer
+from decaton_aio.consumer.commit._outputs import DurableOutputs, deliver_outputs
+from decaton_aio.consumer.commit._transactions import FencedError, PartitionTransaction
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "Committer",
+    "DurableOutputs",
+    "FencedError",
+    "PartitionTransaction",
+    "deliver_outputs",
+]
