@@ -21,7 +21,7 @@ from pathlib import Path
 from decaton_aio import Application, ProcessingContext, StateStoreConfig, Subscription
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import ConsumerConfig
-from decaton_aio.consumer._store import LocalStore
+from decaton_aio.consumer.state import LocalStore
 from decaton_aio.embedded import EmbeddedBroker
 from decaton_aio.producer import DurableSender, ProducerConfig
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 from aiokafka import TopicPartition
@@ -18,11 +18,8 @@ from decaton_aio.completion import Completion
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import TaskMetadata, metadata_from_headers
 from decaton_aio.metrics import PartitionStats
-from decaton_aio.state import KeyState
+from decaton_aio.state import KeyState, LocalCopy
 from decaton_aio.typing import Record
-
-if TYPE_CHECKING:
-    from decaton_aio.consumer._store import LocalStore
 
 __all__ = ["OutputRecord", "ProcessingContext", "TaskFunction", "TaskSource"]
 
@@ -38,7 +35,7 @@ class TaskSource(Protocol):
     stats: PartitionStats
 
     @property
-    def store(self) -> LocalStore | None:
+    def store(self) -> LocalCopy | None:
         """The local copy of the partition's state (``ctx.state``); ``None``: the
         application has no state store."""
         ...

@@ -30,16 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from decaton_aio.errors import ConfigError
 
-if TYPE_CHECKING:
-    from decaton_aio.consumer._store import LocalStore
-
-__all__ = ["KeyState", "StateStoreConfig"]
+__all__ = ["KeyState", "LocalCopy", "StateStoreConfig"]
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -84,6 +81,18 @@ class StateStoreConfig:
         return f"{group}-{self.name}-changelog"
 
 
+class LocalCopy(Protocol):
+    """A partition's local copy of a store, as :class:`KeyState` reads it.
+
+    The runtime's copies (SQLite, in ``decaton_aio.consumer.state``) are the ones a task
+    sees; the runtime alone writes to them.
+    """
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key`` as stored (encoded), ``None`` when it has none."""
+        ...
+
+
 _UNSET = object()
 _DELETED = object()
 _ENCODER = msgspec.msgpack.Encoder()
@@ -97,7 +106,7 @@ class KeyState:
 
     __slots__ = ("_change", "_encoded", "_key", "_store", "_type")
 
-    def __init__(self, store: LocalStore, key: bytes, value_type: Any = None) -> None:
+    def __init__(self, store: LocalCopy, key: bytes, value_type: Any = None) -> None:
         self._store = store
         self._key = key
         self._type = value_type
@@ -152,7 +161,7 @@ class KeyState:
         return self._key
 
     @property
-    def store(self) -> LocalStore:
+    def store(self) -> LocalCopy:
         """The local copy the key's state is read from (the runtime writes to it)."""
         return self._store
 

@@ -9,15 +9,17 @@ outcome into a finish, a deferred completion, a retry or a dead letter.
 :func:`run_application` is what ``python -m decaton_aio run`` calls.
 
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
-(lanes, slots, pause), ``_execution`` (a task's outcome), ``_watermark`` (the commit
-point), ``_state``,
-``_store``, ``_changelog``, ``_assignor``, ``_state_txn`` and ``_overlay`` (the state
-store; its changes in transactions with exactly-once), ``_records``
-(fetched records without per-record objects), ``_eager`` (starting a coroutine inline),
-``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties, metrics
-around a subscription), ``_health`` (the liveness and readiness probes,
-:class:`HealthCheck`). Subpackages: ``commit`` (commits with checkpoints, exactly-once
-transactions, ``ctx.produce`` delivery).
+(lanes, slots, pause), ``_execution`` (a task's outcome), ``_contract`` (what the
+partition and the executor call of each other), ``_watermark`` (the commit point),
+``_records`` (fetched records without per-record objects), ``_eager`` (starting a
+coroutine inline), ``_legacy`` (pre-Decaton-9 records), ``_ratelimit``, ``_hotkeys``
+(per-key quota), ``_tracing`` (the traced executor), ``_loopwatch`` (event loop lag, GC
+pauses), ``_runner`` (signals, properties, metrics around a subscription), ``_health``
+(the liveness and readiness probes, :class:`HealthCheck`).
+
+Wings, each behind its own face: ``commit`` (commits with checkpoints, exactly-once
+transactions, ``ctx.produce`` delivery) and ``state`` (the state store behind
+``ctx.state``: local copies, changelog, restores, standbys).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from decaton_aio.typing import Record
 if TYPE_CHECKING:
     from decaton_aio.consumer._contract import OutputSink, TaskRunner
     from decaton_aio.consumer._hotkeys import HotKeyDetector
-    from decaton_aio.consumer._store import LocalStore
+    from decaton_aio.state import LocalCopy
 
 __all__ = ["PartitionProcessor", "PartitionState"]
 
@@ -131,7 +131,7 @@ class PartitionProcessor:
         self._idle: asyncio.Event | None = None
         self._attempts: dict[int, int] = {}  # in-place retries: offset -> next attempt
         #: The local copy of the partition's state (``ctx.state``), when the app has one.
-        self.store: LocalStore | None = None
+        self.store: LocalCopy | None = None
         #: The type ``ctx.state.get`` decodes values as (``None``: plain values).
         self.store_type: Any = None
 

@@ -47,8 +47,8 @@ from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
-from decaton_aio.consumer._state import StateCollector, StateStore
 from decaton_aio.consumer.commit import Checkpoint, CheckpointStore, Committer
+from decaton_aio.consumer.state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics, SubscriptionStats
 from decaton_aio.producer import DurableSender, ProducerConfig

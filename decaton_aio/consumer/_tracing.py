@@ -26,10 +26,10 @@ from opentelemetry.context import Context
 from decaton_aio._otel import extract_context, inject_context, messaging_attributes
 from decaton_aio.consumer._contract import OutputSink, TaskHost
 from decaton_aio.consumer._execution import TaskExecutor
-from decaton_aio.consumer._store import LocalStore
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import scheduled_time_of
 from decaton_aio.metrics import PartitionStats
+from decaton_aio.state import LocalCopy
 from decaton_aio.tracing import OUTCOME_ATTRIBUTE, Tracing
 from decaton_aio.typing import Record
 
@@ -58,7 +58,7 @@ class _TracedHost:
         return self._partition.outputs
 
     @property
-    def store(self) -> LocalStore | None:
+    def store(self) -> LocalCopy | None:
         return self._partition.store
 
     @property

@@ -26,7 +26,7 @@ from decaton_aio import (
     RetryTask,
     StateStoreConfig,
 )
-from decaton_aio.consumer._store import LocalStore
+from decaton_aio.consumer.state import LocalStore
 from decaton_aio.testing import BrokerHandle, wait_until
 from decaton_aio.tracing import OUTCOME_ATTRIBUTE, Tracing
 from tests.integration.test_exactly_once import needs_transactions, produce_inputs, read_all

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decaton_aio.consumer._overlay import MISSING, Overlay
-from decaton_aio.consumer._store import LocalStore
+from decaton_aio.consumer.state import LocalStore
+from decaton_aio.consumer.state._overlay import MISSING, Overlay
 
 OWNERS = ("a", "b")
 KEYS = (b"x", b"y", b"z")

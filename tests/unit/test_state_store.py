@@ -13,10 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from decaton_aio import Application, ConfigError, ConsumerConfig, KeyState, StateStoreConfig
-from decaton_aio.consumer._assignor import MemberState, plan_assignment
-from decaton_aio.consumer._state import StateStore
-from decaton_aio.consumer._state_txn import TransactionalChangelog
-from decaton_aio.consumer._store import LocalStore
+from decaton_aio.consumer.state import LocalStore, StateStore
+from decaton_aio.consumer.state._assignor import MemberState, plan_assignment
+from decaton_aio.consumer.state._state_txn import TransactionalChangelog
 from decaton_aio.producer import ProducerConfig
 
 

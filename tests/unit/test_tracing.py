@@ -18,8 +18,8 @@ from decaton_aio.backoff import RetryPolicy
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._partition import PartitionProcessor
-from decaton_aio.consumer._store import LocalStore
 from decaton_aio.consumer._tracing import TracedTaskExecutor
+from decaton_aio.consumer.state import LocalStore
 from decaton_aio.context import ProcessingContext
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.properties import Properties

@@ -31,7 +31,7 @@ import sqlite3
 from collections import deque
 from pathlib import Path
 
-from decaton_aio.consumer._overlay import MISSING, Overlay, Staged
+from decaton_aio.consumer.state._overlay import MISSING, Overlay, Staged
 
 __all__ = ["LocalStore"]
 

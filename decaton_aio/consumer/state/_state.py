@@ -3,7 +3,7 @@
 A :class:`StateStore` is made by the subscription when the application names a store. It
 owns
 
-- the local copies (:class:`~decaton_aio.consumer._store.LocalStore`), one per partition
+- the local copies (``_store``'s :class:`LocalStore`), one per partition
   number this instance owns or keeps as a standby, in ``<directory>/<group>/<store>/``
   (a lock file keeps a second process off the same directory);
 - the changelog writer (its own ``acks=all`` sender without a spool: a change is durable
@@ -37,11 +37,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from decaton_aio.admin import ensure_changelog_topic
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.consumer._assignor import MemberState, StateAwareAssignor
-from decaton_aio.consumer._changelog import ChangelogReader, ChangelogWriter, RestoreStats
 from decaton_aio.consumer._contract import StateWriter
-from decaton_aio.consumer._state_txn import TransactionalChangelog
-from decaton_aio.consumer._store import LocalStore
+from decaton_aio.consumer.state._assignor import MemberState, StateAwareAssignor
+from decaton_aio.consumer.state._changelog import ChangelogReader, ChangelogWriter, RestoreStats
+from decaton_aio.consumer.state._state_txn import TransactionalChangelog
+from decaton_aio.consumer.state._store import LocalStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.producer import DurableSender, ProducerConfig
 from decaton_aio.state import StateStoreConfig

@@ -31,9 +31,9 @@ import structlog
 
 from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import TaskHost
-from decaton_aio.consumer._overlay import Overlay, Staged
-from decaton_aio.consumer._store import LocalStore
 from decaton_aio.consumer.commit import FencedError, PartitionTransaction
+from decaton_aio.consumer.state._overlay import Overlay, Staged
+from decaton_aio.consumer.state._store import LocalStore
 from decaton_aio.context import ProcessingContext
 from decaton_aio.state import KeyState
 
@@ -98,6 +98,7 @@ class TransactionalChangelog:
         if ctx.completion is None and ctx.retry_delay_s is None:
             outputs, ctx.outputs = ctx.outputs, None  # they go out with the change
         store, key, value = state.store, state.key, state.encoded_change()
+        assert isinstance(store, LocalStore), "a task's state reads the runtime's copy"
         attempt = 0
         while not partition.closed and not txn.fenced:
             async with txn.lock:

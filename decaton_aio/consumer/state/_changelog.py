@@ -31,10 +31,10 @@ from aiokafka.errors import KafkaError
 
 from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._records import RAW_RECORDS
+from decaton_aio.consumer.state._store import LocalStore
 
 if TYPE_CHECKING:
     from decaton_aio.consumer._contract import TaskHost
-    from decaton_aio.consumer._store import LocalStore
     from decaton_aio.context import ProcessingContext
     from decaton_aio.producer import DurableSender
     from decaton_aio.state import KeyState
@@ -58,7 +58,9 @@ class ChangelogWriter:
         self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, then: Callable[[], None]
     ) -> None:
         """Write the task's change (:meth:`write`), then call ``then()``."""
-        if await self.write(partition, state.store, state.key, state.encoded_change()):
+        store = state.store
+        assert isinstance(store, LocalStore), "a task's state reads the runtime's copy"
+        if await self.write(partition, store, state.key, state.encoded_change()):
             then()
 
     async def write(
