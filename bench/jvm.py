@@ -2,7 +2,7 @@
 
 :func:`build` compiles the Maven project and copies every dependency jar into the user's
 cache directory (``~/.cache/decaton-aio/jvm-<digest>``, with the embedded broker's Kafka
-jars), through the same Maven machinery (:mod:`decaton_aio._maven`). The digest covers the
+jars), through the same Maven machinery (:mod:`decaton_aio.embedded._maven`). The digest covers the
 pom, every source file, the Maven profiles, the extra repository and, when that is a local
 ``file://`` repository, the content of the Decaton jars and poms in it, so an edit or a
 rebuilt repository builds again and an unchanged tree never does. ``-Pdecaton`` adds
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from decaton_aio._maven import cache_root, find_java, find_mvn, maven_into_cache
+from decaton_aio.embedded._maven import cache_root, find_java, find_mvn, maven_into_cache
 
 __all__ = [
     "DECATON_VERSION",

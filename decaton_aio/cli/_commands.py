@@ -27,7 +27,6 @@ import msgspec
 import structlog
 from aiokafka.errors import KafkaError
 
-from decaton_aio._apache_kafka import KAFKA_VERSION, kafka_cache_dir, resolve_kafka_classpath
 from decaton_aio._connect import start_admin
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application
@@ -44,7 +43,13 @@ from decaton_aio.cli._supervisor import (
 )
 from decaton_aio.client_properties import ClusterSettings
 from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
-from decaton_aio.embedded import BrokerSecurity, EmbeddedBroker
+from decaton_aio.embedded import (
+    KAFKA_VERSION,
+    BrokerSecurity,
+    EmbeddedBroker,
+    kafka_cache_dir,
+    resolve_kafka_classpath,
+)
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import group_positions
 from decaton_aio.producer import ProducerConfig, TaskProducer

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from decaton_aio import Application, BytesSerializer, TaskProducer
-from decaton_aio._apache_kafka import java_executable, resolve_kafka_classpath
+from decaton_aio.embedded._apache_kafka import java_executable, resolve_kafka_classpath
 from decaton_aio.producer import COMPRESSION_TYPES
 from decaton_aio.testing import BrokerHandle, drain
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from decaton_aio import _apache_kafka, embedded
-from decaton_aio.embedded import FLAVORS, EmbeddedBroker, _metadata_probe, resolve_tansu_binary
+from decaton_aio import embedded
+from decaton_aio.embedded import FLAVORS, EmbeddedBroker, _apache_kafka, resolve_tansu_binary
+from decaton_aio.embedded._broker import _metadata_probe
 from decaton_aio.errors import BrokerError, ConfigError
 
 every_flavor = pytest.mark.parametrize("flavor", FLAVORS)

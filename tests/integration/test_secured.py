@@ -34,8 +34,8 @@ from decaton_aio import (
     Subscription,
     TaskProducer,
 )
-from decaton_aio._tls import CertificateAuthority
 from decaton_aio.cli import EXIT_NOPERM
+from decaton_aio.embedded._tls import CertificateAuthority
 from decaton_aio.offsets import group_positions
 from decaton_aio.properties import KafkaPropertySource, encode_record
 from decaton_aio.testing import BrokerHandle, drain, read_records

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from decaton_aio import _apache_kafka
+from decaton_aio.embedded import _apache_kafka
 
 
 def test_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import jvm
-from decaton_aio import _maven
+from decaton_aio.embedded import _maven
 
 
 def _artifact(repository: Path, name: str, suffix: str, content: bytes) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from decaton_aio import ConfigError, SecuritySettings
-from decaton_aio._tls import CertificateAuthority
+from decaton_aio.embedded._tls import CertificateAuthority
 from decaton_aio.security import read_secret_file, security_from_env
 
 SECRET = "hunter2-very-secret"

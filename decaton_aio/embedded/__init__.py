@@ -1,0 +1,47 @@
+"""The embedded broker: a real broker process started, probed and stopped by this library,
+for tests, demos and benchmarks.
+
+:class:`EmbeddedBroker` runs one of the :data:`FLAVORS`: ``apache``, Apache Kafka itself
+(:data:`KAFKA_VERSION`, KRaft, one node or three; needs Java 17+ and Maven), or ``tansu``,
+a Kafka-compatible broker shipped as a binary (:func:`resolve_tansu_binary`).
+:class:`BrokerSecurity` asks for a secured Apache Kafka (SASL_SSL with SCRAM users, mutual
+TLS); each secured listener comes back as a :class:`BrokerListener` with its client
+settings. :func:`resolve_kafka_classpath` fetches Apache Kafka's jars into
+:func:`kafka_cache_dir` ahead of a first start (``python -m decaton_aio broker
+--resolve-only``).
+
+Inside (private): ``_broker`` (the broker process: ports, probes, logs, stop, Tansu),
+``_apache_kafka`` (Apache Kafka's jars, configuration and nodes; its pom and log
+configuration in ``_kafka/``), ``_kafka_security`` and ``_tls`` (a secured broker: SCRAM
+users, listeners, a CA per start), ``_maven`` (java, mvn, Maven into the user's cache;
+``bench/jvm.py`` builds the project's Java with it too).
+"""
+
+from __future__ import annotations
+
+from decaton_aio.embedded._apache_kafka import kafka_cache_dir, resolve_kafka_classpath
+from decaton_aio.embedded._broker import (
+    BINARY_ENV_VAR,
+    FLAVOR_ENV_VAR,
+    FLAVORS,
+    KAFKA_VERSION,
+    BrokerListener,
+    BrokerSecurity,
+    EmbeddedBroker,
+    find_free_port,
+    resolve_tansu_binary,
+)
+
+__all__ = [
+    "BINARY_ENV_VAR",
+    "FLAVORS",
+    "FLAVOR_ENV_VAR",
+    "KAFKA_VERSION",
+    "BrokerListener",
+    "BrokerSecurity",
+    "EmbeddedBroker",
+    "find_free_port",
+    "kafka_cache_dir",
+    "resolve_kafka_classpath",
+    "resolve_tansu_binary",
+]
