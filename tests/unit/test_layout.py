@@ -1,5 +1,7 @@
 """The package's import graph has no cycles: each module can be read on top of the ones
-it imports, and a subsystem never reaches back into the modules that use it."""
+it imports, and a subsystem never reaches back into the modules that use it. And
+subsystems meet at their faces: a subpackage's private modules (``_name``) are imported
+only from inside that subpackage; everyone else imports its ``__init__``."""
 
 from __future__ import annotations
 
@@ -88,6 +90,29 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def owner(module: str) -> str | None:
+    """The package whose machinery a private module is: the path before its first private
+    part (``p.sub._x`` and ``p.sub._x.y`` belong to ``p.sub``); ``None`` for a public one."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def behind_faces(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The arrows that reach into a subpackage from outside it: to a private module of a
+    package the importer is not in. Inside a subpackage (its subpackages included) the
+    private modules import each other freely."""
+    found = []
+    for module, targets in graph.items():
+        for target in targets:
+            package = owner(target)
+            if package is not None and not (module + ".").startswith(package + "."):
+                found.append((module, target))
+    return sorted(found)
+
+
 @pytest.mark.parametrize("package", ["decaton_aio", "spark_jobs"])
 def test_no_import_cycles(package: str) -> None:
     graph = import_graph(ROOT / package)
@@ -107,3 +132,29 @@ def test_import_reader_resolves_relative_and_submodule_imports() -> None:
     source = "from . import b\nfrom .sub import c\nfrom p.sub.c import thing\nimport p.a\n"
     assert imports_of(source, "p.a", False, known) == {"p.b", "p.sub.c"}
     assert imports_of("from .c import x\n", "p.sub", True, known) == {"p.sub.c"}
+
+
+@pytest.mark.parametrize("package", ["decaton_aio", "spark_jobs"])
+def test_subsystems_meet_at_their_faces(package: str) -> None:
+    """A module outside ``decaton_aio/consumer/commit/`` imports ``decaton_aio.consumer.commit``,
+    never ``decaton_aio.consumer.commit._committer``; so for every subpackage (consumer,
+    its commit and state wings, producer, properties, embedded, cli)."""
+    graph = import_graph(ROOT / package)
+    assert behind_faces(graph) == []
+
+
+def test_face_check_sees_a_reach_behind_a_face() -> None:
+    """The check itself fails on an import of another subpackage's private module, and
+    allows the package's own modules, its face and its subpackages."""
+    graph = {
+        "p": {"p.sub", "p._top"},
+        "p.app": {"p.sub", "p._top"},
+        "p.sub": {"p.sub._a"},
+        "p.sub._a": {"p.sub._b", "p._top", "p.sub.wing"},
+        "p.sub.wing": {"p.sub.wing._c"},
+        "p.sub.wing._c": {"p.sub._b"},
+        "p.sub._b": set(),
+        "p.other._d": {"p.sub.wing._c"},
+        "p.state": {"p.sub._b"},
+    }
+    assert behind_faces(graph) == [("p.other._d", "p.sub.wing._c"), ("p.state", "p.sub._b")]
