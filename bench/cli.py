@@ -23,7 +23,7 @@ _DESCRIPTION = "Run the benchmark scenarios against the embedded broker; see ben
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=_DESCRIPTION)
     parser.add_argument("--quick", action="store_true", help="short windows (bench-quick)")
-    parser.add_argument("--only", default="", help="scenarios to run, e.g. S1,L,S5")
+    parser.add_argument("--only", default="", help="scenarios to run, e.g. S1,L,S5,S1-P96")
     parser.add_argument("--contenders", default="", help="contenders to run, e.g. ours,gather")
     parser.add_argument(
         "--broker",

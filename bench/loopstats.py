@@ -4,7 +4,8 @@ The harness starts ``python -m decaton_aio run`` with a metrics port and scrapes
 a rung's window opens and when it ends; the difference of the two scrapes is the
 window's. From it: the event loop's lag (p99 and the largest), the garbage collector's
 pauses, the runtime's longest step of its own, and where tasks waited before they
-started (fetch, feed, lane, concurrency slot). Histogram quantiles are bucket bounds:
+started (fetch, feed, lane, concurrency slot), and the records pending when the rung's
+load ended. Histogram quantiles are bucket bounds:
 "p99 <= 2 ms" means the 99th percentile fell in the bucket that ends at 2 ms.
 
 With ``--workers N`` the supervisor's endpoint serves every worker's series (a
@@ -22,7 +23,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["FAMILIES", "Buckets", "free_port", "scrape", "window_figures"]
+__all__ = ["FAMILIES", "GAUGES", "Buckets", "free_port", "scrape", "window_figures"]
 
 #: Histogram families read, by the short name the figures use.
 FAMILIES = {
@@ -36,7 +37,11 @@ FAMILIES = {
     "delivery": "decaton_task_delivery_latency_seconds",
 }
 
-#: short name -> {upper bound: cumulative count} (summed over every series).
+#: Gauges read at the window's end, summed over every series (partitions, workers).
+GAUGES = {"pending": "decaton_partition_tasks_pending"}
+
+#: short name -> {upper bound: cumulative count} (summed over every series); a gauge of
+#: :data:`GAUGES` is kept as ``{0.0: sum}`` under ``gauge:<short name>``.
 Buckets = dict[str, dict[float, float]]
 
 
@@ -51,8 +56,15 @@ def free_port() -> int:
 def parse(text: str) -> Buckets:
     """The cumulative buckets of :data:`FAMILIES` in a metrics page."""
     wanted = {family: short for short, family in FAMILIES.items()}
+    gauges = {family: f"gauge:{short}" for short, family in GAUGES.items()}
     out: Buckets = {short: defaultdict(float) for short in FAMILIES}
     for family in text_string_to_metric_families(text):
+        if family.name in gauges:
+            key = gauges[family.name]
+            out[key] = defaultdict(float)
+            for sample in family.samples:
+                out[key][0.0] += sample.value
+            continue
         short = wanted.get(family.name)
         if short is None:
             continue
@@ -89,10 +101,17 @@ def _quantile_ms(cumulative: dict[float, float], q: float) -> float | None:
     return math.inf
 
 
-def window_figures(before: Buckets, after: Buckets) -> dict[str, Any]:
+def window_figures(
+    before: Buckets, after: Buckets, at_end: Buckets | None = None
+) -> dict[str, Any]:
     """p50, p99 and the largest bucket of each family over the window between two
-    scrapes, and how many observations each had (``None``: none in the window)."""
+    scrapes, and how many observations each had (``None``: none in the window); each
+    gauge's sum in ``at_end`` (a scrape when the load ended; default ``after``):
+    ``pending_at_end``, records fetched and not completed."""
     out: dict[str, Any] = {}
+    for short in GAUGES:
+        value = (at_end if at_end is not None else after).get(f"gauge:{short}", {}).get(0.0)
+        out[f"{short}_at_end"] = None if value is None else int(value)
     for short in FAMILIES:
         start, end = before.get(short, {}), after.get(short, {})
         diff = {bound: end[bound] - start.get(bound, 0.0) for bound in end}

@@ -27,7 +27,7 @@ from typing import Any
 from bench.body import FACTS_ENV_VAR, GC_POLICY
 from bench.contenders import CONTENDERS
 from bench.loopstats import free_port, scrape, window_figures
-from bench.procs import cpu_delta, cpu_times, start_process, stop_process
+from bench.procs import cpu_delta, cpu_times, rss_bytes, start_process, stop_process
 from bench.taskfacts import count_facts, load_facts, produce_to_done_ms
 from bench.workload import RunSpec, pace_with_librdkafka, security_of
 from decaton_aio.security import SecuritySettings
@@ -67,7 +67,7 @@ def command_line(
             target = who.module.replace(":app", ":no_checkpoints_app")
         argv = [python, "-m", "decaton_aio", "--log-level", "warning", "--log-format", "json"]
         argv += ["run", target, "--bootstrap-servers", spec.bootstrap]
-        argv += ["--topic", spec.topic, "--group", spec.group, "--workers", str(who.processes)]
+        argv += ["--topic", spec.topic, "--group", spec.group, "--workers", who.workers]
         argv += ["--session-timeout-ms", str(spec.session_timeout_ms)]
         argv += ["--heartbeat-interval-ms", str(max(100, spec.session_timeout_ms // 10))]
         if spec.client_properties is not None:
@@ -154,6 +154,7 @@ class Harness:
         """One throughput run; the result's keys are described in bench/README.md."""
         spec = self._spec(contender, topic, partitions, options, tag)
         facts_dir = Path(spec.facts_dir)
+        load_at_start = os.getloadavg()[0]
         proc, log = await self._start(spec, tag)
         try:
             await self._first_task(proc, facts_dir, log)
@@ -162,6 +163,7 @@ class Harness:
             cpu0, broker0, t0 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
             await asyncio.sleep(window_s)
             cpu1, broker1, t1 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
+            rss, tree = rss_bytes(roots)
             if proc.returncode is not None:
                 raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
             await asyncio.sleep(0.5)  # the contender's facts of the window reach its file
@@ -194,6 +196,9 @@ class Harness:
             "ran_out_of_records": ran_out,
             "timeline": counted.timeline(t0, t1),
             "gc_policy": list(GC_POLICY) if CONTENDERS[contender].kind != "java" else None,
+            "rss_bytes": rss,
+            "tree_processes": tree,
+            "loadavg_1m_at_start": round(load_at_start, 2),
             "loadavg_1m": round(os.getloadavg()[0], 2),
         }
 
@@ -213,9 +218,11 @@ class Harness:
         tag: str,
         always_up_to: float = 0.0,
     ) -> list[dict[str, Any]]:
-        """Paced rungs at ``rates`` tasks/s (ascending) on one process of the contender;
-        stops after two rungs in a row over ``p99_bound_ms``, once the rates up to
-        ``always_up_to`` have run."""
+        """Paced rungs at ``rates`` tasks/s (ascending) on one run of the contender (its
+        whole process tree); stops after two rungs in a row over ``p99_bound_ms``, once
+        the rates up to ``always_up_to`` have run. A rung also says the CPU of the tree
+        per 1000 tasks that ended in its window, the tree's RSS at its end and, for ours,
+        the runtime's figures over the window (:func:`bench.loopstats.window_figures`)."""
         spec = self._spec(contender, topic, partitions, options, tag)
         facts_dir = Path(spec.facts_dir)
         # Ours serves its metrics: the loop's lag, GC pauses and the wait split per rung.
@@ -241,18 +248,24 @@ class Harness:
                 pacing = asyncio.create_task(
                     self._pace(topic, rate, warmup_s + window_s, keys, partitions, seq, i)
                 )
-                opened = None
-                if port is not None:
-                    await asyncio.sleep(warmup_s)  # the window opens at a time, not an event
-                    opened = await scrape(port)
+                await asyncio.sleep(warmup_s)  # the window opens at a time, not an event
+                cpu0 = cpu_times([proc.pid])
+                opened = await scrape(port) if port is not None else None
                 sent = await pacing
                 t1 = time.time_ns()
+                cpu = cpu_delta(cpu0, cpu_times([proc.pid]))
+                rss, _ = rss_bytes([proc.pid])
+                # What the runtime holds when the load ends (the drain empties it).
+                at_end = await scrape(port) if opened is not None else None
                 deadline = time.monotonic() + drain_s
                 while True:
                     await asyncio.sleep(0.25)
-                    latency = produce_to_done_ms(load_facts(facts_dir), sent, t0, t1)
+                    facts = load_facts(facts_dir)
+                    latency = produce_to_done_ms(facts, sent, t0, t1)
                     if latency["not_done"] == 0 or time.monotonic() > deadline:
                         break
+                # CPU of the contender's tree over the window, per task that ended in it.
+                ended = len(facts.ended_in(t0, t1))
                 if proc.returncode is not None:
                     raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
                 p99 = latency.get("p99_ms")
@@ -261,7 +274,7 @@ class Harness:
                 if port is not None and opened is not None:
                     closed = await scrape(port)
                     if closed is not None:
-                        runtime = {"runtime": window_figures(opened, closed)}
+                        runtime = {"runtime": window_figures(opened, closed, at_end)}
                 # The pace achieved: a producer that cannot keep up sends less than asked.
                 achieved = min(rate, sent["produced_per_s"])
                 rungs.append(
@@ -270,6 +283,9 @@ class Harness:
                         "requested_rate": round(rate),
                         "p99_under_bound": ok,
                         **latency,
+                        "cpu_s_per_1000": round(cpu / ended * 1000, 5) if ended else None,
+                        "cpu_util": round(cpu / ((t1 - t0) / 1e9), 3),
+                        "rss_bytes": rss,
                         **runtime,
                     }
                 )

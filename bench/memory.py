@@ -1,6 +1,7 @@
 """S5: resident memory per pending record at ``decaton.max.pending.records`` = 100,000.
 
-The topic (one partition) holds exactly ``max_pending`` tasks. The processor never
+The topic (one partition, or several: S5's shapes) holds exactly ``target`` tasks, and
+no partition's ``max_pending`` is below its share. The processor never
 finishes (it waits on an event), so every fetched record stays pending: up to
 ``concurrency`` of them as suspended coroutines, the rest queued in key lanes or the ready
 queue. RSS is read after the subscription started (before any record arrived) and again
@@ -39,7 +40,8 @@ async def run(spec: Spec) -> dict[str, Any]:
     async def process(_ctx: Any, task: Task) -> None:
         await forever.wait()
 
-    target = int(spec.options.get("max_pending", 100_000))
+    # Pending records to wait for: the topic's (max_pending per partition may be more).
+    target = int(spec.options.get("target", spec.options.get("max_pending", 100_000)))
     subscription = build_subscription(spec, process)
     await subscription.start()
     gc.collect()

@@ -15,9 +15,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["cpu_delta", "cpu_times", "descendants", "start_process", "stop_process"]
+__all__ = [
+    "cpu_delta",
+    "cpu_times",
+    "descendants",
+    "rss_bytes",
+    "start_process",
+    "stop_process",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -54,6 +62,20 @@ def cpu_times(roots: Iterable[int]) -> dict[int, float]:
         if fields is not None:
             out[pid] = (int(fields[11]) + int(fields[12])) / _TICK
     return out
+
+
+def rss_bytes(roots: Iterable[int]) -> tuple[int, int]:
+    """The resident memory of the trees under ``roots`` (summed; pages two processes
+    share count twice) and how many processes they hold."""
+    total = count = 0
+    for pid in descendants(roots):
+        try:
+            raw = Path(f"/proc/{pid}/statm").read_text()
+        except OSError:
+            continue
+        total += int(raw.split()[1]) * _PAGE
+        count += 1
+    return total, count
 
 
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:

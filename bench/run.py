@@ -1,7 +1,8 @@
 """The orchestrator: ``python -m bench [--quick] [--only S1,L] [--contenders ours,gather]``.
 
-S1-S3 and the latency ladder (``L``) run on one embedded broker (:mod:`bench.fair`); S5
-and S6 get a broker each, S4 none. Every result is printed as a JSON line and, at the end,
+S1-S3, the latency ladder (``L``) and the S1 variants (``S1-P96``, ``S1-K1M``) run on one
+embedded broker (:mod:`bench.fair`), every throughput run on a topic of its own; S5 and S6
+get a broker each, S4 none. Every result is printed as a JSON line and, at the end,
 written to ``bench/results/<mode>.json``, ``<mode>.md`` and ``<mode>.png`` with the
 targets, judged from the same run. Contenders that cannot run here (a package or the Java
 runner missing) are recorded as not available, with the reason.
@@ -29,7 +30,7 @@ from typing import Any, BinaryIO
 
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
-from bench.scenarios import S6_QUOTA, Scenario, Sizes, plan
+from bench.scenarios import GROWTH, S6_QUOTA, Scenario, Sizes, plan
 from bench.workload import Spec, make_tasks, produce_paced, produce_tasks, security_of
 
 __all__ = ["REPO", "RESULTS", "SECURED", "Run", "emit_line", "say"]
@@ -39,7 +40,7 @@ RESULTS = REPO / "bench" / "results"
 SESSION_TIMEOUT_MS = 6000
 #: What ``--secured`` brokers require; the label of their results.
 SECURED = "SASL_SSL SCRAM-SHA-512"
-_FAIR = ("S1", "S2", "S3", "L")
+_FAIR = ("S1", "S2", "S3", "L", *GROWTH)
 
 
 def say(text: str) -> None:
@@ -167,7 +168,8 @@ class Run:
     # ----------------------------------------------------------------- fair part
 
     async def fair(self, scenarios: list[Scenario], flavor: str) -> None:
-        """S1, the ladder, S3 and S2 on one broker (L, S3 and S2 need S1's best settings)."""
+        """S1, the ladder, S3, S2 and the S1 variants on one broker (the others need S1's
+        best settings and capacities)."""
         from bench.fair import FairRun
         from bench.measure import Harness
         from decaton_aio.testing import TopicAdmin
@@ -212,6 +214,12 @@ class Run:
                     if name == "S3":
                         await fair.sweep(scn, self._wanted(scn))
                     await fair.repeats(scn, self._wanted(scn))
+            # Our cost as the work grows: S1's runs and 50% rung on more partitions, keys.
+            for name in GROWTH:
+                if name in by_name:
+                    scn = by_name[name]
+                    say(f"{name}: {scn.title}")
+                    await fair.growth(scn, self._wanted(scn))
         finally:
             await admin.close(delete=False)
             broker.stop()
@@ -327,49 +335,60 @@ class Run:
         return counts
 
     async def _memory(self, scn: Scenario, bootstrap: str, admin: Any) -> None:
-        points = []
-        for size in scn.options["ours"]["pending_sizes"]:
-            topic = await admin.create(1, name=f"bench-s5-{size}-{time.time_ns() % 10**6}")
-            await produce_tasks(
-                bootstrap,
-                topic,
-                make_tasks(size, keys=scn.keys, partitions=1, sleep_ms=10),
-                security=security_of(self.client_properties),
-            )
-            spec = Spec(
-                scenario="S5",
-                contender="ours",
-                bootstrap=bootstrap,
-                topic=topic,
-                partitions=1,
-                keys=scn.keys,
-                measured=size,
-                measure_max_s=scn.measure_max_s,
-                session_timeout_ms=SESSION_TIMEOUT_MS,
-                options={"max_pending": size},
-                client_properties=self.client_properties,
-            )
-            for line in await self.child(spec, timeout_s=60 + scn.measure_max_s):
-                if line.get("event") == "result":
-                    points.append(
-                        (line["pending"], line["rss_after_bytes"] - line["rss_before_bytes"])
-                    )
-                    line["phase"] = "point"
-                self.record(line)
-        if len(points) >= 2:
-            import numpy as np
+        """S5 on each of its shapes (partitions, keys): RSS growth at each pending size,
+        and the slope. On several partitions each one's ``max_pending`` is 1.5 times its
+        share, so every record of the topic becomes pending."""
+        options = scn.options["ours"]
+        for partitions, keys in options.get("shapes", ((scn.partitions, scn.keys),)):
+            points = []
+            for size in options["pending_sizes"]:
+                topic = await admin.create(
+                    partitions,
+                    name=f"bench-s5-{partitions}p-{keys}k-{size}-{time.time_ns() % 10**6}",
+                )
+                await produce_tasks(
+                    bootstrap,
+                    topic,
+                    make_tasks(size, keys=keys, partitions=partitions, sleep_ms=10),
+                    security=security_of(self.client_properties),
+                )
+                per_partition = size if partitions == 1 else -(-size * 3 // (2 * partitions))
+                spec = Spec(
+                    scenario="S5",
+                    contender="ours",
+                    bootstrap=bootstrap,
+                    topic=topic,
+                    partitions=partitions,
+                    keys=keys,
+                    measured=size,
+                    measure_max_s=scn.measure_max_s,
+                    session_timeout_ms=SESSION_TIMEOUT_MS,
+                    options={"max_pending": per_partition, "target": size},
+                    client_properties=self.client_properties,
+                )
+                for line in await self.child(spec, timeout_s=60 + scn.measure_max_s):
+                    if line.get("event") == "result":
+                        points.append(
+                            (line["pending"], line["rss_after_bytes"] - line["rss_before_bytes"])
+                        )
+                        line["phase"] = "point"
+                    self.record({**line, "partitions": partitions, "keys": keys})
+            if len(points) >= 2:
+                import numpy as np
 
-            slope = float(np.polyfit([p for p, _ in points], [b for _, b in points], 1)[0])
-            self.record(
-                {
-                    "event": "result",
-                    "scenario": "S5",
-                    "contender": "ours",
-                    "bytes_per_pending": round(slope, 1),
-                    "points": points,
-                    "note": "least-squares slope of RSS growth over pending records",
-                }
-            )
+                slope = float(np.polyfit([p for p, _ in points], [b for _, b in points], 1)[0])
+                self.record(
+                    {
+                        "event": "result",
+                        "scenario": "S5",
+                        "contender": "ours",
+                        "partitions": partitions,
+                        "keys": keys,
+                        "bytes_per_pending": round(slope, 1),
+                        "points": points,
+                        "note": "least-squares slope of RSS growth over pending records",
+                    }
+                )
 
     async def _hot_key(self, scn: Scenario, variant: str, bootstrap: str, admin: Any) -> None:
         assert scn.paced is not None

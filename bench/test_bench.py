@@ -300,3 +300,267 @@ def test_capacity_gives_the_ladder_its_pace_and_a_bad_one_exits_with_one_line(
             _parse(["--capacity", bad])
         assert ended.value.code == 2
         assert "--capacity" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ targets (issue 32)
+
+
+def _runtime_figures(lag_ms: float) -> dict[str, Any]:
+    # What bench.loopstats.window_figures gives for a rung of ours.
+    return {
+        "loop_lag_count": 2000,
+        "loop_lag_p50_ms": 0.25,
+        "loop_lag_p99_ms": lag_ms,
+        "loop_lag_max_ms": 10.0,
+        "step_max_ms": 2.5,
+        "gc_pause_count": 3,
+        "gc_pause_max_ms": 5.0,
+        "wait_fetch_p99_ms": 2.0,
+        "wait_feed_p99_ms": 0.5,
+        "wait_lane_p99_ms": 1.0,
+        "wait_slot_p99_ms": 0.1,
+        "pending_at_end": 1234,
+    }
+
+
+def _ladder_line(contender: str, capacity: float, best: float | None, **half: Any) -> dict:
+    rungs = [
+        {"share_of_capacity": 0.25, "rate": capacity / 4, "p50_ms": 11.0, "p99_ms": 20.0},
+        {
+            "share_of_capacity": 0.5,
+            "rate": capacity / 2,
+            "p50_ms": 11.0,
+            "p99_ms": 30.0,
+            "wait_p99_ms": 1.0,
+            "cpu_s_per_1000": 0.01,
+            **half,
+        },
+    ]
+    return _result_line(
+        contender=contender,
+        event="latency",
+        phase="ladder",
+        capacity=capacity,
+        rungs=rungs,
+        best_rate_p99_under_bound=best,
+        processes=0 if contender == "ours-auto" else 1,
+    )
+
+
+def _issue_32_results(good: bool) -> list[dict[str, Any]]:
+    """A run's rows where every target of issue 32 passes (``good``) or fails."""
+    ours_auto = 160_000.0 if good else 100_000.0
+    ours = 80_000.0 if good else 60_000.0
+    lag = 1.0 if good else 5.0
+    wait = 2.0 if good else 40.0
+    rows = [
+        _result_line(
+            contender="ours-auto",
+            processes=3,
+            tasks_per_s=ours_auto,
+            cpu_s_per_1000=0.011 if good else 0.02,
+        ),
+        _result_line(tasks_per_s=ours),
+        _result_line(
+            contender="decaton-virtual", kind="java", tasks_per_s=150_000.0, cpu_s_per_1000=0.0126
+        ),
+        _result_line(contender="confluent-keyed", kind="python", tasks_per_s=65_000.0),
+        _result_line(
+            contender="confluent-gather",
+            kind="python",
+            ordered_by_design=False,
+            tasks_per_s=117_000.0,
+        ),
+        _ladder_line(
+            "ours-auto",
+            ours_auto,
+            80_000.0 if good else 40_000.0,
+            wait_p99_ms=wait,
+            runtime=_runtime_figures(lag),
+        ),
+        _ladder_line(
+            "ours",
+            ours,
+            40_000.0 if good else 17_641.0,
+            wait_p99_ms=wait,
+            runtime=_runtime_figures(lag),
+        ),
+        _ladder_line("decaton-virtual", 150_000.0, 74_429.0),
+        _result_line(scenario="S3", contender="ours-auto", tasks_per_s=0.8 * ours_auto),
+        _result_line(scenario="S3", tasks_per_s=0.8 * ours),
+    ]
+    for name, shape in (("S1-P96", (96, 10_000)), ("S1-K1M", (3, 1_000_000))):
+        share = 0.95 if good else 0.5
+        where = {"partitions": shape[0], "keys": shape[1]}
+        rows += [
+            _result_line(
+                scenario=name, contender="ours-auto", tasks_per_s=share * ours_auto, **where
+            ),
+            _result_line(scenario=name, tasks_per_s=share * ours, **where),
+            {
+                **_ladder_line("ours-auto", ours_auto, None, runtime=_runtime_figures(lag)),
+                "scenario": name,
+            },
+            {**_ladder_line("ours", ours, None, runtime=_runtime_figures(lag)), "scenario": name},
+        ]
+    return rows
+
+
+_ISSUE_32 = (
+    "ours (--workers auto) >= 1.0 x Decaton VIRTUAL_THREAD's",
+    "ours one process >= 2 x 17,641/s",
+    "p99 wait before start <= 5 ms",
+    "at 50% of our capacity: event loop lag p99 <= 2 ms, ours (--workers auto)",
+    "S1 ours (--workers auto) >= 1.0 x Decaton VIRTUAL_THREAD",
+    "S1 ours one process >= 1.2 x best key-ordered Python loop",
+    "S1 CPU s per 1000 tasks: ours (--workers auto) <= Decaton VIRTUAL_THREAD's",
+    "S1-P96 ours (--workers auto) tasks/s >= 0.9 x its S1",
+    "S1-P96 at 50% of S1 capacity: event loop lag p99 <= 2 ms",
+    "S1-K1M ours (--workers auto) tasks/s >= 0.9 x its S1",
+    "S1-K1M at 50% of S1 capacity: event loop lag p99 <= 2 ms",
+)
+
+
+def _verdicts(results: list[dict[str, Any]]) -> dict[str, bool | None]:
+    from bench.report import evaluate_targets
+
+    targets = evaluate_targets(results)
+    out = {}
+    for wanted in _ISSUE_32:
+        found = [t for t in targets if wanted in t["target"]]
+        assert len(found) == 1, (wanted, [t["target"] for t in targets])
+        out[wanted] = found[0]["pass"]
+    return out
+
+
+def test_issue_32_targets_pass_on_good_figures_and_fail_on_bad_ones() -> None:
+    """Every target of issue 32 is judged from a run's rows: PASS when ours (deployed or
+    one process, as the target says) meets it, FAIL when it does not; the kept targets
+    (S3, order, commit) are judged for both of ours."""
+    from bench.report import evaluate_targets
+
+    assert set(_verdicts(_issue_32_results(good=True)).values()) == {True}
+    bad = _verdicts(_issue_32_results(good=False))
+    assert {k for k, v in bad.items() if v is not True} == set(_ISSUE_32), bad
+    names = [t["target"] for t in evaluate_targets(_issue_32_results(good=True))]
+    for who in ("ours (--workers auto)", "ours one process"):
+        assert f"S3 {who} >= 0.7 x its S1" in names
+        assert f"S1 {who} per-key order violations and overlaps == 0" in names
+    # Today's targets that are replaced are gone.
+    assert not [n for n in names if "1.5 x every peer" in n or "batch-based" in n]
+
+
+def test_issue_32_targets_read_the_rung_nearest_half_and_note_one_process() -> None:
+    """The 50% targets read the rung nearest 50% of capacity, also when the shares are
+    missing (rate over capacity); the one-process figure is in the note; a target whose
+    contender did not run is n/a, not PASS."""
+    from bench.report import evaluate_targets
+
+    rows = _issue_32_results(good=True)
+    for row in rows:
+        for rung in row.get("rungs", []):
+            rung.pop("share_of_capacity")
+    by_name = {t["target"]: t for t in evaluate_targets(rows)}
+    lag = next(t for n, t in by_name.items() if n.startswith("at 50% of our capacity: event"))
+    assert lag["pass"] is True
+    assert lag["value"] == 1.0
+    assert "one process 1.0 ms" in lag["detail"]
+    only_ours = [r for r in rows if r["contender"] != "ours-auto"]
+    by_name = {t["target"]: t for t in evaluate_targets(only_ours)}
+    deployed = [t for n, t in by_name.items() if "ours (--workers auto)" in n]
+    assert deployed
+    assert all(t["pass"] is None for t in deployed)
+
+
+def test_report_shows_our_runtime_per_rung_and_the_cost_as_the_work_grows() -> None:
+    """The latency section has, for each of our rungs, the loop lag, the longest step,
+    GC pauses and the wait split; a section compares the S1 variants with S1."""
+    from bench.report import evaluate_targets, render_markdown
+
+    results = _issue_32_results(good=True)
+    document = {
+        "mode": "full",
+        "finished_at": "now",
+        "machine": {
+            **_machine_line(),
+            "page_cache_reclaim": {"action": "pageout", "state": "on", "min_idle_s": 60.0},
+        },
+        "sizes": {},
+        "results": results,
+        "targets": evaluate_targets(results),
+    }
+    text = render_markdown(document)
+    assert "loop lag p99 / max ms | longest step ms | GC pauses: n, max ms" in text
+    assert "fetch / feed / lane / slot" in text
+    assert "| ours-auto | 50% | 80,000 | 11.0 / 30.0 | 2.0 | 0.0100 | 1,234 | 1.0 / 10 |" in text
+    assert "## Cost as the work grows (ours)" in text
+    assert "| S1-P96: 96 partitions, 10,000 keys | ours-auto | **152,000**" in text
+    assert "| S1-K1M: 3 partitions, 1,000,000 keys | ours | **76,000**" in text
+    assert "idle for 60.0 s (DAMON pageout" in text
+
+
+def test_loop_figures_give_the_pending_records_at_the_window_end() -> None:
+    """The gauge of pending records is summed over partitions and workers at the second
+    scrape; the histograms are differences of the two."""
+    from bench.loopstats import parse, window_figures
+
+    page = """# TYPE decaton_partition_tasks_pending gauge
+decaton_partition_tasks_pending{partition="0",worker="0"} 10.0
+decaton_partition_tasks_pending{partition="1",worker="1"} 5.0
+# TYPE decaton_event_loop_lag_seconds histogram
+decaton_event_loop_lag_seconds_bucket{le="0.001"} %d
+decaton_event_loop_lag_seconds_bucket{le="0.002"} %d
+decaton_event_loop_lag_seconds_bucket{le="+Inf"} %d
+decaton_event_loop_lag_seconds_count %d
+decaton_event_loop_lag_seconds_sum 0.1
+"""
+    before = parse(page % (10, 10, 10, 10))
+    after = parse(page % (100, 109, 110, 110))
+    figures = window_figures(before, after)
+    assert figures["pending_at_end"] == 15
+    assert (
+        window_figures(before, after, parse(page.replace(" 5.0", " 1.0") % (0, 0, 0, 0)))[
+            "pending_at_end"
+        ]
+        == 11
+    )
+    assert figures["loop_lag_count"] == 100
+    assert figures["loop_lag_p50_ms"] == 1.0
+    assert figures["loop_lag_p99_ms"] == 2.0
+
+
+def test_a_run_starts_from_a_topic_log_read_once_and_knows_what_was_resident(
+    tmp_path: Path,
+) -> None:
+    """The topic's segment files are found by partition directory, read once, and their
+    residency told by mincore; without a broker's log directory only sync happens."""
+    from bench.pagecache import resident_bytes, settle_topic, topic_log_files, warm
+
+    for partition in (0, 1):
+        folder = tmp_path / f"bench-s1-x-{partition}"
+        folder.mkdir()
+        (folder / "00000000000000000000.log").write_bytes(b"r" * 100_000)
+        (folder / "00000000000000000000.index").write_bytes(b"i" * 10)
+    (tmp_path / "bench-s1-x-other-0").mkdir()  # another topic whose name starts the same
+    files = topic_log_files([tmp_path], "bench-s1-x")
+    assert [f.parent.name for f in files] == ["bench-s1-x-0", "bench-s1-x-1"]
+    assert warm(files) == 200_000
+    assert resident_bytes(files[0]) == 100_000
+    assert settle_topic([], "bench-s1-x")["log_bytes"] is None
+
+
+def test_ours_as_deployed_runs_with_workers_auto_and_topics_fit_the_fastest() -> None:
+    """The deployed contender is started with --workers auto; a repeat's topic holds
+    records for 1.3 times the fastest sweep run, in steps of 100,000."""
+    from bench.measure import command_line
+    from bench.scenarios import FULL, plan
+    from bench.workload import RunSpec
+
+    spec = RunSpec("ours-auto", "127.0.0.1:9092", "t", "g", 3, "/tmp/facts")
+    argv = command_line(spec, sys.executable)
+    assert argv[argv.index("--workers") + 1] == "auto"
+    one = command_line(RunSpec("ours", "b", "t", "g", 3, "/tmp/facts"), sys.executable)
+    assert one[one.index("--workers") + 1] == "1"
+    s1 = next(s for s in plan(False)[1] if s.name == "S1")
+    assert FULL.records(s1, 20.0) == 3_000_000
+    assert FULL.records(s1, 20.0, fastest=169_000.0) == 5_800_000

@@ -4,7 +4,9 @@ A Python peer's module has ``main(spec, body)`` (or ``run_blocking``), run by
 ``python -m bench.body`` in a fresh process until the harness stops it; it consumes
 ``spec.topic`` from its start and awaits ``body.run_raw(partition, offset, value)`` for
 each record. Ours runs through ``python -m decaton_aio run`` (:mod:`bench.contenders.ours_app`),
-the Java peers through their Maven-built runner (``bench/java``). Every contender writes the
+``ours-auto`` the same with ``--workers auto`` (how it is deployed: the
+worker count chosen at start from the partitions and the usable CPUs), the Java peers
+through their Maven-built runner (``bench/java``). Every contender writes the
 same per-task facts (:mod:`bench.taskfacts`). Imports are lazy so a peer that is not
 installed only fails its own run.
 """
@@ -25,7 +27,9 @@ class Contender(NamedTuple):
         ordered: keeps per-key order by design.
         kind: ``python`` (``python -m bench.body``), ``cli`` (ours) or ``java``.
         batch_based: processes a polled batch to its end before the next (head-of-line).
-        processes: consumer processes it runs.
+        processes: consumer processes it runs (0: chosen at start, ``--workers auto``;
+            a result row then says how many its run had).
+        workers: ours (``cli``): the ``--workers`` it is started with (``1``, ``auto``).
         requires: the import (python) that must work, for "not available".
         plain_only: why it cannot connect to a secured broker (``--secured``); empty
             when it takes the broker's TLS and SASL settings.
@@ -39,6 +43,7 @@ class Contender(NamedTuple):
     processes: int = 1
     requires: str = ""
     plain_only: str = ""
+    workers: str = "1"
 
 
 # The Java runners build their clients from bootstrap servers and group alone.
@@ -52,12 +57,14 @@ CONTENDERS: dict[str, Contender] = {
         True,
         kind="cli",
     ),
-    "ours-2w": Contender(
+    # As deployed: one worker process per share of the cores the runtime picks at start.
+    "ours-auto": Contender(
         "bench.contenders.ours_app:app",
-        "decaton-aio, run --workers 2 (two processes)",
+        "decaton-aio, run --workers auto (as deployed)",
         True,
         kind="cli",
-        processes=2,
+        processes=0,
+        workers="auto",
     ),
     "sequential": Contender("bench.contenders.plain", "aiokafka, sequential, auto-commit", True),
     "gather": Contender(
