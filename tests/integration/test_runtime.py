@@ -367,3 +367,44 @@ async def test_a_deleted_and_recreated_topic_is_processed_from_its_start(
             await committed_to(10, "the commits did not reach the new end")
     finally:
         await admin.close()
+
+
+async def test_a_fetch_batch_is_fed_in_steps_and_the_waits_are_measured(
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a step budget of zero every 32 records of a fetch batch are a step of their
+    own (the loop runs in between), every task is still processed once in key order, and
+    the metrics page shows the loop's lag and where tasks waited: behind their key (lane),
+    for a slot, and for fetch and feed."""
+    from decaton_aio.consumer import _subscription
+
+    monkeypatch.setattr(_subscription, "_STEP_BUDGET_S", 0.0)
+    topic = await topic_factory(partitions=1)
+    produced = await produce(task_producer, topic, 1000, keys=20)
+    seen: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        seen.append(int(task))
+        await asyncio.sleep(0.001)
+
+    app = Application(process, topics=(topic,), properties={"decaton.partition.concurrency": 8})
+    async with kafka_broker.subscription(app) as sub:
+        await wait_until(lambda: len(seen) >= 1000, what="every task processed")
+        stats = sub.stats
+        assert stats.step_duration.count >= 1000 // 32  # one step per 32 records at least
+        assert stats.fetch_wait.count == stats.feed_wait.count >= 1000 // 32
+        assert stats.loop_lag.count > 0
+        (partition,) = sub.partitions.values()
+        assert partition.stats.lane_wait.count > 0  # 20 keys, 8 slots: keys waited
+        assert partition.stats.slot_wait.count > 0
+        page = sub.metrics.render().decode()
+        for family in ("event_loop_lag", "runtime_step_duration", "task_lane_wait"):
+            assert f"decaton_{family}_seconds_count" in page
+    assert len(produced) == 1000
+    assert sorted(seen) == list(range(1000))  # each once (no rebalance, no crash)
+    for key in range(20):  # per-key order: task i has key i % 20
+        of_key = [i for i in seen if i % 20 == key]
+        assert of_key == sorted(of_key)
