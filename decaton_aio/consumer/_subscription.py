@@ -1,15 +1,17 @@
 """A subscription: one consumer, one event loop, many partitions processed concurrently.
 
-The :class:`Subscription` owns an aiokafka consumer (auto commit off) and, per assigned
-partition, a ``PartitionProcessor``. Two routines run on the loop:
+The :class:`Subscription` owns an aiokafka consumer (auto commit off) and its
+``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition, their
+lifecycle, and the one place that pauses and resumes fetching. Two routines run on the
+loop:
 
-- the fetch routine takes record batches and feeds them to their partitions, pausing a
+- the fetch routine takes record batches and feeds them to their partitions, holding a
   partition whose pending records reach ``decaton.max.pending.records``; it lets the loop
   run other work (timers, I/O, completions) whenever a step has fed for ``_STEP_BUDGET_S``,
   so no step of the runtime's own holds the event loop for long
   (``decaton_runtime_step_duration_seconds``);
 - the commit routine commits every partition's watermark (with its checkpoint, or in a
-  transaction with exactly-once; see ``_committer``) each ``decaton.commit.interval.ms``,
+  transaction with exactly-once; see ``commit``) each ``decaton.commit.interval.ms``,
   its preparation in steps of the same budget; a failed commit is logged and tried again
   next time.
 
@@ -42,12 +44,13 @@ from aiokafka.errors import KafkaError
 from decaton_aio._connect import connect_error
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.consumer._assignment import Assignment
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
-from decaton_aio.consumer.commit import Checkpoint, CheckpointStore, Committer
+from decaton_aio.consumer.commit import CheckpointStore, Committer
 from decaton_aio.consumer.state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics, SubscriptionStats
@@ -168,8 +171,17 @@ class Subscription:
             consumer.group_id,
             store=store,
             transactions=self.producer_config if app.exactly_once else None,
-            on_rewind=self._rewind_partition,
-            on_fenced=self._fenced_partition,
+            on_rewind=lambda *args: self._assignment.rewind(*args),
+            on_fenced=lambda processor: self._assignment.fenced(processor),
+        )
+        state_store = self.state_store
+        self._assignment = Assignment(
+            make=self._new_partition,
+            committer=self._committer,
+            restoring=state_store.restoring if state_store is not None else lambda _: False,
+            retire=lambda tp: self.metrics.retire_partition(
+                app.subscription_id, tp.topic, tp.partition
+            ),
         )
         self.state = SubscriptionState.INITIALIZING
         self._stats = self.metrics.register_subscription(
@@ -180,7 +192,7 @@ class Subscription:
         #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
         self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._partitions: dict[TopicPartition, PartitionProcessor] = {}
+        self._partitions = self._assignment.partitions  # the live ones (read here)
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
@@ -281,6 +293,7 @@ class Subscription:
                 await self._sender.stop()
             raise
         self._consumer = consumer
+        self._assignment.attach(consumer)
         topics = list(self.app.subscribed_topics)
         consumer.subscribe(topics, listener=_Listener(self))
         self._watch_properties()
@@ -311,8 +324,8 @@ class Subscription:
             if not drained:
                 log.warning("shutdown timeout: tasks still running are left unfinished")
             await self._commit(final=True)
-            for tp, processor in list(self._partitions.items()):
-                self._close_partition(tp, processor)
+            for processor in list(self._partitions.values()):
+                self._assignment.close(processor)
             await self._executor.close(timeout_s=1.0)
             await self._committer.close()
             if self._consumer is not None:
@@ -367,6 +380,8 @@ class Subscription:
             end_of = consumer.last_stable_offset
         else:
             end_of = consumer.highwater
+        assignment = self._assignment
+        update = assignment.update
         clock, wall = time.monotonic, time.time
         stats = self._stats
         fetch_latency, fetch_wait = stats.fetch_latency.observe, stats.fetch_wait.observe
@@ -395,23 +410,14 @@ class Subscription:
                     fetch_wait((fetched_ms - chunk[0].timestamp) * 0.001)
                     feed_wait(began - fetched)
                     if not processor.feed(chunk):
-                        processor = self._restart_partition(tp, processor, chunk[0].offset)
+                        processor = assignment.restart(processor, chunk[0].offset)
                         processor.feed(chunk)
-                    self._maybe_pause(processor)
+                    if processor.needs_pause and not processor.paused:
+                        update(processor)
                 high = end_of(tp)
                 if high is not None:
                     processor.stats.high_watermark = high
             step(clock() - began)
-
-    def _resume(self, processor: PartitionProcessor) -> None:
-        # Called from a completion when pending records fell below the threshold.
-        if self._partitions.get(processor.tp) is not processor or self._consumer is None:
-            return
-        if self._restoring(processor):
-            processor.set_paused(False)  # the restore resumes it
-            return
-        processor.set_paused(False)
-        self._consumer.resume(processor.tp)
 
     async def _commit_routine(self) -> None:
         while True:
@@ -481,7 +487,7 @@ class Subscription:
         drained = await self._drain(processors, timeout_s)
         await self._commit(processors, final=True)
         for processor in processors:
-            self._close_partition(processor.tp, processor)
+            self._assignment.close(processor)
             if self.state_store is not None:
                 self.state_store.deactivate(processor.tp.partition)
         await self._committer.release([p.tp for p in processors])
@@ -497,69 +503,27 @@ class Subscription:
         if self.state_store is not None:
             if self.app.exactly_once:  # restores read to the end once no one else writes
                 fenced = asyncio.get_running_loop().create_future()
-            self.state_store.assigned({tp.partition for tp in assigned}, self._restored, fenced)
-        fresh = [self._new_partition(tp) for tp in assigned if tp not in self._partitions]
+            self.state_store.assigned(
+                {tp.partition for tp in assigned}, self._assignment.restored, fenced
+            )
+        fresh = [self._assignment.new(tp) for tp in assigned if tp not in self._partitions]
         try:
-            if fresh and self._committer.loads and self._consumer is not None:
-                await self._load(self._consumer, fresh)
-        finally:
-            if fenced is not None:
-                fenced.set_result(None)
-        for processor in fresh:  # visible (and fed) once ready
-            self._partitions[processor.tp] = processor
-        log.info(
-            "partitions assigned",
-            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
-        )
-        if self.state is SubscriptionState.REBALANCING:
-            self._set_state(SubscriptionState.RUNNING)
-
-    async def _load(self, consumer: AIOKafkaConsumer, fresh: list[PartitionProcessor]) -> None:
-        # No record may reach a partition before its checkpoint is imported (it would be
-        # processed again) or, with exactly-once, before its previous owner is fenced: it
-        # is paused (before any await) and joins the fed partitions afterwards.
-        consumer.pause(*(p.tp for p in fresh))
-        try:
-            await self._committer.assign(consumer, fresh)
+            await self._assignment.load(fresh)
         except Exception as exc:
             # Without its producer a partition cannot be processed exactly once.
             self._failure = exc
             log.error("cannot take over the assigned partitions; stopping", exc_info=exc)
             self._stop_task = asyncio.get_running_loop().create_task(self.stop())
             return
-        for processor in fresh:
-            if not processor.paused and not processor.closed and not self._restoring(processor):
-                consumer.resume(processor.tp)
-
-    def _rewind_partition(
-        self, old: PartitionProcessor, offset: int | None, checkpoint: Checkpoint | None
-    ) -> None:
-        # A transaction failed: what it held is gone, so the partition starts again at its
-        # last commit (the records and outputs since then come again).
-        tp = old.tp
-        if self._partitions.get(tp) is not old or self._consumer is None:
-            return
-        self._close_partition(tp, old)
-        processor = self._partitions[tp] = self._new_partition(tp)
-        self._committer.adopt(old, processor)
-        if checkpoint is not None and not checkpoint.empty:
-            processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
-        if offset is not None:
-            self._consumer.seek(tp, offset)
-        if old.paused and not processor.paused and not self._restoring(processor):
-            self._consumer.resume(tp)
-
-    def _restoring(self, processor: PartitionProcessor) -> bool:
-        # Whether the partition waits for its state's restore (it stays paused until then).
-        store = self.state_store
-        return store is not None and store.restoring(processor.tp.partition)
-
-    def _fenced_partition(self, processor: PartitionProcessor) -> None:
-        # Another instance took the partition over: stop it here until the rebalance
-        # takes it away (its records are not fetched meanwhile).
-        processor.close()
-        if self._consumer is not None:
-            self._consumer.pause(processor.tp)
+        finally:
+            if fenced is not None:
+                fenced.set_result(None)
+        log.info(
+            "partitions assigned",
+            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
+        )
+        if self.state is SubscriptionState.REBALANCING:
+            self._set_state(SubscriptionState.RUNNING)
 
     def _new_partition(self, tp: TopicPartition) -> PartitionProcessor:
         props = self.properties
@@ -576,7 +540,7 @@ class Subscription:
             limit=props[PARTITION_CONCURRENCY].value,
             max_pending=props[MAX_PENDING_RECORDS].value,
             stats=self.metrics.register_partition(app.subscription_id, tp.topic, tp.partition),
-            on_below_max_pending=self._resume,
+            on_below_max_pending=self._assignment.update,
             rate=rate.value,
             ignore_keys=_key_set(props[IGNORE_KEYS].value),
             hot_keys=hot_keys,
@@ -584,45 +548,7 @@ class Subscription:
         if self.state_store is not None:
             processor.store = self.state_store.store(tp.partition)
             processor.store_type = self.state_store.config.value_type
-            if self.state_store.restoring(tp.partition) and self._consumer is not None:
-                self._consumer.pause(tp)  # until its state is restored
-        self._committer.prepare(processor)
-        self._maybe_pause(processor)  # a rate of 0 pauses it from the start
         return processor
-
-    def _restored(self, number: int) -> None:
-        # Partition number ``number``'s state is restored: its topics may fetch (unless
-        # back-pressure paused them meanwhile).
-        if self._consumer is None:
-            return
-        for tp, processor in self._partitions.items():
-            if tp.partition == number and not processor.paused:
-                self._consumer.resume(tp)
-
-    def _restart_partition(
-        self, tp: TopicPartition, old: PartitionProcessor, offset: int
-    ) -> PartitionProcessor:
-        # The position went back (a reset, a seek, a recreated topic): the partition's
-        # state starts again from the new position, and the old state's tasks still
-        # running can no longer complete anything (its processor is closed).
-        log.warning(
-            "fetched offsets went back; the partition starts again from the new position",
-            topic=tp.topic,
-            partition=tp.partition,
-            offset=offset,
-            expected=old.tracker.next_offset,
-        )
-        if old.paused and self._consumer is not None:
-            self._consumer.resume(tp)
-        self._close_partition(tp, old)
-        processor = self._partitions[tp] = self._new_partition(tp)
-        return processor
-
-    def _close_partition(self, tp: TopicPartition, processor: PartitionProcessor) -> None:
-        processor.close()
-        if self._partitions.get(tp) is processor:
-            del self._partitions[tp]
-        self.metrics.retire_partition(self.app.subscription_id, tp.topic, tp.partition)
 
     @staticmethod
     async def _drain(processors: list[PartitionProcessor], timeout_s: float) -> bool:
@@ -644,7 +570,7 @@ class Subscription:
                 for processor in list(self._partitions.values()):
                     if self.app.side_topics.is_shaping(processor.tp.topic) == shaping:
                         processor.set_rate(new)
-                        self._maybe_pause(processor)
+                        self._assignment.update(processor)
 
             return changed
 
@@ -667,11 +593,6 @@ class Subscription:
             props[SHAPING_RATE_PER_PARTITION].subscribe(on_rate(True)),
             props[PER_KEY_QUOTA_PROCESSING_RATE].subscribe(on_quota),
         ]
-
-    def _maybe_pause(self, processor: PartitionProcessor) -> None:
-        if self._consumer is not None and not processor.paused and processor.needs_pause:
-            processor.set_paused(True)
-            self._consumer.pause(processor.tp)
 
 
 def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> TaskExecutor:

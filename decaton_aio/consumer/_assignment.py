@@ -1,0 +1,226 @@
+"""The partitions a subscription holds: their lifecycle, and whether each is fetched.
+
+An :class:`Assignment` owns the live ``PartitionProcessor`` of every partition assigned to
+one subscription. It makes a fresh one per assignment (:meth:`~Assignment.new`), imports
+its checkpoint before any record reaches it (:meth:`~Assignment.load`), replaces it when
+its state must start again (:meth:`~Assignment.restart` when the fetch position went back,
+:meth:`~Assignment.rewind` when a transaction failed), stops it when another instance
+took it over (:meth:`~Assignment.fenced`) and closes it (:meth:`~Assignment.close`).
+
+Fetching is decided in one place. A partition is not fetched while one of these holds,
+checked in this order (the first one found is its :class:`Hold`):
+
+- ``FENCED``: another instance owns it now; it waits for the rebalance that takes it away;
+- ``LOADING``: its checkpoint is being imported (with exactly-once, its previous owner
+  fenced first): a record fetched now would run again;
+- ``RESTORING``: its state is being restored;
+- ``BACK_PRESSURE``: its pending records reached ``decaton.max.pending.records``, or its
+  rate is 0.
+
+:meth:`Assignment.update` asks a partition what holds it, and calls the consumer's
+``pause`` or ``resume`` only when the answer changes: it is the only caller of either.
+Callers: the fetch routine (after feeding a partition), a partition whose pending records
+fell below the threshold, the state store when a restore ends, a live property change,
+and the lifecycle methods here. :meth:`Assignment.hold` says why a partition is not
+fetched (``None``: it is).
+
+Caller: the subscription's event loop. Nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer.commit import Checkpoint, Committer
+
+__all__ = ["Assignment", "Hold"]
+
+log = structlog.get_logger("decaton_aio.consumer")
+
+
+class Hold(enum.Enum):
+    """Why a partition is not fetched."""
+
+    FENCED = "fenced"
+    LOADING = "loading"
+    RESTORING = "restoring"
+    BACK_PRESSURE = "back-pressure"
+
+
+class Assignment:
+    """The live partitions of one subscription.
+
+    Args:
+        make: builds the processor of a newly assigned partition (its settings, stats and
+            state store); it calls back :meth:`update` when its pending records fall.
+        committer: prepares new processors, imports checkpoints and hands a rewound
+            partition's commit state over.
+        restoring: ``restoring(partition_number)``: whether that partition's state is
+            still being restored (always ``False`` without a state store).
+        retire: ``retire(tp)`` stops exporting a closed partition's gauges.
+
+    Attributes:
+        partitions: the partitions fed now, with their processors (loading ones join once
+            their checkpoint is in).
+    """
+
+    def __init__(
+        self,
+        *,
+        make: Callable[[TopicPartition], PartitionProcessor],
+        committer: Committer,
+        restoring: Callable[[int], bool],
+        retire: Callable[[TopicPartition], None],
+    ) -> None:
+        self._make = make
+        self._committer = committer
+        self._restoring = restoring
+        self._retire = retire
+        self.partitions: dict[TopicPartition, PartitionProcessor] = {}
+        self._loading: dict[TopicPartition, PartitionProcessor] = {}
+        self._held: dict[TopicPartition, Hold] = {}  # what the consumer pauses, and why
+        self._consumer: AIOKafkaConsumer | None = None
+
+    def attach(self, consumer: AIOKafkaConsumer) -> None:
+        """Use ``consumer`` for pausing and seeking (once it is started)."""
+        self._consumer = consumer
+
+    # ------------------------------------------------------------------ fetching
+
+    def hold(self, processor: PartitionProcessor) -> Hold | None:
+        """Why ``processor``'s partition must not be fetched now (``None``: it may)."""
+        tp = processor.tp
+        if processor.closed:
+            return Hold.FENCED
+        if self._loading.get(tp) is processor:
+            return Hold.LOADING
+        if self._restoring(tp.partition):
+            return Hold.RESTORING
+        if processor.needs_pause:
+            return Hold.BACK_PRESSURE
+        return None
+
+    def update(self, processor: PartitionProcessor) -> None:
+        """Pause or resume fetching ``processor``'s partition as :meth:`hold` says, if the
+        answer changed; a processor that is no longer live is ignored."""
+        tp = processor.tp
+        if self.partitions.get(tp) is not processor and self._loading.get(tp) is not processor:
+            return
+        hold = self.hold(processor)
+        processor.set_paused(hold is Hold.BACK_PRESSURE)  # completions ask to resume
+        was = self._held.get(tp)
+        if hold is was:
+            return
+        consumer = self._consumer
+        if hold is None:
+            del self._held[tp]
+            if consumer is not None:
+                consumer.resume(tp)
+            return
+        self._held[tp] = hold
+        if was is None and consumer is not None:
+            consumer.pause(tp)
+
+    def held(self, tp: TopicPartition) -> Hold | None:
+        """What holds ``tp`` now, as last applied to the consumer."""
+        return self._held.get(tp)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def new(self, tp: TopicPartition) -> PartitionProcessor:
+        """A fresh processor for ``tp``, prepared for commits (not live yet)."""
+        processor = self._make(tp)
+        self._committer.prepare(processor)
+        return processor
+
+    async def load(self, fresh: list[PartitionProcessor]) -> None:
+        """Make newly assigned processors live: with checkpoints (or exactly-once), import
+        them first, the partitions held until then so no record arrives before.
+
+        Raises:
+            Exception: what the committer raised (a transactional producer that cannot
+                start); the processors stay held.
+        """
+        consumer = self._consumer
+        if fresh and self._committer.loads and consumer is not None:
+            for processor in fresh:  # before any await
+                self._loading[processor.tp] = processor
+                self.update(processor)
+            try:
+                await self._committer.assign(consumer, fresh)
+            except BaseException:
+                for processor in fresh:
+                    del self._loading[processor.tp]
+                    self._held.pop(processor.tp, None)
+                    processor.close()
+                    self._retire(processor.tp)
+                raise
+            for processor in fresh:
+                del self._loading[processor.tp]
+        for processor in fresh:  # visible (and fed) once ready
+            self.partitions[processor.tp] = processor
+            self.update(processor)
+
+    def close(self, processor: PartitionProcessor) -> None:
+        """End ``processor``'s assignment: its later completions are ignored."""
+        processor.close()
+        tp = processor.tp
+        if self.partitions.get(tp) is processor:
+            del self.partitions[tp]
+            self._held.pop(tp, None)  # the consumer forgets a revoked partition's pause
+        self._retire(tp)
+
+    def restart(self, old: PartitionProcessor, offset: int) -> PartitionProcessor:
+        """The fetch position went back (a reset, a seek, a recreated topic): the
+        partition's state starts again from ``offset``; tasks of the old state still
+        running can no longer complete anything."""
+        tp = old.tp
+        log.warning(
+            "fetched offsets went back; the partition starts again from the new position",
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=offset,
+            expected=old.tracker.next_offset,
+        )
+        return self._replace(old)
+
+    def rewind(
+        self, old: PartitionProcessor, offset: int | None, checkpoint: Checkpoint | None
+    ) -> None:
+        """A transaction failed: what it held is gone, so the partition starts again at its
+        last commit (the records and outputs since then come again)."""
+        if self.partitions.get(old.tp) is not old or self._consumer is None:
+            return
+        processor = self._replace(old)
+        self._committer.adopt(old, processor)
+        if checkpoint is not None and not checkpoint.empty:
+            processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
+        if offset is not None:
+            self._consumer.seek(old.tp, offset)
+
+    def fenced(self, processor: PartitionProcessor) -> None:
+        """Another instance took the partition over: stop it here and hold it until the
+        rebalance takes it away."""
+        processor.close()
+        self.update(processor)
+
+    def restored(self, number: int) -> None:
+        """Partition number ``number``'s state is restored: its topics may be fetched."""
+        for tp, processor in list(self.partitions.items()):
+            if tp.partition == number:
+                self.update(processor)
+
+    def _replace(self, old: PartitionProcessor) -> PartitionProcessor:
+        tp = old.tp
+        held = self._held.get(tp)
+        self.close(old)
+        if held is not None:
+            self._held[tp] = held  # still paused in the consumer: update() decides
+        processor = self.partitions[tp] = self.new(tp)
+        self.update(processor)
+        return processor

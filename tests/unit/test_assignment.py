@@ -1,0 +1,139 @@
+"""The assignment's one fetch decision: the consumer pauses exactly the partitions that
+something holds, and pause/resume are called only when that changes (property-based)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import TopicPartition
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decaton_aio.consumer._assignment import Assignment, Hold
+
+
+class FakeProcessor:
+    """What the assignment reads of a partition processor."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.closed = False
+        self.needs_pause = False
+        self.paused = False
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.paused: set[TopicPartition] = set()
+        self.calls: list[tuple[str, TopicPartition]] = []
+
+    def pause(self, *tps: TopicPartition) -> None:
+        for tp in tps:
+            assert tp not in self.paused, f"{tp} paused twice"
+            self.paused.add(tp)
+            self.calls.append(("pause", tp))
+
+    def resume(self, *tps: TopicPartition) -> None:
+        for tp in tps:
+            assert tp in self.paused, f"{tp} resumed while fetched"
+            self.paused.discard(tp)
+            self.calls.append(("resume", tp))
+
+
+class FakeCommitter:
+    loads = False
+
+    def prepare(self, processor: Any) -> None:
+        pass
+
+
+TPS = [TopicPartition("t", n) for n in range(3)]
+
+
+def build(restoring: set[int]) -> tuple[Assignment, FakeConsumer]:
+    assignment = Assignment(
+        make=FakeProcessor,  # type: ignore[arg-type]
+        committer=FakeCommitter(),  # type: ignore[arg-type]
+        restoring=lambda n: n in restoring,
+        retire=lambda tp: None,
+    )
+    consumer = FakeConsumer()
+    assignment.attach(consumer)  # type: ignore[arg-type]
+    return assignment, consumer
+
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["pending_high", "pending_low", "restore", "restored", "fence"]),
+        st.integers(0, 2),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(events)
+def test_the_consumer_pauses_exactly_what_is_held(steps: list[tuple[str, int]]) -> None:
+    restoring: set[int] = set()
+    assignment, consumer = build(restoring)
+    processors = [assignment.new(tp) for tp in TPS]
+    asyncio.run(assignment.load(processors))  # type: ignore[arg-type]
+    for event, n in steps:
+        p: Any = assignment.partitions[TPS[n]]
+        if event == "pending_high":
+            p.needs_pause = True
+            assignment.update(p)
+        elif event == "pending_low":
+            p.needs_pause = False
+            if p.paused:  # a completion asks only while held for back-pressure
+                assignment.update(p)
+        elif event == "restore":
+            restoring.add(n)
+            assignment.update(p)
+        elif event == "restored":
+            restoring.discard(n)
+            assignment.restored(n)
+        else:
+            assignment.fenced(p)
+        held = {tp for tp, q in assignment.partitions.items() if assignment.hold(q) is not None}
+        assert consumer.paused == held
+        for tp, q in assignment.partitions.items():
+            assert assignment.held(tp) == assignment.hold(q)
+            assert q.paused == (assignment.hold(q) is Hold.BACK_PRESSURE)
+
+
+def test_a_fenced_partition_stays_held_whatever_else_changes() -> None:
+    assignment, consumer = build(set())
+    (p,) = [assignment.new(TPS[0])]
+    asyncio.run(assignment.load([p]))
+    assignment.fenced(p)
+    assert assignment.held(TPS[0]) is Hold.FENCED
+    p.needs_pause = False  # type: ignore[misc]
+    assignment.update(p)
+    assert consumer.paused == {TPS[0]}
+
+
+def test_a_restart_keeps_the_pause_until_the_new_state_decides() -> None:
+    """The position went back while back-pressure held the partition: the new processor
+    has nothing pending, so fetching resumes; a stale update of the old one is ignored."""
+    assignment, consumer = build(set())
+    old: Any = assignment.new(TPS[0])
+    asyncio.run(assignment.load([old]))
+    old.needs_pause = True
+    assignment.update(old)
+    assert consumer.paused == {TPS[0]}
+    old.tracker = type("T", (), {"next_offset": 10})()
+    new = assignment.restart(old, 0)
+    assert new is not old
+    assert old.closed
+    assert consumer.paused == set()
+    assignment.update(old)  # no longer live: ignored
+    assert consumer.paused == set()
+    assert consumer.calls == [("pause", TPS[0]), ("resume", TPS[0])]
