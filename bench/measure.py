@@ -73,6 +73,9 @@ def command_line(
         if spec.client_properties is not None:
             argv += ["--client-properties", spec.client_properties]
         for name, value in options.items():
+            if name == "max_fetch_records":  # a consumer setting, not a property
+                argv += ["--max-poll-records", str(value)]
+                continue
             argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
         if metrics_port is not None:
             argv += ["--metrics-port", str(metrics_port)]

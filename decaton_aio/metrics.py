@@ -124,11 +124,12 @@ _HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], .
     ("decaton_task_scheduling_delay_seconds", "Seconds a scheduled task (dt_meta "
      "scheduled time) waited for its time once fetched.", lambda s: s.scheduling_delay),
     ("decaton_task_lane_wait_seconds", "Seconds a record waited behind an earlier record "
-     "of its key (per-key order); records that did not wait are not counted.",
+     "of its key (per-key order); records that did not wait are not counted; sampled: one "
+     "offset in 16.",
      lambda s: s.lane_wait),
     ("decaton_task_slot_wait_seconds", "Seconds a ready record waited for a concurrency "
      "slot (decaton.partition.concurrency) or a rate token; records started as soon as "
-     "they were fed are not counted.", lambda s: s.slot_wait),
+     "they were fed are not counted; sampled: one offset in 16.", lambda s: s.slot_wait),
 )  # fmt: skip
 # Gauges of live partitions only; a value below 0 means unknown and the sample is left out.
 _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (

@@ -21,7 +21,6 @@ A record that has to wait for its key or for a slot is kept as a :class:`QueuedR
 from __future__ import annotations
 
 from collections.abc import Sequence
-from time import monotonic
 from typing import Any, NamedTuple
 
 import structlog
@@ -51,7 +50,7 @@ class QueuedRecord(_Fields):
     keeps only the value then (``packed_headers`` is the ``bytes``), and any other header
     list as it is. A partition with 100,000 pending records holds mostly these.
     ``queued_at`` is when it started waiting (``time.monotonic()``), for the lane and slot
-    wait metrics.
+    wait metrics (sampled: see ``consumer/_partition.py``).
     """
 
     __slots__ = ()
@@ -69,24 +68,25 @@ class QueuedRecord(_Fields):
 new_queued = tuple.__new__
 
 
-def queued(record: Record, key: bytes | None) -> QueuedRecord:
+def queued(record: Record, key: bytes | None, now: float) -> QueuedRecord:
     """The compact form of a record that has to wait (in a key lane or the ready queue),
-    waiting from now.
+    waiting from ``now``.
 
     Args:
         record: the fetched record, or a queued one that starts waiting again.
         key: its key (equal to ``record.key``): pass the key object of the records already
             waiting for the same key, so they all share one.
+        now: ``time.monotonic()``, when it starts waiting.
     """
     if type(record) is QueuedRecord:
-        return new_queued(QueuedRecord, (*record[:5], monotonic()))
+        return new_queued(QueuedRecord, (*record[:5], now))
     headers = record.headers
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
     if len(headers) == 1:
         name, value = headers[0]
         if name == METADATA_HEADER and type(value) is bytes:
             packed = value
-    fields = (record.offset, record.timestamp, key, record.value, packed, monotonic())
+    fields = (record.offset, record.timestamp, key, record.value, packed, now)
     return new_queued(QueuedRecord, fields)
 
 

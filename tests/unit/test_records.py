@@ -63,18 +63,18 @@ def test_queued_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> No
     its value only, other header lists as they are."""
     install_raw_records()
     (raw, *_) = _fetched(RAW_RECORDS)
-    packed = queued(raw, raw.key)  # type: ignore[arg-type, attr-defined]
+    packed = queued(raw, raw.key, 1.0)  # type: ignore[arg-type, attr-defined]
     assert isinstance(packed, QueuedRecord)
     assert packed.packed_headers == b"\x08\x01"
     assert (packed.offset, packed.timestamp, packed.key, packed.value, packed.headers) == (
         raw.offset, raw.timestamp, raw.key, raw.value, [("dt_meta", b"\x08\x01")],  # type: ignore[attr-defined]
     )  # fmt: skip
-    again = queued(packed, packed.key)  # waits again, from now: same record
+    again = queued(packed, packed.key, 2.0)  # waits again, from then: same record
     assert again[:5] == packed[:5]
-    assert again.queued_at >= packed.queued_at > 0
+    assert (packed.queued_at, again.queued_at) == (1.0, 2.0)
     other = FakeRecord(7, b"k", headers=[("trace", b"t"), ("dt_meta", b"\x08\x01")])
-    assert queued(other, b"k").headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
-    assert queued(FakeRecord(8, b"k"), b"k").headers == ()
-    assert queued(FakeRecord(9, b"k", headers=[("dt_meta", None)]), b"k").headers == [  # type: ignore[list-item]
+    assert queued(other, b"k", 0.0).headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
+    assert queued(FakeRecord(8, b"k"), b"k", 0.0).headers == ()
+    assert queued(FakeRecord(9, b"k", headers=[("dt_meta", None)]), b"k", 0.0).headers == [  # type: ignore[list-item]
         ("dt_meta", None)
     ]
