@@ -18,7 +18,7 @@ help:
 	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
-	@echo "make bench  every benchmark scenario against the peers (about 2 h 15 min); bench/results/"
+	@echo "make bench  every benchmark scenario against the peers (over 3 h); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (~30 min)"
 	@echo "make bench-test   the benchmark harness's own checks"
 	@echo "make bench-hotpath  instructions per task of the hot path (valgrind, ~5 min)"
