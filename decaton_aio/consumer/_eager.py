@@ -230,6 +230,7 @@ class CoroutineStarter:
 
 
 register_task_frame(CoroutineStarter._work.__code__, "second")
+register_task_frame(CoroutineStarter.start.__code__, "second")  # an eager first step
 
 
 if sys.version_info >= (3, 12):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
+from mypy_extensions import mypyc_attr
 
 from decaton_aio.backoff import RetryTask, SkipTask, send_retry_delay
 from decaton_aio.completion import DeferredTimeoutPolicy
@@ -66,6 +67,7 @@ _SEND_COUNTERS = {
 }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the traced executor is one
 class TaskExecutor:
     """Runs tasks for the partitions of one subscription.
 
@@ -130,7 +132,7 @@ class TaskExecutor:
         # general path, which raises DecodeError with the reason.
         raw = record.packed_headers if type(record) is QueuedRecord else None
         if type(raw) is not bytes:
-            headers = record.headers
+            headers: Sequence[Any] = record.headers  # Kafka allows a null header value
             raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
         meta = self._meta
         try:
@@ -617,7 +619,10 @@ class TaskExecutor:
 
 
 # A log line inside a task's first step finds the task through this frame's ``ctx``.
-register_task_frame(TaskExecutor.start.__code__, "ctx")
+# Compiled (mypyc), the method runs without a frame: the processor's own lines are found
+# through the starter's frame (consumer/_eager.py) instead.
+if hasattr(TaskExecutor.start, "__code__"):
+    register_task_frame(TaskExecutor.start.__code__, "ctx")
 
 
 def _type(exc: BaseException | None) -> str:

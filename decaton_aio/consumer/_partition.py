@@ -435,9 +435,9 @@ class PartitionProcessor:
         if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
             self._idle.set()
 
-    #: The record's task is done: complete its offset, free its slot and lane. (The
-    #: bookkeeping with every step on; called once per task, so without a wrapper.)
-    finish = _settle
+    def finish(self, record: Record) -> None:
+        """The record's task is done: complete its offset, free its slot and lane."""
+        self._settle(record, True, True, True)
 
     def _maybe_resume(self) -> None:
         if self._paused and not self.needs_pause:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import structlog
+from mypy_extensions import mypyc_attr
 
 from decaton_aio.metadata import METADATA_HEADER
 from decaton_aio.typing import Record
@@ -41,6 +42,7 @@ class _Fields(NamedTuple):
     packed_headers: bytes | Sequence[tuple[str, bytes]]
 
 
+@mypyc_attr(native_class=False)  # compiled, a tuple subclass stays a Python class
 class QueuedRecord(_Fields):
     """A record waiting for its turn, in about 60% of the memory of aiokafka's record.
 
@@ -75,7 +77,7 @@ def queued(record: Record, key: bytes | None) -> QueuedRecord:
     """
     if type(record) is QueuedRecord:
         return record
-    headers = record.headers
+    headers: Sequence[Any] = record.headers  # Kafka allows a null header value
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
     if len(headers) == 1:
         name, value = headers[0]
