@@ -1,12 +1,48 @@
-"""Shared test setup: each test starts with the logging configuration it found."""
+"""Shared test setup: each test starts with the logging configuration it found; the
+tests run on the modules compiled from the current sources, or on none."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
+
+import decaton_aio
+
+
+def _compiled() -> list[tuple[Path, Path]]:
+    # (extension, source) of each compiled module of the package under test (setup.py
+    # builds them in place, beside their sources).
+    found = []
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for extension in Path(decaton_aio.__file__).parent.rglob(f"*{suffix}"):
+            source = extension.with_name(extension.name[: -len(suffix)] + ".py")
+            if source.exists():
+                found.append((extension, source))
+    return found
+
+
+def pytest_report_header() -> str:
+    compiled = _compiled()
+    if not compiled:
+        return "decaton_aio: pure Python"
+    return f"decaton_aio: {len(compiled)} modules compiled (mypyc)"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A compiled module is imported in place of its source: testing one built before its
+    # source changed would test the old code.
+    stale = [str(s) for e, s in _compiled() if s.stat().st_mtime > e.stat().st_mtime]
+    if stale:
+        pytest.exit(
+            f"compiled modules older than their sources ({', '.join(stale)}): build them "
+            "again with make install (or make test-unit-pure for the pure sources)",
+            returncode=4,
+        )
 
 
 @pytest.fixture(autouse=True)
