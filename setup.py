@@ -26,6 +26,7 @@ COMPILED = [
     "decaton_aio/consumer/_watermark.py",
     "decaton_aio/_stats.py",
     "decaton_aio/_histogram.py",
+    "decaton_aio/_context.py",
 ]
 
 

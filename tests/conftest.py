@@ -14,20 +14,19 @@ import structlog
 import decaton_aio
 
 
-def _compiled() -> list[tuple[Path, Path]]:
-    # (extension, source) of each compiled module of the package under test (setup.py
-    # builds them in place, beside their sources).
+def _extensions() -> list[tuple[Path, Path | None]]:
+    # (extension, source) of each extension module of the package under test (setup.py
+    # builds them in place, beside their sources; mypyc's shared library has no source).
     found = []
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         for extension in Path(decaton_aio.__file__).parent.rglob(f"*{suffix}"):
             source = extension.with_name(extension.name[: -len(suffix)] + ".py")
-            if source.exists():
-                found.append((extension, source))
+            found.append((extension, source if source.exists() else None))
     return found
 
 
 def pytest_report_header() -> str:
-    compiled = _compiled()
+    compiled = [source for _, source in _extensions() if source is not None]
     if not compiled:
         return "decaton_aio: pure Python"
     return f"decaton_aio: {len(compiled)} modules compiled (mypyc)"
@@ -35,8 +34,11 @@ def pytest_report_header() -> str:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     # A compiled module is imported in place of its source: testing one built before its
-    # source changed would test the old code.
-    stale = [str(s) for e, s in _compiled() if s.stat().st_mtime > e.stat().st_mtime]
+    # source changed would test the old code. (The code of every compiled module is in one
+    # shared library; a module's own extension only forwards to it.)
+    extensions = _extensions()
+    built = max((e.stat().st_mtime for e, _ in extensions), default=0.0)
+    stale = [str(s) for _, s in extensions if s is not None and s.stat().st_mtime > built]
     if stale:
         pytest.exit(
             f"compiled modules older than their sources ({', '.join(stale)}): build them "

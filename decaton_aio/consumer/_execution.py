@@ -26,13 +26,14 @@ closed (then the record is redelivered to the new owner).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
+from time import perf_counter, time
 from typing import Any
 
 import structlog
 from mypy_extensions import mypyc_attr
 
+from decaton_aio._context import TaskFields
 from decaton_aio.backoff import RetryTask, SkipTask, send_retry_delay
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import StateWriter, TaskHost
@@ -155,7 +156,7 @@ class TaskExecutor:
         except DecodeError as exc:
             self._poison_pill(partition, ctx, exc)
             return
-        now = time.time()
+        now = time()
         if scheduled and scheduled > now * 1000:
             delay = scheduled / 1000 - now
             partition.stats.scheduling_delay.observe(delay)
@@ -183,7 +184,8 @@ class TaskExecutor:
             return
         stats = partition.stats
         stats.delivery_latency.observe(now - record.timestamp * 0.001)
-        ctx.started_at = time.perf_counter()
+        fields: TaskFields = ctx
+        fields.started_at = perf_counter()
         try:
             coro = self._process(ctx, task)
         except Exception as exc:  # a processor that is not a coroutine function
@@ -214,19 +216,20 @@ class TaskExecutor:
     ) -> None:
         # Every task whose processor ended (returned or raised, at once or after waiting)
         # comes here: count it, then finish, defer, retry or dead-letter it.
+        fields: TaskFields = ctx  # its compiled base: fields read without a lookup
         stats = partition.stats
-        took = time.perf_counter() - ctx.started_at
+        took = perf_counter() - fields.started_at
         stats.processed += 1
-        state = ctx._state  # ctx.state_change without the property call
+        state = fields._state  # ctx.state_change without the property call
         if (
             exc is None
             and state is None
-            and ctx._completion is None
-            and ctx.retry_delay_s is None
-            and ctx.outputs is None
+            and fields._completion is None
+            and fields.retry_delay_s is None
+            and fields.outputs is None
         ):
             stats.done_at_once.observe(took)  # its process and completion duration
-            partition.finish(ctx.record)  # the common case: done
+            partition.finish(fields.record)  # the common case: done
             return
         if state is not None and state.changed:
             if exc is None:
@@ -336,7 +339,7 @@ class TaskExecutor:
     def _complete(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         # A task done after its processor returned, off the common path: finish it and
         # count its completion duration.
-        partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+        partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
         partition.finish(ctx.record)
 
     def _defer(
@@ -352,7 +355,7 @@ class TaskExecutor:
         def completed() -> None:
             if timer is not None:
                 timer.cancel()
-            partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+            partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
             if ctx.outputs is not None:  # produced after returning: they go out now
                 self._emit(partition, ctx)
             else:
@@ -605,7 +608,7 @@ class TaskExecutor:
             stats = partition.stats
             setattr(stats, queued, getattr(stats, queued) + 1)
             if started_at is not None:
-                stats.completion_duration.observe(time.perf_counter() - started_at)
+                stats.completion_duration.observe(perf_counter() - started_at)
             partition.complete_released(record)
             return
 
