@@ -408,7 +408,8 @@ class PartitionProcessor:
         if record is not None:
             if complete:
                 self._pending -= 1
-                self._mark(record.offset)
+                fetched: Any = record  # the offset as it is (compiled, not unboxed and boxed)
+                self._mark(fetched.offset)
                 if not self._pending:
                     self.stats.starving()  # nothing left: it waits for records
             if slot:

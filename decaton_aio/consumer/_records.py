@@ -77,13 +77,14 @@ def queued(record: Record, key: bytes | None) -> QueuedRecord:
     """
     if type(record) is QueuedRecord:
         return record
-    headers: Sequence[Any] = record.headers  # Kafka allows a null header value
+    fetched: Any = record  # its fields as they are (compiled, no int unboxed and boxed again)
+    headers: Sequence[Any] = fetched.headers  # Kafka allows a null header value
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
     if len(headers) == 1:
-        name, value = headers[0]
-        if name == METADATA_HEADER and type(value) is bytes:
-            packed = value
-    fields = (record.offset, record.timestamp, key, record.value, packed)
+        header = headers[0]
+        if header[0] == METADATA_HEADER and type(header[1]) is bytes:
+            packed = header[1]
+    fields = (fetched.offset, fetched.timestamp, key, fetched.value, packed)
     return new_queued(QueuedRecord, fields)
 
 
