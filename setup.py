@@ -24,6 +24,7 @@ COMPILED = [
     "decaton_aio/consumer/_execution.py",
     "decaton_aio/consumer/_records.py",
     "decaton_aio/consumer/_watermark.py",
+    "decaton_aio/consumer/_eager.py",
     "decaton_aio/_stats.py",
     "decaton_aio/_histogram.py",
     "decaton_aio/_context.py",

@@ -14,10 +14,10 @@ point), ``_committer`` (commits, checkpoints at assignment, transactions),
 ``_checkpoint_codec`` and ``_checkpoints`` (the checkpoint's encoding and store),
 ``_outputs`` (``ctx.produce`` delivery), ``_transactions`` (exactly-once), ``_state``,
 ``_store``, ``_changelog``, ``_assignor``, ``_state_txn`` and ``_overlay`` (the state
-store; its changes in transactions with exactly-once), ``_records``
-(fetched records without per-record objects), ``_eager`` (starting a coroutine inline),
-``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties, metrics
-around a subscription), ``_health`` (the liveness and readiness probes,
+store; its changes in transactions with exactly-once), ``_records`` (fetched records
+without per-record objects), ``_eager`` and ``_steps`` (starting a coroutine inline, its
+workers), ``_ratelimit``, ``_hotkeys`` (per-key quota), ``_runner`` (signals, properties,
+metrics around a subscription), ``_health`` (the liveness and readiness probes,
 :class:`HealthCheck`).
 """
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from time import perf_counter, time
-from typing import Any
+from typing import Any, Final
 
 import structlog
 from mypy_extensions import mypyc_attr
@@ -43,7 +43,7 @@ from decaton_aio.consumer._outputs import DurableOutputs, deliver_outputs
 from decaton_aio.consumer._records import QueuedRecord
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
-from decaton_aio.logs import register_task_frame
+from decaton_aio.logs import register_task_source
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
 from decaton_aio.properties import (
     DEFERRED_COMPLETE_TIMEOUT_MS,
@@ -127,72 +127,80 @@ class TaskExecutor:
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
         ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
-        # The common case inline: dt_meta is the last header (a queued record keeps its
-        # value alone), read by the C parser into a message reused for every record.
-        # Anything else (no parser, other headers last, a malformed header) takes the
-        # general path, which raises DecodeError with the reason.
-        raw = record.packed_headers if type(record) is QueuedRecord else None
-        if type(raw) is not bytes:
-            headers: Sequence[Any] = record.headers  # Kafka allows a null header value
-            raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
-        meta = self._meta
+        # While it starts, log lines find the task here (decaton_aio.logs); a task that
+        # started this one synchronously gets its own back after.
+        starting = _STARTING
+        outer = starting.ctx
+        starting.ctx = ctx
         try:
-            if raw is not None and meta is not None:
-                try:
-                    meta.ParseFromString(raw)
-                    scheduled = meta.scheduled_time_millis
-                except Exception:
-                    scheduled = scheduled_time_of(record.headers)
-            else:
-                headers = record.headers
-                if self._legacy.value and not has_metadata_header(headers):
-                    record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
-                    headers = record.headers
-                scheduled = scheduled_time_of(headers)
-                if attempt == 1 and (
-                    not headers or all(name != METADATA_HEADER for name, _ in headers)
-                ):
-                    partition.stats.without_metadata += 1
-        except DecodeError as exc:
-            self._poison_pill(partition, ctx, exc)
-            return
-        now = time()
-        if scheduled and scheduled > now * 1000:
-            delay = scheduled / 1000 - now
-            partition.stats.scheduling_delay.observe(delay)
-            partition.run_again(record, attempt, delay)
-            return
-        try:
-            value = record.value
-            if value is None:
-                raise DecodeError("body", "the record has no value (a tombstone)")
+            # The common case inline: dt_meta is the last header (a queued record keeps its
+            # value alone), read by the C parser into a message reused for every record.
+            # Anything else (no parser, other headers last, a malformed header) takes the
+            # general path, which raises DecodeError with the reason.
+            raw = record.packed_headers if type(record) is QueuedRecord else None
+            if type(raw) is not bytes:
+                headers: Sequence[Any] = record.headers  # Kafka allows a null header value
+                raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
+            meta = self._meta
             try:
-                task = self._fast_decode(value)
-            except Exception:
-                if self._fast_decode is self._decode:
-                    raise
-                task = self._decode(value)  # raises the serializer's own DecodeError
-        except DecodeError as exc:
-            hint = legacy_hint(record)
-            if hint is not None:
-                exc = DecodeError("body", f"{exc.reason}; {hint}")
-            self._poison_pill(partition, ctx, exc)
-            return
-        except Exception as exc:  # a serializer that raises something else: still a body
-            reason = f"the serializer raised {type(exc).__name__}: {exc}"
-            self._poison_pill(partition, ctx, DecodeError("body", reason))
-            return
-        stats = partition.stats
-        stats.delivery_latency.observe(now - record.timestamp * 0.001)
-        fields: TaskFields = ctx
-        fields.started_at = perf_counter()
-        try:
-            coro = self._process(ctx, task)
-        except Exception as exc:  # a processor that is not a coroutine function
-            self._finished(partition, ctx, exc)
-            return
-        if self._starter.start(coro, self._on_finished, partition, ctx):
-            self._finished(partition, ctx, None)  # it returned at once
+                if raw is not None and meta is not None:
+                    try:
+                        meta.ParseFromString(raw)
+                        scheduled = meta.scheduled_time_millis
+                    except Exception:
+                        scheduled = scheduled_time_of(record.headers)
+                else:
+                    headers = record.headers
+                    if self._legacy.value and not has_metadata_header(headers):
+                        record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
+                        headers = record.headers
+                    scheduled = scheduled_time_of(headers)
+                    if attempt == 1 and (
+                        not headers or all(name != METADATA_HEADER for name, _ in headers)
+                    ):
+                        partition.stats.without_metadata += 1
+            except DecodeError as exc:
+                self._poison_pill(partition, ctx, exc)
+                return
+            now = time()
+            if scheduled and scheduled > now * 1000:
+                delay = scheduled / 1000 - now
+                partition.stats.scheduling_delay.observe(delay)
+                partition.run_again(record, attempt, delay)
+                return
+            try:
+                value = record.value
+                if value is None:
+                    raise DecodeError("body", "the record has no value (a tombstone)")
+                try:
+                    task = self._fast_decode(value)
+                except Exception:
+                    if self._fast_decode is self._decode:
+                        raise
+                    task = self._decode(value)  # raises the serializer's own DecodeError
+            except DecodeError as exc:
+                hint = legacy_hint(record)
+                if hint is not None:
+                    exc = DecodeError("body", f"{exc.reason}; {hint}")
+                self._poison_pill(partition, ctx, exc)
+                return
+            except Exception as exc:  # a serializer that raises something else: still a body
+                reason = f"the serializer raised {type(exc).__name__}: {exc}"
+                self._poison_pill(partition, ctx, DecodeError("body", reason))
+                return
+            stats = partition.stats
+            stats.delivery_latency.observe(now - record.timestamp * 0.001)
+            fields: TaskFields = ctx
+            fields.started_at = perf_counter()
+            try:
+                coro = self._process(ctx, task)
+            except Exception as exc:  # a processor that is not a coroutine function
+                self._finished(partition, ctx, exc)
+                return
+            if self._starter.start(coro, self._on_finished, partition, ctx):
+                self._finished(partition, ctx, None)  # it returned at once
+        finally:
+            starting.ctx = outer
 
     def shape(self, partition: TaskHost, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
@@ -621,11 +629,15 @@ class TaskExecutor:
             task.cancel()
 
 
-# A log line inside a task's first step finds the task through this frame's ``ctx``.
-# Compiled (mypyc), the method runs without a frame: the processor's own lines are found
-# through the starter's frame (consumer/_eager.py) instead.
-if hasattr(TaskExecutor.start, "__code__"):
-    register_task_frame(TaskExecutor.start.__code__, "ctx")
+class _Starting:
+    """The context of the task an executor is starting now, ``None`` between starts."""
+
+    def __init__(self) -> None:
+        self.ctx: ProcessingContext | None = None
+
+
+_STARTING: Final = _Starting()
+register_task_source(lambda: _STARTING.ctx)
 
 
 def _type(exc: BaseException | None) -> str:
