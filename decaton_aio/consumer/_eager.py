@@ -35,9 +35,9 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Coroutine
-from typing import Any
+from contextvars import copy_context
+from typing import Any, Final
 
 from decaton_aio.consumer._steps import (
     FINISHED,
@@ -52,11 +52,11 @@ from decaton_aio.consumer._steps import (
 __all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
 #: In task mode, one start in this many still runs eagerly to measure suspension.
-PROBE_EVERY = 32
+PROBE_EVERY: Final = 32
 # Suspension score: +1 when a probed coroutine suspends, -1 when it finishes at once,
 # clamped to [0, _SCORE_MAX]; task mode while the score is above _TASK_MODE_ABOVE.
-_SCORE_MAX = 16
-_TASK_MODE_ABOVE = 8
+_SCORE_MAX: Final = 16
+_TASK_MODE_ABOVE: Final = 8
 
 
 class CoroutineStarter:
@@ -91,7 +91,7 @@ class CoroutineStarter:
             exactly once when the coroutine ends (before this returns if it raised at once).
         """
         # The coroutine steps in a copy of the current context, wherever it runs.
-        context = contextvars.copy_context()
+        context = copy_context()
         vacant = self._vacant
         if vacant is not None:
             # Called from inside a worker's report: it runs this coroutine next.

@@ -33,7 +33,7 @@ import contextlib
 import enum
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
@@ -55,7 +55,7 @@ log = structlog.get_logger("decaton_aio.consumer")
 
 
 _Lane: TypeAlias = list[Record] | deque[Record]
-_SHORT_LANE = 32  # a lane turns from a list into a deque at this many waiting records
+_SHORT_LANE: Final = 32  # a lane turns from a list into a deque at this many waiting records
 
 
 class PartitionState(enum.Enum):
