@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark,tracing
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos fuzz test test-unit test-spark test-tansu lint \
-	format clean java install-java maven install-maven kafka
+.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos fuzz test test-unit test-unit-pure \
+	test-spark test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
@@ -15,6 +15,7 @@ help:
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
+	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
 	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
@@ -29,9 +30,28 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# setup.py compiles the hot modules with mypyc into extension modules beside their sources
+# (DECATON_AIO_PURE=1 make install: none, pure Python). An edit to one of them builds them
+# again, from scratch: extensions and build files of an earlier build are removed first.
+COMPILED_SOURCES := $(shell sed -n 's/^ *"\(decaton_aio\/[^"]*\.py\)",$$/\1/p' setup.py)
+
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(COMPILED_SOURCES) | compiler
+	rm -rf build && find decaton_aio -name '*.so' -delete
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
+
+# A C compiler and Python's headers, for the compiled modules.
+compiler:
+	@if [ -n "$$DECATON_AIO_PURE" ] && [ "$$DECATON_AIO_PURE" != 0 ]; then exit 0; fi; \
+	if command -v gcc >/dev/null 2>&1 && $(PYTHON) -c 'import os, sys, sysconfig; \
+	  sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
+	  :; \
+	else \
+	  $(MAKE) --no-print-directory install-compiler; \
+	fi
+
+install-compiler:
+	$(call apt_install,gcc python3-dev,a C compiler and Python's headers (the mypyc-compiled modules))
 
 # The embedded Apache Kafka and Spark need a JVM (Java 17), and Kafka's jars are resolved
 # by Maven; the interop tests compile bench/java, hence a JDK (javac), not only a JRE.
@@ -111,6 +131,19 @@ fuzz: $(FUZZ_STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
+# The unit tests on the pure-Python sources, as DECATON_AIO_PURE=1 installs them: a copy of
+# the tree without the compiled modules, imported from its own directory before the
+# installed package.
+PURE_TREE := .pure
+
+test-unit-pure: $(STAMP)
+	rm -rf $(PURE_TREE) && mkdir -p $(PURE_TREE)
+	tar -c --exclude="*.so" --exclude=__pycache__ decaton_aio tests bench examples spark_jobs docs \
+	  README.md pyproject.toml | tar -x -C $(PURE_TREE)
+	cd $(PURE_TREE) && $(abspath $(BIN))/python -c 'import decaton_aio.consumer._partition as m; \
+	  assert m.__file__.endswith(".py"), m.__file__'
+	cd $(PURE_TREE) && $(abspath $(BIN))/python -m pytest -p no:cacheprovider tests/unit
+
 test-spark: kafka
 	$(BIN)/python -m pytest -m spark
 
@@ -145,4 +178,6 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix decaton_aio tests bench spark_jobs examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build decaton_aio.egg-info \
+	  $(PURE_TREE)
+	find decaton_aio -name '*.so' -delete

@@ -14,12 +14,12 @@ from typing import Any, NamedTuple, Protocol
 import structlog
 from aiokafka import TopicPartition
 
+from decaton_aio._context import TaskFields
 from decaton_aio.completion import Completion
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import TaskMetadata, metadata_from_headers
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.state import KeyState, LocalCopy
-from decaton_aio.typing import Record
 
 __all__ = ["OutputRecord", "ProcessingContext", "TaskFunction", "TaskSource"]
 
@@ -59,7 +59,7 @@ class OutputRecord(NamedTuple):
     headers: list[tuple[str, bytes]]
 
 
-class ProcessingContext:
+class ProcessingContext(TaskFields):
     """The record behind a task, and the tools a processor uses while running it.
 
     Args:
@@ -75,40 +75,11 @@ class ProcessingContext:
         attempt: 1 for the first run; in-place retries count up.
     """
 
-    __slots__ = (
-        "_completion",
-        "_logger",
-        "_metadata",
-        "_partition",
-        "_state",
-        "attempt",
-        "outputs",
-        "record",
-        "retry_delay_s",
-        "started_at",
-        "subscription_id",
-    )
-
-    def __init__(
-        self,
-        subscription_id: str,
-        partition: TaskSource,
-        record: Record,
-        attempt: int = 1,
-    ) -> None:
-        self.subscription_id = subscription_id
-        self._partition = partition
-        self.record = record
-        self.attempt = attempt
-        self.started_at = 0.0
-        #: Set by :meth:`retry`: the requested delay (``-1.0``: the policy's backoff).
-        self.retry_delay_s: float | None = None
-        self._metadata: TaskMetadata | None = None
-        self._logger: structlog.typing.FilteringBoundLogger | None = None
-        self._completion: Completion | None = None
-        #: The records :meth:`produce` collected, ``None`` while there are none.
-        self.outputs: list[OutputRecord] | None = None
-        self._state: KeyState | None = None
+    # The fields and the constructor are TaskFields' (compiled with the hot path).
+    __slots__ = ()
+    _partition: TaskSource
+    #: The records :meth:`produce` collected, ``None`` while there are none.
+    outputs: list[OutputRecord] | None
 
     @property
     def state(self) -> KeyState:

@@ -11,13 +11,16 @@ partition, offset and key. :func:`add_task_context` (a structlog processor) and
 installs both. An application that configures structlog itself adds
 :func:`add_task_context` to its processors.
 
-How the running task is found, at no cost per task: a task runs inside a frame of the
-runtime that holds its context in a local variable (the executor's ``start`` for its first
-step, the worker that carries it on after it waited): :func:`current_task_context` walks
-the stack from the log call up to the innermost such frame. That costs a few microseconds
-per log line inside a task, where binding context variables for every task would cost
-every task, logged or not. Tasks a processor spawns itself run outside those frames: bind
-what they need with ``ctx.logger``.
+How the running task is found, at almost no cost per task: while the executor starts a
+task (its first step included) it keeps the task's context where a *task source* reads
+it, and a task that waited goes on inside a frame of the runtime that holds its context
+in a local variable (the worker that carries it on): :func:`current_task_context` asks
+the task sources, then walks the stack from the log call up to the innermost such frame.
+That costs a few microseconds per log line inside a task, where binding context
+variables for every task would cost every task, logged or not. (A frame could serve for
+the start too, but the executor is compiled, and compiled functions run without one.)
+Tasks a processor spawns itself run outside both: bind what they need with
+``ctx.logger``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from types import CodeType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -45,6 +48,7 @@ __all__ = [
     "configure_logging",
     "current_task_context",
     "register_task_frame",
+    "register_task_source",
 ]
 
 LOG_LEVEL_ENV_VAR = "DECATON_AIO_LOG_LEVEL"
@@ -56,18 +60,36 @@ TASK_FIELDS = ("subscription", "topic", "partition", "offset", "key")
 # Code objects of the runtime's frames that run a task, with the name of the local that
 # holds its ProcessingContext.
 _TASK_FRAMES: dict[CodeType, str] = {}
+# What tells the context of the task being started right now, if any.
+_TASK_SOURCES: list[Callable[[], ProcessingContext | None]] = []
 
 
 def register_task_frame(code: CodeType, local: str) -> None:
     """Declare that frames running ``code`` run a task whose context is in ``local``.
 
-    Caller: the runtime's executor and coroutine starter, at import.
+    Caller: the coroutine starter's workers, at import.
     """
     _TASK_FRAMES[code] = local
 
 
+def register_task_source(source: Callable[[], ProcessingContext | None]) -> None:
+    """Declare that ``source()`` is the context of the task being started right now.
+
+    A source is asked before any frame: it must say ``None`` except while it starts a
+    task, whose code is then the innermost running (a task that started another one
+    synchronously keeps its own context aside until that start returns).
+
+    Caller: the runtime's executor, at import.
+    """
+    _TASK_SOURCES.append(source)
+
+
 def current_task_context() -> ProcessingContext | None:
     """The context of the task whose code is running now, or ``None`` outside a task."""
+    for source in _TASK_SOURCES:
+        running = source()
+        if running is not None:
+            return running
     frames = _TASK_FRAMES
     frame = sys._getframe(1)
     while frame is not None:

@@ -1,12 +1,50 @@
-"""Shared test setup: each test starts with the logging configuration it found."""
+"""Shared test setup: each test starts with the logging configuration it found; the
+tests run on the modules compiled from the current sources, or on none."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
+
+import decaton_aio
+
+
+def _extensions() -> list[tuple[Path, Path | None]]:
+    # (extension, source) of each extension module of the package under test (setup.py
+    # builds them in place, beside their sources; mypyc's shared library has no source).
+    found = []
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for extension in Path(decaton_aio.__file__).parent.rglob(f"*{suffix}"):
+            source = extension.with_name(extension.name[: -len(suffix)] + ".py")
+            found.append((extension, source if source.exists() else None))
+    return found
+
+
+def pytest_report_header() -> str:
+    compiled = [source for _, source in _extensions() if source is not None]
+    if not compiled:
+        return "decaton_aio: pure Python"
+    return f"decaton_aio: {len(compiled)} modules compiled (mypyc)"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A compiled module is imported in place of its source: testing one built before its
+    # source changed would test the old code. (The code of every compiled module is in one
+    # shared library; a module's own extension only forwards to it.)
+    extensions = _extensions()
+    built = max((e.stat().st_mtime for e, _ in extensions), default=0.0)
+    stale = [str(s) for _, s in extensions if s is not None and s.stat().st_mtime > built]
+    if stale:
+        pytest.exit(
+            f"compiled modules older than their sources ({', '.join(stale)}): build them "
+            "again with make install (or make test-unit-pure for the pure sources)",
+            returncode=4,
+        )
 
 
 @pytest.fixture(autouse=True)

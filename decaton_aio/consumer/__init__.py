@@ -11,11 +11,13 @@ outcome into a finish, a deferred completion, a retry or a dead letter.
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
 (lanes, slots, pause), ``_execution`` (a task's outcome), ``_contract`` (what the
 partition and the executor call of each other), ``_watermark`` (the commit point),
-``_records`` (fetched records without per-record objects), ``_eager`` (starting a
-coroutine inline), ``_legacy`` (pre-Decaton-9 records), ``_ratelimit``, ``_hotkeys``
-(per-key quota), ``_tracing`` (the traced executor), ``_loopwatch`` (event loop lag, GC
-pauses), ``_runner`` (signals, properties, metrics around a subscription), ``_health``
-(the liveness and readiness probes, :class:`HealthCheck`).
+``_records`` (fetched records without per-record objects), ``_eager`` and ``_steps``
+(starting a coroutine inline, its workers), ``_legacy`` (pre-Decaton-9 records),
+``_ratelimit``, ``_hotkeys`` (per-key quota), ``_tracing`` (the traced executor),
+``_assignment`` (the partitions' lifecycle and the one decision to fetch each or not),
+``_loopwatch`` (event loop lag, GC pauses), ``_runner`` (signals, properties, metrics
+around a subscription), ``_health`` (the liveness and readiness probes,
+:class:`HealthCheck`).
 
 Wings, each behind its own face: ``commit`` (commits with checkpoints, exactly-once
 transactions, ``ctx.produce`` delivery) and ``state`` (the state store behind

@@ -24,7 +24,9 @@ context variable a processor sets never leaks into the runtime or into the next 
 a worker runs. The ``second`` argument of :meth:`CoroutineStarter.start` (its owner: the
 executor passes the task's context) is a local of the worker's frame, so log lines inside
 the coroutine find their task (:func:`decaton_aio.logs.current_task_context`) without any
-per-task work.
+per-task work; the worker is in :mod:`decaton_aio.consumer._steps`, which stays Python
+when this module is compiled (``setup.py``). A first step that runs here, inside the
+executor's start, is found through the executor.
 
 Caller: the executor, on the event loop that owns the consumer. Nothing here is
 thread-safe.
@@ -33,52 +35,28 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import sys
-import types
-from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from collections.abc import Coroutine
+from contextvars import copy_context
+from typing import Any, Final
 
-from decaton_aio.logs import register_task_frame
+from decaton_aio.consumer._steps import (
+    FINISHED,
+    NOT_STARTED,
+    Done,
+    Job,
+    Worker,
+    as_task,
+    work,
+)
 
 __all__ = ["PROBE_EVERY", "CoroutineStarter"]
 
-#: ``done(first, second, exc_or_none)``: a callback with its two arguments passed along, so
-#: a start needs no closure or ``functools.partial`` per coroutine.
-Done = Callable[[Any, Any, BaseException | None], None]
-
 #: In task mode, one start in this many still runs eagerly to measure suspension.
-PROBE_EVERY = 32
+PROBE_EVERY: Final = 32
 # Suspension score: +1 when a probed coroutine suspends, -1 when it finishes at once,
 # clamped to [0, _SCORE_MAX]; task mode while the score is above _TASK_MODE_ABOVE.
-_SCORE_MAX = 16
-_FINISHED: Any = object()  # what a first step gives back when the coroutine ended
-_NOT_STARTED: Any = object()  # a worker's first coroutine whose first step is the worker's
-_TASK_MODE_ABOVE = 8
-
-# A coroutine to run: with its done callback, the callback's two arguments, and the copy of
-# its starter's context it steps in.
-_Job = tuple[Coroutine[Any, Any, Any], Done, Any, Any, contextvars.Context]
-
-
-class _Worker:
-    """A worker's mailbox (the coroutine handed to it while it reported the last one),
-    and its first coroutine until it runs (a task cancelled before its first step never
-    runs its coroutine: the end is reported when the task ends)."""
-
-    __slots__ = ("first_job", "next", "task")
-
-    def __init__(self, first_job: _Job) -> None:
-        self.first_job: _Job | None = first_job
-        self.next: _Job | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    def ended(self, task: asyncio.Task[None]) -> None:
-        job = self.first_job
-        if job is not None:  # cancelled before it ran
-            coro, done, first, second, _ = job
-            coro.close()
-            done(first, second, asyncio.CancelledError())
+_SCORE_MAX: Final = 16
+_TASK_MODE_ABOVE: Final = 8
 
 
 class CoroutineStarter:
@@ -96,7 +74,7 @@ class CoroutineStarter:
         self._score = 0
         self._count = 0
         # The worker reporting the end of its coroutine right now: the next start is its.
-        self._vacant: _Worker | None = None
+        self._vacant: Worker | None = None
 
     @property
     def task_mode(self) -> bool:
@@ -113,7 +91,7 @@ class CoroutineStarter:
             exactly once when the coroutine ends (before this returns if it raised at once).
         """
         # The coroutine steps in a copy of the current context, wherever it runs.
-        context = contextvars.copy_context()
+        context = copy_context()
         vacant = self._vacant
         if vacant is not None:
             # Called from inside a worker's report: it runs this coroutine next.
@@ -130,13 +108,13 @@ class CoroutineStarter:
         # without raising StopIteration (when the coroutine returns None, nothing is even
         # created): 130 ns less than send(None).
         try:
-            yielded = context.run(next, coro.__await__(), _FINISHED)
+            yielded = context.run(next, coro.__await__(), FINISHED)
         except BaseException as exc:  # the processor's own failure is the caller's
             if score:
                 self._score = score - 1
             done(first, second, exc)
             return False
-        if yielded is _FINISHED:
+        if yielded is FINISHED:
             if score:
                 self._score = score - 1
             return True
@@ -146,12 +124,12 @@ class CoroutineStarter:
             self._score = score + 1
         return False
 
-    def _spawn(self, job: _Job, yielded: Any = _NOT_STARTED) -> None:
+    def _spawn(self, job: Job, yielded: Any = NOT_STARTED) -> None:
         # A new worker for ``job``: it carries on from ``yielded`` (a first step that
         # suspended), or takes the first step itself. The worker's own context (where it
         # reports ends) is a copy of the caller's; each coroutine steps in its own.
-        worker = _Worker(job)
-        task = asyncio.get_running_loop().create_task(_as_task(self._work(worker, yielded)))
+        worker = Worker(job)
+        task = asyncio.get_running_loop().create_task(as_task(work(self, worker, yielded)))
         worker.task = task
         self.track(task)
         task.add_done_callback(worker.ended)
@@ -161,83 +139,3 @@ class CoroutineStarter:
         tasks = self.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-
-    @types.coroutine
-    def _work(self, worker: _Worker, yielded: Any) -> Generator[Any, Any, None]:
-        # Runs coroutines one after the other, reporting each end through its ``done``,
-        # for as long as each report hands it the next one. ``second`` names the running
-        # coroutine's owner for log lines (register_task_frame below). A coroutine that
-        # suspends is driven from here as ``yield from`` would drive it, each step in its
-        # own context: the future it yields goes up to the task unchanged (with its
-        # blocking flag set by the coroutine), the task's answer goes back down, a
-        # cancellation thrown into the task is thrown into the coroutine, and closing the
-        # worker closes the coroutine.
-        assert worker.first_job is not None
-        coro, done, first, second, context = worker.first_job
-        worker.first_job = None
-        while True:
-            exc: BaseException | None = None
-            run = context.run
-            try:
-                if yielded is _NOT_STARTED:
-                    yielded = run(next, coro.__await__(), _FINISHED)
-                if yielded is not _FINISHED:
-                    step = coro.__await__()
-                    while True:
-                        try:
-                            sent = yield yielded
-                        except GeneratorExit:  # closed (a task destroyed at loop teardown)
-                            run(coro.close)
-                            raise
-                        except BaseException as thrown:  # forwarded, as yield from does
-                            try:
-                                yielded = run(coro.throw, thrown)
-                            except StopIteration:
-                                break
-                        else:
-                            if sent is None:  # a wake-up: next() with a default ends quietly
-                                yielded = run(next, step, _FINISHED)
-                                if yielded is _FINISHED:
-                                    break
-                            else:
-                                try:
-                                    yielded = run(coro.send, sent)
-                                except StopIteration:
-                                    break
-            except (Exception, asyncio.CancelledError) as error:
-                exc = error
-            self._vacant = worker
-            try:
-                done(first, second, exc)
-            except Exception as error:  # as the loop treats a failing done callback
-                asyncio.get_running_loop().call_exception_handler(
-                    {"message": "reporting the end of a task failed", "exception": error}
-                )
-            finally:
-                if self._vacant is worker:
-                    self._vacant = None
-            job = worker.next
-            if job is None:
-                return
-            worker.next = None
-            task = worker.task
-            if task is not None and task.cancelling():
-                # This worker was asked to stop: the next coroutine gets a worker of its own.
-                self._spawn(job)
-                return
-            coro, done, first, second, context = job
-            yielded = _NOT_STARTED
-
-
-register_task_frame(CoroutineStarter._work.__code__, "second")
-
-
-if sys.version_info >= (3, 12):
-    # asyncio tasks take only native coroutines from Python 3.12 on: one await around it.
-    async def _as_task(steps: Generator[Any, Any, None]) -> None:
-        await steps
-
-else:
-
-    def _as_task(steps: Generator[Any, Any, None]) -> Any:
-        return steps  # a generator-based coroutine is a task's coroutine as it is

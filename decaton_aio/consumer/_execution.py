@@ -26,12 +26,14 @@ closed (then the record is redelivered to the new owner).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from time import perf_counter, time
+from typing import Any, Final
 
 import structlog
+from mypy_extensions import mypyc_attr
 
+from decaton_aio._context import TaskFields
 from decaton_aio.backoff import RetryTask, SkipTask, send_retry_delay
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import StateWriter, TaskHost
@@ -41,7 +43,7 @@ from decaton_aio.consumer._records import QueuedRecord
 from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
 from decaton_aio.context import ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError
-from decaton_aio.logs import register_task_frame
+from decaton_aio.logs import register_task_source
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
 from decaton_aio.properties import (
     DEFERRED_COMPLETE_TIMEOUT_MS,
@@ -66,6 +68,7 @@ _SEND_COUNTERS = {
 }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the traced executor is one
 class TaskExecutor:
     """Runs tasks for the partitions of one subscription.
 
@@ -124,71 +127,80 @@ class TaskExecutor:
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
         ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
-        # The common case inline: dt_meta is the last header (a queued record keeps its
-        # value alone), read by the C parser into a message reused for every record.
-        # Anything else (no parser, other headers last, a malformed header) takes the
-        # general path, which raises DecodeError with the reason.
-        raw = record.packed_headers if type(record) is QueuedRecord else None
-        if type(raw) is not bytes:
-            headers = record.headers
-            raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
-        meta = self._meta
+        # While it starts, log lines find the task here (decaton_aio.logs); a task that
+        # started this one synchronously gets its own back after.
+        starting = _STARTING
+        outer = starting.ctx
+        starting.ctx = ctx
         try:
-            if raw is not None and meta is not None:
-                try:
-                    meta.ParseFromString(raw)
-                    scheduled = meta.scheduled_time_millis
-                except Exception:
-                    scheduled = scheduled_time_of(record.headers)
-            else:
-                headers = record.headers
-                if self._legacy.value and not has_metadata_header(headers):
-                    record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
-                    headers = record.headers
-                scheduled = scheduled_time_of(headers)
-                if attempt == 1 and (
-                    not headers or all(name != METADATA_HEADER for name, _ in headers)
-                ):
-                    partition.stats.without_metadata += 1
-        except DecodeError as exc:
-            self._poison_pill(partition, ctx, exc)
-            return
-        now = time.time()
-        if scheduled and scheduled > now * 1000:
-            delay = scheduled / 1000 - now
-            partition.stats.scheduling_delay.observe(delay)
-            partition.run_again(record, attempt, delay)
-            return
-        try:
-            value = record.value
-            if value is None:
-                raise DecodeError("body", "the record has no value (a tombstone)")
+            # The common case inline: dt_meta is the last header (a queued record keeps its
+            # value alone), read by the C parser into a message reused for every record.
+            # Anything else (no parser, other headers last, a malformed header) takes the
+            # general path, which raises DecodeError with the reason.
+            raw = record.packed_headers if type(record) is QueuedRecord else None
+            if type(raw) is not bytes:
+                headers: Sequence[Any] = record.headers  # Kafka allows a null header value
+                raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
+            meta = self._meta
             try:
-                task = self._fast_decode(value)
-            except Exception:
-                if self._fast_decode is self._decode:
-                    raise
-                task = self._decode(value)  # raises the serializer's own DecodeError
-        except DecodeError as exc:
-            hint = legacy_hint(record)
-            if hint is not None:
-                exc = DecodeError("body", f"{exc.reason}; {hint}")
-            self._poison_pill(partition, ctx, exc)
-            return
-        except Exception as exc:  # a serializer that raises something else: still a body
-            reason = f"the serializer raised {type(exc).__name__}: {exc}"
-            self._poison_pill(partition, ctx, DecodeError("body", reason))
-            return
-        stats = partition.stats
-        stats.delivery_latency.observe(now - record.timestamp * 0.001)
-        ctx.started_at = time.perf_counter()
-        try:
-            coro = self._process(ctx, task)
-        except Exception as exc:  # a processor that is not a coroutine function
-            self._finished(partition, ctx, exc)
-            return
-        if self._starter.start(coro, self._on_finished, partition, ctx):
-            self._finished(partition, ctx, None)  # it returned at once
+                if raw is not None and meta is not None:
+                    try:
+                        meta.ParseFromString(raw)
+                        scheduled = meta.scheduled_time_millis
+                    except Exception:
+                        scheduled = scheduled_time_of(record.headers)
+                else:
+                    headers = record.headers
+                    if self._legacy.value and not has_metadata_header(headers):
+                        record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
+                        headers = record.headers
+                    scheduled = scheduled_time_of(headers)
+                    if attempt == 1 and (
+                        not headers or all(name != METADATA_HEADER for name, _ in headers)
+                    ):
+                        partition.stats.without_metadata += 1
+            except DecodeError as exc:
+                self._poison_pill(partition, ctx, exc)
+                return
+            now = time()
+            if scheduled and scheduled > now * 1000:
+                delay = scheduled / 1000 - now
+                partition.stats.scheduling_delay.observe(delay)
+                partition.run_again(record, attempt, delay)
+                return
+            try:
+                value = record.value
+                if value is None:
+                    raise DecodeError("body", "the record has no value (a tombstone)")
+                try:
+                    task = self._fast_decode(value)
+                except Exception:
+                    if self._fast_decode is self._decode:
+                        raise
+                    task = self._decode(value)  # raises the serializer's own DecodeError
+            except DecodeError as exc:
+                hint = legacy_hint(record)
+                if hint is not None:
+                    exc = DecodeError("body", f"{exc.reason}; {hint}")
+                self._poison_pill(partition, ctx, exc)
+                return
+            except Exception as exc:  # a serializer that raises something else: still a body
+                reason = f"the serializer raised {type(exc).__name__}: {exc}"
+                self._poison_pill(partition, ctx, DecodeError("body", reason))
+                return
+            stats = partition.stats
+            stats.delivery_latency.observe(now - record.timestamp * 0.001)
+            fields: TaskFields = ctx
+            fields.started_at = perf_counter()
+            try:
+                coro = self._process(ctx, task)
+            except Exception as exc:  # a processor that is not a coroutine function
+                self._finished(partition, ctx, exc)
+                return
+            if self._starter.start(coro, self._on_finished, partition, ctx):
+                self._finished(partition, ctx, None)  # it returned at once
+        finally:
+            starting.ctx = outer
 
     def shape(self, partition: TaskHost, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
@@ -212,19 +224,20 @@ class TaskExecutor:
     ) -> None:
         # Every task whose processor ended (returned or raised, at once or after waiting)
         # comes here: count it, then finish, defer, retry or dead-letter it.
+        fields: TaskFields = ctx  # its compiled base: fields read without a lookup
         stats = partition.stats
-        took = time.perf_counter() - ctx.started_at
+        took = perf_counter() - fields.started_at
         stats.processed += 1
-        state = ctx._state  # ctx.state_change without the property call
+        state = fields._state  # ctx.state_change without the property call
         if (
             exc is None
             and state is None
-            and ctx._completion is None
-            and ctx.retry_delay_s is None
-            and ctx.outputs is None
+            and fields._completion is None
+            and fields.retry_delay_s is None
+            and fields.outputs is None
         ):
             stats.done_at_once.observe(took)  # its process and completion duration
-            partition.finish(ctx.record)  # the common case: done
+            partition.finish(fields.record)  # the common case: done
             return
         if state is not None and state.changed:
             if exc is None:
@@ -334,7 +347,7 @@ class TaskExecutor:
     def _complete(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         # A task done after its processor returned, off the common path: finish it and
         # count its completion duration.
-        partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+        partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
         partition.finish(ctx.record)
 
     def _defer(
@@ -350,7 +363,7 @@ class TaskExecutor:
         def completed() -> None:
             if timer is not None:
                 timer.cancel()
-            partition.stats.completion_duration.observe(time.perf_counter() - ctx.started_at)
+            partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
             if ctx.outputs is not None:  # produced after returning: they go out now
                 self._emit(partition, ctx)
             else:
@@ -603,7 +616,7 @@ class TaskExecutor:
             stats = partition.stats
             setattr(stats, queued, getattr(stats, queued) + 1)
             if started_at is not None:
-                stats.completion_duration.observe(time.perf_counter() - started_at)
+                stats.completion_duration.observe(perf_counter() - started_at)
             partition.complete_released(record)
             return
 
@@ -616,8 +629,15 @@ class TaskExecutor:
             task.cancel()
 
 
-# A log line inside a task's first step finds the task through this frame's ``ctx``.
-register_task_frame(TaskExecutor.start.__code__, "ctx")
+class _Starting:
+    """The context of the task an executor is starting now, ``None`` between starts."""
+
+    def __init__(self) -> None:
+        self.ctx: ProcessingContext | None = None
+
+
+_STARTING: Final = _Starting()
+register_task_source(lambda: _STARTING.ctx)
 
 
 def _type(exc: BaseException | None) -> str:

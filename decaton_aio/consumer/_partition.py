@@ -34,7 +34,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Collection
 from time import monotonic
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import structlog
 from aiokafka import TopicPartition
@@ -56,10 +56,10 @@ log = structlog.get_logger("decaton_aio.consumer")
 
 
 _Lane: TypeAlias = list[QueuedRecord] | deque[QueuedRecord]
-_SHORT_LANE = 32  # a lane turns from a list into a deque at this many waiting records
+_SHORT_LANE: Final = 32  # a lane turns from a list into a deque at this many waiting records
 # Lane and slot waits are observed for records whose offset has these bits clear: one in
 # 16, so measuring costs nothing noticeable per task.
-_WAIT_SAMPLE = 15
+_WAIT_SAMPLE: Final = 15
 
 
 class PartitionState(enum.Enum):
@@ -419,7 +419,8 @@ class PartitionProcessor:
         if record is not None:
             if complete:
                 self._pending -= 1
-                self._mark(record.offset)
+                fetched: Any = record  # the offset as it is (compiled, not unboxed and boxed)
+                self._mark(fetched.offset)
                 if not self._pending:
                     self.stats.starving()  # nothing left: it waits for records
             if slot:
@@ -449,9 +450,9 @@ class PartitionProcessor:
         if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
             self._idle.set()
 
-    #: The record's task is done: complete its offset, free its slot and lane. (The
-    #: bookkeeping with every step on; called once per task, so without a wrapper.)
-    finish = _settle
+    def finish(self, record: Record) -> None:
+        """The record's task is done: complete its offset, free its slot and lane."""
+        self._settle(record, True, True, True)
 
     def _maybe_resume(self) -> None:
         if self._paused and not self.needs_pause:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import structlog
+from mypy_extensions import mypyc_attr
 
 from decaton_aio.metadata import METADATA_HEADER
 from decaton_aio.typing import Record
@@ -42,6 +43,7 @@ class _Fields(NamedTuple):
     queued_at: float = 0.0
 
 
+@mypyc_attr(native_class=False)  # compiled, a tuple subclass stays a Python class
 class QueuedRecord(_Fields):
     """A record waiting for its turn, in about 60% of the memory of aiokafka's record.
 
@@ -80,13 +82,14 @@ def queued(record: Record, key: bytes | None, now: float) -> QueuedRecord:
     """
     if type(record) is QueuedRecord:
         return new_queued(QueuedRecord, (*record[:5], now))
-    headers = record.headers
+    fetched: Any = record  # its fields as they are (compiled, no int unboxed and boxed again)
+    headers: Sequence[Any] = fetched.headers  # Kafka allows a null header value
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
     if len(headers) == 1:
-        name, value = headers[0]
-        if name == METADATA_HEADER and type(value) is bytes:
-            packed = value
-    fields = (record.offset, record.timestamp, key, record.value, packed, now)
+        header = headers[0]
+        if header[0] == METADATA_HEADER and type(header[1]) is bytes:
+            packed = header[1]
+    fields = (fetched.offset, fetched.timestamp, key, fetched.value, packed, now)
     return new_queued(QueuedRecord, fields)
 
 

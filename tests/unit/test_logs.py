@@ -136,6 +136,34 @@ async def test_task_fields_in_workers_and_bound_values_win(keys: str) -> None:
     assert all(e["topic"] == "tasks" for e in events)
 
 
+async def test_lines_while_a_task_starts_carry_its_fields_and_none_after() -> None:
+    """A line logged while the runtime starts a task (its serializer decoding the body)
+    carries that task's fields, also for a task started by another one's end; once the
+    start returns there is no current task."""
+    from tests.unit.test_partition import make, records, settle
+
+    out = io.StringIO()
+    configure_logging("info", json=True, stream=out)
+
+    def decode(value: bytes | None) -> object:
+        structlog.get_logger("user").info("decoding")
+        return value
+
+    async def process(ctx: ProcessingContext, task: object) -> None:
+        return None
+
+    proc = make(process, limit=1, decode=decode)  # each end starts the next: nested starts
+    proc.feed(records([b"a", b"b", b"c"]))
+    assert current_task_context() is None
+    await settle()
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["event"], e["offset"], e["key"]) for e in events] == [
+        ("decoding", 0, "a"),
+        ("decoding", 1, "b"),
+        ("decoding", 2, "c"),
+    ]
+
+
 def test_no_task_outside_the_runtime() -> None:
     """Outside the runtime there is no current task."""
     assert current_task_context() is None

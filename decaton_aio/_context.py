@@ -1,0 +1,62 @@
+"""The fields of a task's processing context, compiled with the runtime's hot path.
+
+:class:`~decaton_aio.context.ProcessingContext`, what a processor is handed, is
+:class:`TaskFields` with its methods. The executor makes one per task and reads these
+fields when the task ends, so they live in a class mypyc compiles (``setup.py``), while
+the public class keeps its documentation and checks in Python (a compiled class has no
+docstrings, and checks its arguments' types itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from mypy_extensions import mypyc_attr
+
+from decaton_aio.completion import Completion
+from decaton_aio.metadata import TaskMetadata
+from decaton_aio.state import KeyState
+from decaton_aio.typing import Record
+
+__all__ = ["TaskFields"]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # ProcessingContext is one
+class TaskFields:
+    """What a processing context holds; see :class:`~decaton_aio.context.ProcessingContext`."""
+
+    __slots__ = (
+        "_completion",
+        "_logger",
+        "_metadata",
+        "_partition",
+        "_state",
+        "attempt",
+        "outputs",
+        "record",
+        "retry_delay_s",
+        "started_at",
+        "subscription_id",
+    )
+
+    def __init__(
+        self,
+        subscription_id: str,
+        partition: Any,
+        record: Record,
+        attempt: int = 1,
+    ) -> None:
+        self.subscription_id = subscription_id
+        self._partition = partition  # a TaskSource (decaton_aio.context)
+        self.record = record
+        self.attempt = attempt
+        self.started_at = 0.0
+        #: Set by ``ctx.retry()``: the requested delay (``-1.0``: the policy's backoff).
+        self.retry_delay_s: float | None = None
+        self._metadata: TaskMetadata | None = None
+        self._logger: structlog.typing.FilteringBoundLogger | None = None
+        self._completion: Completion | None = None
+        #: The records ``ctx.produce()`` collected (OutputRecord), ``None`` while there are none.
+        self.outputs: list[Any] | None = None
+        self._state: KeyState | None = None
