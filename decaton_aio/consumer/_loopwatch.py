@@ -10,7 +10,9 @@ Two numbers tell an overloaded loop from a slow processor:
   (every generation), wherever it was triggered.
 
 Both go to histograms of the subscription's stats (``SubscriptionStats.loop_lag`` and
-``gc_pause``), exported on the metrics page.
+``gc_pause``), exported on the metrics page. The runtime's own loops over many items (a
+fetch batch, a commit's partitions) run in steps of :data:`STEP_BUDGET_S`
+(:func:`yield_if_due`).
 
 Caller: :class:`LoopWatch` is started and stopped by its subscription on the event loop;
 the GC callback runs in whichever thread triggered the collection (an array append,
@@ -27,10 +29,23 @@ from typing import Any
 
 from decaton_aio._histogram import FastHistogram
 
-__all__ = ["LAG_INTERVAL_S", "GcWatch", "LoopWatch"]
+__all__ = ["LAG_INTERVAL_S", "STEP_BUDGET_S", "GcWatch", "LoopWatch", "yield_if_due"]
 
 #: How often the lag timer is due (100 times a second: a few microseconds of CPU each).
 LAG_INTERVAL_S = 0.01
+
+#: How long one step of the runtime's own work may hold the loop before it lets the loop
+#: run what waits (timers, I/O, completions): feeding a fetch batch, preparing a commit.
+STEP_BUDGET_S = 0.001
+
+
+async def yield_if_due(began: float) -> float:
+    """Let the event loop run once when the step that began at ``began``
+    (``time.monotonic()``) took its budget; return when the current step began."""
+    if time.monotonic() - began > STEP_BUDGET_S:
+        await asyncio.sleep(0)
+        return time.monotonic()
+    return began
 
 
 class LoopWatch:

@@ -47,7 +47,7 @@ from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignment import Assignment
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
-from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch
+from decaton_aio.consumer._loopwatch import STEP_BUDGET_S, GcWatch, LoopWatch
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer.commit import CheckpointStore, Committer
@@ -77,7 +77,7 @@ _FETCH_TIMEOUT_MS = 100
 #: Records handed to a partition in one step of the fetch routine (tasks started with them).
 _STEP_RECORDS = 32
 #: A step of the fetch routine goes on with the batch's next records while it took less.
-_STEP_BUDGET_S = 0.001
+_STEP_BUDGET_S = STEP_BUDGET_S
 _QUOTA_WINDOW_S = 1.0
 
 

@@ -94,3 +94,16 @@ def test_the_gc_watch_sees_real_collections_while_registered_only() -> None:
     watch.stop()
     gc.collect()
     assert pause.count == 1
+
+
+async def test_a_step_past_its_budget_lets_the_loop_run_once() -> None:
+    from decaton_aio.consumer._loopwatch import yield_if_due
+
+    ran: list[str] = []
+    asyncio.get_running_loop().call_soon(ran.append, "waiting callback")
+    began = await yield_if_due(float("inf"))  # began "now": within its budget
+    assert began == float("inf")
+    assert ran == []  # the loop did not run
+    began = await yield_if_due(0.0)  # began long ago: past its budget
+    assert ran == ["waiting callback"]
+    assert 0.0 < began < float("inf")  # a new step begins now

@@ -23,6 +23,7 @@ transactional producer, so the record commits with the offset) or the store's ow
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from decaton_aio.consumer._loopwatch import yield_if_due
 from decaton_aio.consumer.commit._checkpoint_codec import (
     TEXT_PREFIX,
     Checkpoint,
@@ -124,7 +126,9 @@ class CheckpointStore:
             checkpoint could not be written (logged; its records would be redone).
         """
         result: dict[TopicPartition, str] = {}
+        began = time.monotonic()
         for tp, checkpoint in checkpoints.items():
+            began = await yield_if_due(began)  # many partitions: encoded in steps
             if checkpoint.empty:
                 result[tp] = ""
                 continue

@@ -19,6 +19,7 @@ Caller: the subscription, on its event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
+from decaton_aio.consumer._loopwatch import yield_if_due
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore, SendCheckpoint
@@ -185,7 +187,9 @@ class Committer:
             await asyncio.gather(*(self._commit_transaction(p) for p in processors))
             return
         entries: dict[TopicPartition, tuple[PartitionProcessor, int, Checkpoint | None]] = {}
+        began = time.monotonic()
         for processor in processors:
+            began = await yield_if_due(began)  # many partitions: in steps
             snapshot = self._snapshot(processor)
             if snapshot is not None:
                 entries[processor.tp] = (processor, *snapshot)
