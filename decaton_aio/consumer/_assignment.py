@@ -126,10 +126,6 @@ class Assignment:
         if was is None and consumer is not None:
             consumer.pause(tp)
 
-    def held(self, tp: TopicPartition) -> Hold | None:
-        """What holds ``tp`` now, as last applied to the consumer."""
-        return self._held.get(tp)
-
     # ----------------------------------------------------------------- lifecycle
 
     def new(self, tp: TopicPartition) -> PartitionProcessor:

@@ -39,13 +39,17 @@ LAG_INTERVAL_S = 0.01
 STEP_BUDGET_S = 0.001
 
 
-async def yield_if_due(began: float) -> float:
+async def yield_if_due(began: float, step: Callable[[float], None] | None = None) -> float:
     """Let the event loop run once when the step that began at ``began``
-    (``time.monotonic()``) took its budget; return when the current step began."""
-    if time.monotonic() - began > STEP_BUDGET_S:
-        await asyncio.sleep(0)
-        return time.monotonic()
-    return began
+    (``time.monotonic()``) took its budget, passing the step's length to ``step``; return
+    when the current step began."""
+    now = time.monotonic()
+    if now - began <= STEP_BUDGET_S:
+        return began
+    if step is not None:
+        step(now - began)
+    await asyncio.sleep(0)
+    return time.monotonic()
 
 
 class LoopWatch:

@@ -7,7 +7,7 @@ loop:
 
 - the fetch routine takes record batches and feeds them to their partitions, holding a
   partition whose pending records reach ``decaton.max.pending.records``; it lets the loop
-  run other work (timers, I/O, completions) whenever a step has fed for ``_STEP_BUDGET_S``,
+  run other work (timers, I/O, completions) whenever a step has fed for ``STEP_BUDGET_S``,
   so no step of the runtime's own holds the event loop for long
   (``decaton_runtime_step_duration_seconds``);
 - the commit routine commits every partition's watermark (with its checkpoint, or in a
@@ -47,7 +47,7 @@ from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignment import Assignment
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
-from decaton_aio.consumer._loopwatch import STEP_BUDGET_S, GcWatch, LoopWatch
+from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, yield_if_due
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer.commit import CheckpointStore, Committer
@@ -74,10 +74,9 @@ __all__ = ["Subscription", "SubscriptionState"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 _FETCH_TIMEOUT_MS = 100
-#: Records handed to a partition in one step of the fetch routine (tasks started with them).
+#: Records handed to a partition at a time; the fetch routine yields to the loop between
+#: two of these once its step took ``STEP_BUDGET_S``.
 _STEP_RECORDS = 32
-#: A step of the fetch routine goes on with the batch's next records while it took less.
-_STEP_BUDGET_S = STEP_BUDGET_S
 _QUOTA_WINDOW_S = 1.0
 
 
@@ -400,12 +399,9 @@ class Subscription:
                 # what waits (timers, I/O, completions) before the next: none waits for a
                 # whole batch.
                 for first in range(0, len(records), _STEP_RECORDS):
-                    if (now := clock()) - began > _STEP_BUDGET_S:
-                        step(now - began)
-                        await asyncio.sleep(0)
-                        began = clock()
-                        if partitions.get(tp) is not processor:
-                            break  # revoked, rewound or fenced meanwhile: fetched again
+                    began = await yield_if_due(began, step)
+                    if partitions.get(tp) is not processor:
+                        break  # revoked or rewound meanwhile: fetched again
                     chunk = records[first : first + _STEP_RECORDS]
                     fetch_wait((fetched_ms - chunk[0].timestamp) * 0.001)
                     feed_wait(began - fetched)
@@ -440,10 +436,7 @@ class Subscription:
         clock, step = time.monotonic, self._stats.step
         began = clock()
         for processor in processors:
-            if (now := clock()) - began > _STEP_BUDGET_S:  # many partitions: let others run
-                step(now - began)
-                await asyncio.sleep(0)
-                began = clock()
+            began = await yield_if_due(began, step)  # many partitions: in steps
             processor.stats.pending = processor.pending
             processor.stats.fold()  # keeps the histograms' observation queues short
             offset = processor.committable()

@@ -379,9 +379,9 @@ async def test_a_fetch_batch_is_fed_in_steps_and_the_waits_are_measured(
     own (the loop runs in between), every task is still processed once in key order, and
     the metrics page shows the loop's lag and where tasks waited: behind their key (lane),
     for a slot, and for fetch and feed."""
-    from decaton_aio.consumer import _subscription
+    from decaton_aio.consumer import _loopwatch
 
-    monkeypatch.setattr(_subscription, "_STEP_BUDGET_S", 0.0)
+    monkeypatch.setattr(_loopwatch, "STEP_BUDGET_S", 0.0)
     topic = await topic_factory(partitions=1)
     produced = await produce(task_producer, topic, 1000, keys=20)
     seen: list[int] = []
