@@ -110,7 +110,7 @@ test-tansu: $(STAMP)
 # Instances killed and restarted while tasks flow, every scenario, three times in a row
 # (make test runs the short scenario once).
 chaos: kafka
-	for run in 1 2 3; do $(BIN)/python -m pytest -s -m chaos tests/chaos || exit 1; done
+	for run in 1 2 3; do $(BIN)/python -m pytest -s -m chaos tests/chaos tests/interop/test_migration.py || exit 1; done
 
 # Coverage-guided fuzzing (atheris) of the dt_meta header and every serializer; the
 # corpus grows in .fuzz/ across runs, a finding is written as crash-* and fails the run.

@@ -44,6 +44,37 @@ DEFAULT_MAX_FETCH_RECORDS = 2000
 #: never used as a consumer group).
 DEFAULT_SUBSCRIPTION_ID = "decaton-aio"
 _OFFSET_RESETS = ("earliest", "latest")
+#: The assignors a member can offer, by their protocol names; Java's class names map to
+#: them, so a ``partition.assignment.strategy`` line of a Java client works as written.
+ASSIGNORS = ("roundrobin", "range", "sticky")
+_JAVA_ASSIGNORS = {
+    "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin",
+    "org.apache.kafka.clients.consumer.RangeAssignor": "range",
+    "org.apache.kafka.clients.consumer.StickyAssignor": "sticky",
+}
+
+
+def assignor_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as protocol names, in order, without repeats.
+
+    Raises:
+        ConfigError: empty, or a name no assignor here has (cooperative-sticky among them:
+            it needs cooperative rebalancing, which the consumer does not do).
+    """
+    result: list[str] = []
+    for raw in names:
+        name = _JAVA_ASSIGNORS.get(raw.strip(), raw.strip())
+        if name not in ASSIGNORS:
+            raise ConfigError(
+                f"partition_assignment_strategy: unknown assignor {raw.strip()!r}; use "
+                f"{', '.join(ASSIGNORS)} (a group with Decaton instances shares range)"
+            )
+        if name not in result:
+            result.append(name)
+    if not result:
+        raise ConfigError("partition_assignment_strategy is empty: name at least one assignor")
+    return tuple(result)
+
 
 #: An ``on_startup`` / ``on_shutdown`` hook: ``async def hook() -> None``.
 LifespanHook: TypeAlias = Callable[[], Awaitable[None]]
@@ -100,6 +131,14 @@ class ConsumerConfig:
         commit_metadata_max_bytes: the cluster's ``offset.metadata.max.bytes``: a
             checkpoint larger than this goes to the checkpoint topic instead of the
             commit metadata (0: always the topic).
+        partition_assignment_strategy: the assignors this member offers its group, most
+            preferred first (``partition.assignment.strategy``): ``roundrobin``,
+            ``range``, ``sticky`` (Java class names are accepted too). The group uses the
+            first one every member offers, so the default, roundrobin then range, spreads
+            partitions round-robin among decaton-aio instances and shares range with
+            Decaton's instances (Java's default list starts with range) while a group
+            holds both, during a migration. A state store brings its own assignor and
+            cannot share a group with Decaton.
     """
 
     bootstrap_servers: str
@@ -120,6 +159,7 @@ class ConsumerConfig:
     metadata_max_age_ms: int = 300_000
     security: SecuritySettings = PLAINTEXT
     commit_metadata_max_bytes: int = 4096
+    partition_assignment_strategy: tuple[str, ...] = ("roundrobin", "range")
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -165,6 +205,11 @@ class ConsumerConfig:
             )
         if self.max_fetch_records < 1:
             raise ConfigError(f"max_fetch_records must be >= 1, got {self.max_fetch_records}")
+        object.__setattr__(
+            self,
+            "partition_assignment_strategy",
+            assignor_names(self.partition_assignment_strategy),
+        )
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,9 @@ CLIENT_PROPERTY_KEYS: Final[Mapping[str, _Key]] = {
     "group.instance.id": _Key("consumer", _field("group_instance_id")),
     "client.rack": _Key("consumer", _field("client_rack")),
     "auto.offset.reset": _Key("consumer", _field("auto_offset_reset")),
+    "partition.assignment.strategy": _Key(
+        "consumer", lambda value: {"partition_assignment_strategy": tuple(value.split(","))}
+    ),
     **{
         key: _Key("consumer", _int(key, name))
         for key, name in (

@@ -39,7 +39,10 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
 
 from decaton_aio._connect import connect_error
 from decaton_aio.admin import ensure_side_topics
@@ -78,6 +81,11 @@ _FETCH_TIMEOUT_MS = 100
 #: two of these once its step took ``STEP_BUDGET_S``.
 _STEP_RECORDS = 32
 _QUOTA_WINDOW_S = 1.0
+_ASSIGNORS = {
+    "roundrobin": RoundRobinPartitionAssignor,
+    "range": RangePartitionAssignor,
+    "sticky": StickyPartitionAssignor,
+}
 
 
 class SubscriptionState(enum.Enum):
@@ -251,10 +259,12 @@ class Subscription:
             # Before joining the group: a side topic that cannot exist stops the start
             # here, not a partition at its first retry.
             await ensure_side_topics(cfg.bootstrap_servers, self.app, security=cfg.security)
-            extra: dict[str, Any] = {}
+            assignors: tuple[Any, ...] = tuple(
+                _ASSIGNORS[name] for name in cfg.partition_assignment_strategy
+            )
             if self.state_store is not None:
                 await self.state_store.start()
-                extra["partition_assignment_strategy"] = (self.state_store.assignor,)
+                assignors = (self.state_store.assignor,)
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
                 group_id=cfg.group_id,
@@ -274,8 +284,8 @@ class Subscription:
                 isolation_level="read_committed" if self.app.exactly_once else cfg.isolation_level,
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
+                partition_assignment_strategy=assignors,
                 **cfg.security.client_kwargs(),
-                **extra,
             )
             try:
                 await consumer.start()
@@ -387,7 +397,12 @@ class Subscription:
         step, feed_wait = stats.step, stats.feed_wait.observe
         while True:
             asked = clock()
-            batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
+            try:
+                batches = await consumer.getmany(
+                    timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records
+                )
+            except InconsistentGroupProtocolError:
+                raise self._no_shared_assignor() from None
             self.last_fetch_at = fetched = began = clock()
             fetch_latency(fetched - asked)
             fetched_ms = wall() * 1000
@@ -414,6 +429,20 @@ class Subscription:
                 if high is not None:
                     processor.stats.high_watermark = high
             step(clock() - began)
+
+    def _no_shared_assignor(self) -> ConfigError:
+        cfg = self.consumer_config
+        if self.state_store is not None:
+            return ConfigError(
+                f"group {cfg.group_id!r}: another member does not offer the state store's "
+                "assignor (a Decaton instance, or decaton-aio without this state store); "
+                "a state store cannot share its group with them: move the whole group at once"
+            )
+        return ConfigError(
+            f"group {cfg.group_id!r}: its members share no assignor with this one "
+            f"({', '.join(cfg.partition_assignment_strategy)}); offer one they use in "
+            "partition_assignment_strategy (partition.assignment.strategy): range for Decaton"
+        )
 
     async def _commit_routine(self) -> None:
         while True:

@@ -48,13 +48,13 @@ APP = textwrap.dedent(
     def epochs(logger, name, event):
         # A rebalance starts a new epoch: a key may rewind to its committed point there.
         if event.get("event") in ("partitions assigned", "partitions revoked"):
-            LOG.write(f"epoch 0 0 - {time.monotonic_ns()}\\n")
+            LOG.write(f"epoch 0 0 - {time.time_ns()}\\n")
         return event
 
     structlog.configure(processors=[epochs, *structlog.get_config()["processors"]])
 
     def log(kind, ctx):
-        at = time.monotonic_ns()
+        at = time.time_ns()  # wall clock: comparable with a Decaton JVM's facts
         LOG.write(f"{kind} {ctx.partition} {ctx.offset} {ctx.key.decode()} {at}\\n")
 
     async def process(ctx, task):
@@ -64,7 +64,10 @@ APP = textwrap.dedent(
             ctx.deferred()  # never completed: the deferred timeout gives it up
             log("end", ctx)
             return
-        await asyncio.sleep(3.0 if MODE == "hangs" and n % 400 == 7 else 0.002)
+        if MODE == "hangs" and n % 400 == 7:
+            await asyncio.sleep(3.0)
+        else:  # "uneven": one task in ten outlasts the others, which complete above it
+            await asyncio.sleep(0.1 if MODE == "uneven" and n % 10 == 3 else 0.002)
         log("end", ctx)
         if MODE == "raises" and n % 11 == 0:
             raise RuntimeError(f"task {n} fails")
@@ -135,7 +138,7 @@ async def await_commits(
 
 
 def read_runs(instances: list[Instance]) -> list[list[tuple[str, int, int, str, int]]]:
-    """Each incarnation's events: (kind, partition, offset, key, monotonic ns)."""
+    """Each incarnation's events: (kind, partition, offset, key, wall clock ns)."""
     runs = []
     for instance in instances:
         for log in instance.logs:

@@ -76,6 +76,8 @@ class DecatonSubscription:
         retry_backoff_ms: turns Decaton's retry queueing on with this backoff.
         retry_key_prefix: tasks whose key starts with it are retried once.
         legacy_parse_fallback: ``decaton.legacy.parse.fallback.enabled``.
+        sleep_ms: each task's processing time (a sleep of the processing thread).
+        commit_interval_ms: ``decaton.commit.interval.ms`` (Decaton's default: 1000).
     """
 
     def __init__(
@@ -89,6 +91,8 @@ class DecatonSubscription:
         retry_backoff_ms: int | None = None,
         retry_key_prefix: str | None = None,
         legacy_parse_fallback: bool = False,
+        sleep_ms: int = 0,
+        commit_interval_ms: int | None = None,
     ) -> None:
         argv = ["subscribe", "--topic", topic, "--group", group, "--body", body]
         argv += _broker_args(broker)
@@ -98,6 +102,10 @@ class DecatonSubscription:
             argv += ["--retry-key-prefix", retry_key_prefix]
         if legacy_parse_fallback:
             argv.append("--legacy-parse-fallback")
+        if sleep_ms:
+            argv += ["--sleep-ms", str(sleep_ms)]
+        if commit_interval_ms is not None:
+            argv += ["--commit-interval-ms", str(commit_interval_ms)]
         self._command = build.command(MAIN, *argv)
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -106,6 +114,8 @@ class DecatonSubscription:
         self._stderr = b""
         self.tasks: list[dict[str, Any]] = []
         self.states: list[str] = []
+        #: Every task and state event, in the order the driver wrote them.
+        self.events: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> DecatonSubscription:
         self._process = await asyncio.create_subprocess_exec(
@@ -130,6 +140,7 @@ class DecatonSubscription:
         assert self._process.stdout is not None
         async for line in self._process.stdout:
             event = json.loads(line)
+            self.events.append(event)
             if event["event"] == "task":
                 self.tasks.append(event)
             elif event["event"] == "state":
@@ -159,6 +170,13 @@ class DecatonSubscription:
             )
         return self.tasks
 
+    async def kill(self) -> None:
+        """SIGKILL the JVM: no close, no last commit, no leave-group."""
+        assert self._process is not None
+        if self._process.returncode is None:
+            self._process.kill()
+        await self._process.wait()
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -169,12 +187,13 @@ class DecatonSubscription:
         if process is None:
             return
         assert process.stdin is not None
-        process.stdin.close()  # the driver closes the subscription and exits
-        try:
-            await asyncio.wait_for(process.wait(), 30)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        if process.returncode is None:
+            process.stdin.close()  # the driver closes the subscription and exits
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
         for reader in (self._reader, self._errors):
             if reader is not None:
                 await reader

@@ -56,6 +56,8 @@ def test_lifespan_hooks_are_normalized_and_must_be_async() -> None:
         ("fetch_min_bytes", -1),
         ("max_poll_interval_ms", 0),
         ("max_partition_fetch_bytes", 0),
+        ("partition_assignment_strategy", ()),
+        ("partition_assignment_strategy", ("range", "cooperative-sticky")),
     ],
 )
 def test_consumer_settings_are_validated(field: str, value: object) -> None:
@@ -69,3 +71,19 @@ def test_static_membership_and_rack_default_to_off() -> None:
     config = ConsumerConfig("b:1", "g")
     assert (config.group_instance_id, config.client_rack) == (None, None)
     assert (config.fetch_min_bytes, config.fetch_max_bytes) == (1, 50 * 1024 * 1024)
+
+
+def test_assignors_take_java_names_and_offer_range_to_decaton_by_default() -> None:
+    """The default offers roundrobin then range (range is what Java's default list shares);
+    a Java class name maps to its protocol name and a repeat is dropped."""
+    assert ConsumerConfig("b:1", "g").partition_assignment_strategy == ("roundrobin", "range")
+    config = ConsumerConfig(
+        "b:1",
+        "g",
+        partition_assignment_strategy=(
+            "org.apache.kafka.clients.consumer.RangeAssignor",
+            " range",
+            "sticky",
+        ),
+    )
+    assert config.partition_assignment_strategy == ("range", "sticky")

@@ -31,6 +31,7 @@ client.id=orders-service
 group.instance.id=orders-1
 fetch.min.bytes=1
 session.timeout.ms=45000
+partition.assignment.strategy=org.apache.kafka.clients.consumer.RangeAssignor
 key.serializer=org.apache.kafka.common.serialization.StringSerializer
 """
 
@@ -51,6 +52,7 @@ def test_a_java_client_file_is_read_and_unused_keys_are_named(tmp_path: Path) ->
         "group_instance_id": "orders-1",
         "fetch_min_bytes": 1,
         "session_timeout_ms": 45000,
+        "partition_assignment_strategy": ("org.apache.kafka.clients.consumer.RangeAssignor",),
     }
     assert props.unsupported == ("key.serializer",)
     message = props.unsupported_message()

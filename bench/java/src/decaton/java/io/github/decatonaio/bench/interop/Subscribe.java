@@ -3,6 +3,7 @@ package io.github.decatonaio.bench.interop;
 import java.io.BufferedReader;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Properties;
@@ -41,7 +42,8 @@ import io.github.decatonaio.bench.jvm.JsonLines;
  *  "key_b64", "task": {"name", "age", "text"} (--body hello) or "body_b64" (--body bytes),
  *  "metadata": {"timestamp_ms", "source_application_id", "source_instance_id",
  *               "retry_count", "scheduled_time_ms"},
- *  "headers": [[name, base64 value], ...], "processed_at_ms", "retried"}
+ *  "headers": [[name, base64 value], ...], "processed_at_ms", "retried",
+ *  "started_ns", "ended_ns" (wall clock, for overlaps with other processes)}
  * </pre>
  *
  * Also {@code {"event": "state", "state": ...}} at each change of the subscription's state.
@@ -49,7 +51,9 @@ import io.github.decatonaio.bench.jvm.JsonLines;
  * <p>With {@code --retry-backoff-ms}, Decaton's retry queueing is on (retry topic
  * {@code <topic>-retry}); a task whose key starts with {@code --retry-key-prefix} and
  * whose retry count is 0 is retried with {@code context.retry()}.
- * {@code --legacy-parse-fallback} sets {@code decaton.legacy.parse.fallback.enabled}.
+ * {@code --legacy-parse-fallback} sets {@code decaton.legacy.parse.fallback.enabled};
+ * {@code --sleep-ms} makes each task sleep that long (its processing time);
+ * {@code --commit-interval-ms} sets {@code decaton.commit.interval.ms}.
  * The subscription closes when standard input ends, then {@code {"event": "closed"}}.
  */
 final class Subscribe {
@@ -83,6 +87,11 @@ final class Subscribe {
         List<Property<?>> properties = new ArrayList<>();
         properties.add(Property.ofStatic(ProcessorProperties.CONFIG_LEGACY_PARSE_FALLBACK_ENABLED,
                                          args.flag("legacy-parse-fallback")));
+        if (args.has("commit-interval-ms")) {
+            properties.add(Property.ofStatic(ProcessorProperties.CONFIG_COMMIT_INTERVAL_MS,
+                                             args.getLong("commit-interval-ms", 1000)));
+        }
+        long sleepMs = args.getLong("sleep-ms", 0);
         SubscriptionBuilder builder =
                 SubscriptionBuilder.newBuilder(group)
                                    .consumerConfig(consumer)
@@ -93,7 +102,7 @@ final class Subscribe {
                                        JsonLines.emit(event);
                                    })
                                    .processorsBuilder(ProcessorsBuilder.consuming(topic, deserializer)
-                                                                       .thenProcess(recorder(retryPrefix)));
+                                                                       .thenProcess(recorder(retryPrefix, sleepMs)));
         if (args.has("retry-backoff-ms")) {
             Duration backoff = Duration.ofMillis(args.getLong("retry-backoff-ms", 0));
             RetryConfig.RetryConfigBuilder retry = RetryConfig.builder().backoff(backoff);
@@ -117,9 +126,18 @@ final class Subscribe {
         JsonLines.emit(JsonLines.event("closed"));
     }
 
-    private static DecatonProcessor<Object> recorder(String retryPrefix) {
+    private static long wallNanos() {
+        Instant now = Instant.now();
+        return now.getEpochSecond() * 1_000_000_000L + now.getNano();
+    }
+
+    private static DecatonProcessor<Object> recorder(String retryPrefix, long sleepMs) {
         return (ProcessingContext<Object> context, Object task) -> {
             ObjectNode event = JsonLines.event("task");
+            event.put("started_ns", wallNanos());
+            if (sleepMs > 0) {
+                Thread.sleep(sleepMs);
+            }
             try (LoggingContext ignored = context.loggingContext()) {
                 // Decaton's MDC is the one place its processor API names the record.
                 event.put("topic", MDC.get(LoggingContext.TOPIC_KEY));
@@ -152,6 +170,7 @@ final class Subscribe {
             if (retry) {
                 context.retry();
             }
+            event.put("ended_ns", wallNanos());
             JsonLines.emit(event);
         };
     }
