@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ from aiokafka.errors import KafkaError
 from decaton_aio._connect import start_admin
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application
-from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, import_object
+from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, import_object
 from decaton_aio.cli._run_args import consumer_config, health_config
 from decaton_aio.cli._security import cluster_from_args
 from decaton_aio.cli._supervisor import (
@@ -52,7 +53,7 @@ from decaton_aio.embedded import (
 )
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import group_positions
-from decaton_aio.producer import ProducerConfig, TaskProducer
+from decaton_aio.producer import ProducerConfig, TaskProducer, summarize_spool
 from decaton_aio.properties import parse_assignments
 from decaton_aio.retry import RetryConfig
 from decaton_aio.security import SecuritySettings
@@ -116,20 +117,33 @@ def _cluster(args: argparse.Namespace) -> tuple[str, ClusterSettings]:
 
 async def produce(args: argparse.Namespace) -> int:
     servers, cluster = _cluster(args)
-    lines = _read_lines(args.file)
+    spool_dir: Path | None = args.spool_dir
+    if args.replay_only and spool_dir is None:
+        raise ConfigError("--replay-only delivers a spool: name it with --spool-dir")
+    lines = [] if args.replay_only else _read_lines(args.file)
     if args.log_level != "debug":
         # Delivery failures are reported once, by us, as one line; the client's own
         # connection errors would repeat them.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    backlog = 0
+    if spool_dir is not None:
+        found = await asyncio.to_thread(summarize_spool, spool_dir)
+        backlog = found.entries
+        if backlog:
+            print(
+                f"spool {spool_dir}: {backlog} tasks left by an earlier run (the oldest "
+                f"spooled {_when(found.oldest_spooled_at_ms)}); they are delivered first"
+            )
     config = ProducerConfig(
         bootstrap_servers=servers,
         security=cluster.security,
         idempotence=args.idempotence,
         compression_type=args.compression_type,
         application_id=args.application_id,
-        spool_dir=args.spool_dir,
+        spool_dir=spool_dir,
     )
     serializer: JsonSerializer[Any] = JsonSerializer(Any)
+    left = 0
     async with TaskProducer(config, args.topic, serializer) as producer:
         futures = [
             await producer.submit(
@@ -141,16 +155,35 @@ async def produce(args: argparse.Namespace) -> int:
             for line in lines
         ]
         locations = await asyncio.gather(*futures)
+        sender = producer.sender
+        if spool_dir is not None and sender is not None:
+            # The spool is delivered in the background: wait for it before closing.
+            with contextlib.suppress(TimeoutError):
+                await sender.wait_drained(args.drain_timeout_s)
+            left = sender.spool_size
     delivered = [where for where in locations if not where.spooled]
     per_partition = Counter(where.partition for where in delivered)
     spread = ", ".join(f"p{p}={n}" for p, n in sorted(per_partition.items()))
-    print(f"produced {len(delivered)} tasks to {args.topic} ({spread or 'none'})")
-    if len(delivered) < len(locations):
+    if not args.replay_only:
+        print(f"produced {len(delivered)} tasks to {args.topic} ({spread or 'none'})")
+    replayed = backlog + len(locations) - len(delivered) - left
+    if replayed > 0:
+        print(f"delivered {replayed} tasks from the spool {spool_dir}")
+    if left:
         print(
-            f"spooled {len(locations) - len(delivered)} tasks in {args.spool_dir}: "
-            "the cluster did not take them; a later run with this spool delivers them"
+            f"{left} tasks still spooled in {spool_dir}: the cluster did not take them within "
+            f"{args.drain_timeout_s:g} s; a later run with this spool delivers them "
+            "(produce --spool-dir DIR --replay-only)"
         )
+        return EXIT_UNAVAILABLE
     return EXIT_OK
+
+
+def _when(epoch_ms: int | None) -> str:
+    if epoch_ms is None:
+        return "at an unknown time"
+    at = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.UTC)
+    return f"at {at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def run_broker(args: argparse.Namespace) -> int:

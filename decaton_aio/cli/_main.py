@@ -134,6 +134,19 @@ def _build_parser() -> _Parser:
         help="keep tasks the cluster does not take here (fsynced); a later produce or run "
         "with the same directory delivers them (env DECATON_AIO_SPOOL_DIR)",
     )
+    produce.add_argument(
+        "--drain-timeout-s",
+        type=_seconds,
+        default=10.0,
+        help="with --spool-dir, wait up to this long for the spool (tasks left by earlier "
+        "runs and this one's) to reach the cluster; exits 69 when some are still spooled "
+        "(default 10; 0: do not wait)",
+    )
+    produce.add_argument(
+        "--replay-only",
+        action="store_true",
+        help="read no tasks: show what --spool-dir holds and deliver it",
+    )
 
     inspect = commands.add_parser(
         "inspect",
@@ -317,6 +330,16 @@ def _workers(text: str) -> int | Literal["auto"]:
         return parse_workers(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--workers takes ")) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
 
 
 def _idempotence(text: str) -> Idempotence:

@@ -18,6 +18,8 @@ from decaton_aio.producer._client import start_client, stop_client
 from decaton_aio.producer._config import COMPRESSION_TYPES, Idempotence, ProducerConfig
 from decaton_aio.producer._inflight import RecordLocation
 from decaton_aio.producer._sender import DurableSender, SenderMode
+from decaton_aio.producer._spool_files import SpoolSummary
+from decaton_aio.producer._spool_files import summarize as summarize_spool
 from decaton_aio.producer._spool_format import SPOOL_FORMAT_VERSION, SpoolEntry
 from decaton_aio.producer._task_producer import TaskProducer
 
@@ -30,7 +32,9 @@ __all__ = [
     "RecordLocation",
     "SenderMode",
     "SpoolEntry",
+    "SpoolSummary",
     "TaskProducer",
     "start_client",
     "stop_client",
+    "summarize_spool",
 ]

@@ -50,6 +50,7 @@ __all__ = [
     "move_aside",
     "read_segment",
     "scan",
+    "summarize",
     "write_durably",
 ]
 
@@ -150,6 +151,28 @@ def scan(directory: Path) -> list[Segment]:
         found.append(Segment(int(match.group(1)), child, lines, len(data)))
     found.sort(key=lambda seg: seg.seq)
     return found
+
+
+@dataclass(frozen=True)
+class SpoolSummary:
+    """What a spool directory holds: its entries (lines of its segments) and when the
+    oldest readable one was spooled (epoch ms; ``None`` when there is none)."""
+
+    entries: int
+    oldest_spooled_at_ms: int | None
+
+
+def summarize(directory: Path) -> SpoolSummary:
+    """Read what ``directory`` holds without taking its lock (a producer using it may be
+    changing it meanwhile). A missing directory holds nothing."""
+    if not directory.is_dir():
+        return SpoolSummary(0, None)
+    segments = scan(directory)
+    for segment in segments:
+        entries, _ = read_segment(segment.path)
+        if entries:
+            return SpoolSummary(sum(s.lines for s in segments), entries[0].spooled_at_ms)
+    return SpoolSummary(sum(s.lines for s in segments), None)
 
 
 def lock(directory: Path) -> int | None:

@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from decaton_aio import METADATA_HEADER
+from decaton_aio.producer import summarize_spool
 from decaton_aio.testing import BrokerHandle, read_records
 from tests.unit.protobuf_helpers import task_metadata_proto_class
 
@@ -79,3 +81,59 @@ async def test_inspect_shows_committed_offsets_and_lag(
     rows = {r["partition"]: r for r in map(json.loads, done.stdout.splitlines())}
     assert (rows[0]["committed"], rows[0]["high_watermark"], rows[0]["lag"]) == (3, 5, 2)
     assert (rows[1]["committed"], rows[1]["high_watermark"], rows[1]["lag"]) == (None, 5, 5)
+
+
+def _produce_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "decaton_aio", "produce", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("topic_exists", [True, False], ids=["topic-exists", "topic-created"])
+async def test_a_spool_left_by_one_run_is_delivered_by_the_next(
+    kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path, topic_exists: bool
+) -> None:
+    """A run with no cluster listening keeps 100 tasks in its spool and exits 69; the next
+    run, with the cluster up and one new task, delivers the 101 before it exits 0 (the
+    new task after the old ones of its key), also when the topic comes to exist only
+    while that run waits; a replay of the empty spool sends nothing."""
+    name = f"spooled-{uuid.uuid4().hex[:8]}"
+    topic = await topic_factory(partitions=2) if topic_exists else name
+    spool = tmp_path / "spool"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"key": "k{n % 7}", "task": {n}}}\n' for n in range(100)))
+    common = ["--topic", topic, "--spool-dir", str(spool)]
+
+    first = await asyncio.to_thread(
+        _produce_cli, *common, "--bootstrap-servers", "127.0.0.1:1", "--file", str(tasks),
+        "--drain-timeout-s", "0",
+    )  # fmt: skip
+    assert first.returncode == 69, first.stderr
+    assert f"100 tasks still spooled in {spool}" in first.stdout
+
+    (tmp_path / "one.jsonl").write_text('{"key": "k0", "task": 100}\n')
+    servers = kafka_broker.bootstrap_servers
+    one = str(tmp_path / "one.jsonl")
+    second_run = asyncio.create_task(asyncio.to_thread(
+        _produce_cli, *common, "--bootstrap-servers", servers, "--file", one,
+        "--drain-timeout-s", "60",
+    ))  # fmt: skip
+    if not topic_exists:
+        # Created while the run waits for its spool (a broker that creates topics on first
+        # use may have made it already: then it is taken as it is).
+        await asyncio.sleep(2.0)
+        await topic_factory(partitions=1, name=topic)
+    second = await second_run
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"spool {spool}: 100 tasks left by an earlier run" in second.stdout
+    assert "delivered 101 tasks from the spool" in second.stdout
+    assert summarize_spool(spool).entries == 0
+    records = await read_records(servers, topic, 101)
+    k0 = [json.loads(r.value) for r in records if r.key == b"k0"]
+    assert sorted(json.loads(r.value) for r in records) == list(range(101))
+    assert k0 == sorted(k0)  # per key, in spool order
+
+    third = await asyncio.to_thread(
+        _produce_cli, *common, "--bootstrap-servers", servers, "--replay-only"
+    )
+    assert third.returncode == 0, third.stderr
+    assert third.stdout == ""

@@ -242,17 +242,23 @@ def test_produce_spools_what_an_unreachable_cluster_does_not_take(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """With --spool-dir, produce to a cluster nobody listens on keeps the tasks in the
-    spool (fsynced) and says so; nothing is lost."""
+    spool (fsynced), says so and exits 69 (something is left to deliver); nothing is lost.
+    --replay-only needs a spool; a bad --drain-timeout-s is one line."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"key": "a", "task": 1}\n{"key": "b", "task": 2}\n')
     spool = tmp_path / "spool"
     argv = ["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t"]
-    argv += ["--file", str(tasks), "--spool-dir", str(spool)]
-    assert main(argv) == EXIT_OK
+    argv += ["--file", str(tasks), "--spool-dir", str(spool), "--drain-timeout-s", "0"]
+    assert main(argv) == EXIT_UNAVAILABLE
     out = capsys.readouterr().out
-    assert f"spooled 2 tasks in {spool}" in out
+    assert f"2 tasks still spooled in {spool}" in out
     lines = [ln for f in spool.glob("spool-*.jsonl") for ln in f.read_text().splitlines()]
     assert len(lines) == 2
+    base = ["produce", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t"]
+    assert main([*base, "--replay-only"]) == EXIT_USAGE
+    assert "--replay-only delivers a spool" in _one_line_error(capsys)
+    assert main([*base, "--spool-dir", str(spool), "--drain-timeout-s", "-1"]) == EXIT_USAGE
+    assert "not a number of seconds" in _one_line_error(capsys)
 
 
 @pytest.mark.parametrize(

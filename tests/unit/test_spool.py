@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.producer import _spool as spool_module
 from decaton_aio.producer._spool import Spool, SpoolEntry
+from decaton_aio.producer._spool_files import SpoolSummary, summarize
 
 
 def entry(n: int, *, key: bytes | None = b"k", topic: str = "orders") -> SpoolEntry:
@@ -305,3 +306,23 @@ async def test_append_needs_an_open_spool(tmp_path: Path) -> None:
     """Appending to a spool that is not open says so."""
     with pytest.raises(ProducerError, match="not open"):
         await Spool(tmp_path).append(entry(0))
+
+
+async def test_a_summary_counts_the_entries_and_dates_the_oldest(tmp_path: Path) -> None:
+    """summarize reads a spool without its lock: entries of every segment, and when the
+    first readable one was spooled; a missing or empty directory holds nothing."""
+    directory = tmp_path / "spool"
+    assert summarize(directory) == SpoolSummary(0, None)
+    opened = Spool(directory)
+    await opened.open()
+    try:
+        assert summarize(directory) == SpoolSummary(0, None)
+        items = [entry(n) for n in range(3)]
+        for item in items:
+            await opened.append(item)
+        assert summarize(directory) == SpoolSummary(3, items[0].spooled_at_ms)
+    finally:
+        await opened.close()
+    (first,) = segments(directory)
+    first.write_bytes(b"not json\n" + first.read_bytes())  # a corrupt first line
+    assert summarize(directory) == SpoolSummary(4, items[0].spooled_at_ms)
