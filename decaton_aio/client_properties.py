@@ -106,6 +106,25 @@ def _mechanism(value: str) -> dict[str, Any]:
     return {"sasl_mechanism": value}
 
 
+#: ``processing.guarantee`` values as Kafka Streams spells them (``exactly_once`` and
+#: ``exactly_once_beta`` are its older names of the same guarantee).
+_GUARANTEES: Final = {
+    "at_least_once": False,
+    "exactly_once_v2": True,
+    "exactly_once_beta": True,
+    "exactly_once": True,
+}
+
+
+def _guarantee(value: str) -> dict[str, Any]:
+    try:
+        return {"exactly_once": _GUARANTEES[value.lower()]}
+    except KeyError:
+        raise ConfigError(
+            f"processing.guarantee={value}: use exactly_once_v2 or at_least_once"
+        ) from None
+
+
 def _endpoint_identification(value: str) -> dict[str, Any]:
     if value.lower() not in ("", "https"):
         raise ConfigError(
@@ -116,7 +135,8 @@ def _endpoint_identification(value: str) -> dict[str, Any]:
 
 
 #: Every key the reader maps, to its section and fields. Sections: ``cluster`` (the
-#: bootstrap servers) and ``security`` (:class:`SecuritySettings` fields). Another section
+#: bootstrap servers), ``security`` (:class:`SecuritySettings` fields), ``consumer``
+#: (``ConsumerConfig`` fields) and ``application`` (``Application`` fields). Another section
 #: (consumer settings, say) is one more group of rows here and one more property of
 #: :class:`ClientProperties`; keys without a row are reported as unsupported.
 CLIENT_PROPERTY_KEYS: Final[Mapping[str, _Key]] = {
@@ -135,6 +155,8 @@ CLIENT_PROPERTY_KEYS: Final[Mapping[str, _Key]] = {
     "group.instance.id": _Key("consumer", _field("group_instance_id")),
     "client.rack": _Key("consumer", _field("client_rack")),
     "auto.offset.reset": _Key("consumer", _field("auto_offset_reset")),
+    # Kafka Streams' name for the guarantee: an Application field (``run`` uses it).
+    "processing.guarantee": _Key("application", _guarantee),
     "partition.assignment.strategy": _Key(
         "consumer", lambda value: {"partition_assignment_strategy": tuple(value.split(","))}
     ),
@@ -164,6 +186,8 @@ class ClientProperties:
         bootstrap_servers: ``bootstrap.servers``, when the file names it.
         security_fields: the :class:`SecuritySettings` fields the file sets.
         consumer_fields: the :class:`~decaton_aio.app.ConsumerConfig` fields it sets.
+        application_fields: the :class:`~decaton_aio.app.Application` fields it sets
+            (``exactly_once``, from ``processing.guarantee``).
         unsupported: the keys (and ``sasl.jaas.config`` options) the clients do not use,
             in file order.
     """
@@ -173,6 +197,7 @@ class ClientProperties:
     security_fields: Mapping[str, Any] = field(default_factory=dict)
     unsupported: tuple[str, ...] = ()
     consumer_fields: Mapping[str, Any] = field(default_factory=dict)
+    application_fields: Mapping[str, Any] = field(default_factory=dict)
 
     def security(self, base: SecuritySettings = PLAINTEXT, **overrides: Any) -> SecuritySettings:
         """The settings: ``base``, then the file's fields, then ``overrides`` (e.g. an
@@ -197,6 +222,7 @@ class ClientProperties:
         return (
             f"ClientProperties({self.source!r}, bootstrap_servers={self.bootstrap_servers!r}, "
             f"security_fields=[{names}], consumer_fields={dict(self.consumer_fields)!r}, "
+            f"application_fields={dict(self.application_fields)!r}, "
             f"unsupported={self.unsupported!r})"
         )
 
@@ -210,7 +236,12 @@ def parse_client_properties(
         ConfigError: a known key has a value the clients cannot use; the message names the
             key and ``source``, never a password.
     """
-    sections: dict[str, dict[str, Any]] = {"cluster": {}, "security": {}, "consumer": {}}
+    sections: dict[str, dict[str, Any]] = {
+        "cluster": {},
+        "security": {},
+        "consumer": {},
+        "application": {},
+    }
     unsupported: list[str] = []
     for key, value in entries.items():
         known = CLIENT_PROPERTY_KEYS.get(key.strip())
@@ -236,6 +267,7 @@ def parse_client_properties(
         security,
         tuple(unsupported),
         sections["consumer"],
+        sections["application"],
     )
 
 

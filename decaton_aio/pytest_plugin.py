@@ -28,14 +28,13 @@ A failed test that used the embedded broker shows the tail of the broker log.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from decaton_aio.client_properties import cluster_settings
-from decaton_aio.embedded import FLAVOR_ENV_VAR, EmbeddedBroker
+from decaton_aio.embedded import EmbeddedBroker, default_flavor
 from decaton_aio.producer import TaskProducer
 from decaton_aio.serializers import BytesSerializer
 from decaton_aio.testing import BrokerHandle, start_secured_broker
@@ -61,7 +60,7 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
 
 @pytest.fixture(scope="session")
 def _secured_embedded_broker(request: pytest.FixtureRequest) -> Iterator[EmbeddedBroker]:
-    if cluster_settings().bootstrap_servers or _flavor() == "tansu":
+    if cluster_settings().bootstrap_servers or default_flavor() == "tansu":
         pytest.skip("the secured broker is an embedded Apache Kafka (not Tansu or external)")
     broker = start_secured_broker()
     request.config.stash[_secured_key] = broker
@@ -81,10 +80,6 @@ def secured_kafka_broker(_secured_embedded_broker: EmbeddedBroker) -> BrokerHand
 def mtls_kafka_broker(_secured_embedded_broker: EmbeddedBroker) -> BrokerHandle:
     """The mutual TLS listener of the session's secured embedded Apache Kafka."""
     return _listener_handle(_secured_embedded_broker, "MTLS")
-
-
-def _flavor() -> str:
-    return os.environ.get(FLAVOR_ENV_VAR, "").strip() or "apache"
 
 
 def _listener_handle(broker: EmbeddedBroker, name: str) -> BrokerHandle:

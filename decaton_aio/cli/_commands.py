@@ -48,6 +48,7 @@ from decaton_aio.embedded import (
     KAFKA_VERSION,
     BrokerSecurity,
     EmbeddedBroker,
+    default_flavor,
     kafka_cache_dir,
     resolve_kafka_classpath,
 )
@@ -361,12 +362,26 @@ def worker_application(app: Application, index: int) -> Application:
     return dataclasses.replace(app, state=dataclasses.replace(state, directory=directory))
 
 
+def _guarantee(app: Application, args: argparse.Namespace, cluster: ClusterSettings) -> Application:
+    """The application with ``--exactly-once``, else ``processing.guarantee`` of
+    ``--client-properties``, applied (the application's own setting when neither says)."""
+    exactly_once = app.exactly_once
+    if cluster.client_properties is not None:
+        exactly_once = cluster.client_properties.application_fields.get(
+            "exactly_once", exactly_once
+        )
+    exactly_once = exactly_once or args.exactly_once
+    if exactly_once == app.exactly_once:
+        return app
+    return dataclasses.replace(app, exactly_once=exactly_once)  # checks checkpoints
+
+
 def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    app = _application(args)
+    cluster = cluster_from_args(args)
+    app = _guarantee(_application(args), args, cluster)
     overrides = parse_assignments(args.property)
     role = worker_role()
     install_event_loop_policy()
-    cluster = cluster_from_args(args)
     security = cluster.security
     with contextlib.ExitStack() as stack:
         servers = cluster.bootstrap_servers
@@ -376,6 +391,11 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 "(or bootstrap.servers in --client-properties)"
             )
         if not servers:
+            if app.exactly_once and default_flavor() == "tansu":
+                raise ConfigError(
+                    "exactly-once needs transactions, which the embedded Tansu broker does "
+                    "not have: use the Apache Kafka one (unset DECATON_AIO_BROKER)"
+                )
             broker = stack.enter_context(EmbeddedBroker())
             servers = broker.bootstrap_servers
             print(f"no --bootstrap-servers: started an embedded broker on {servers}", flush=True)

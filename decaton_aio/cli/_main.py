@@ -252,6 +252,15 @@ def _build_parser() -> _Parser:
         help="an OpenTelemetry span per task, with the global tracer provider (the tracing "
         "extra; e.g. under opentelemetry-instrument; env DECATON_AIO_TRACING=1)",
     )
+    run.add_argument(
+        "--exactly-once",
+        action="store_true",
+        default=os.environ.get("DECATON_AIO_EXACTLY_ONCE", "").lower() in ("1", "true", "yes"),
+        help="commit each interval's outputs, offsets and checkpoints in one transaction per "
+        "partition (needs checkpoints and a broker with transactions; also "
+        "processing.guarantee=exactly_once_v2 in --client-properties; env "
+        "DECATON_AIO_EXACTLY_ONCE=1)",
+    )
     add_producer_arguments(run)
     run.add_argument(
         "--spool-dir",

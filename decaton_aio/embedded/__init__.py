@@ -28,6 +28,7 @@ from decaton_aio.embedded._broker import (
     BrokerListener,
     BrokerSecurity,
     EmbeddedBroker,
+    default_flavor,
     find_free_port,
     resolve_tansu_binary,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "BrokerListener",
     "BrokerSecurity",
     "EmbeddedBroker",
+    "default_flavor",
     "find_free_port",
     "kafka_cache_dir",
     "resolve_kafka_classpath",

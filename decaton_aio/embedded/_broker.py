@@ -54,6 +54,7 @@ __all__ = [
     "BrokerListener",
     "BrokerSecurity",
     "EmbeddedBroker",
+    "default_flavor",
     "find_free_port",
     "resolve_tansu_binary",
 ]
@@ -63,6 +64,13 @@ BINARY_ENV_VAR = "DECATON_AIO_TANSU_BIN"
 
 #: Environment variable choosing the flavor when none is given: ``apache`` or ``tansu``.
 FLAVOR_ENV_VAR = "DECATON_AIO_BROKER"
+
+
+def default_flavor() -> str:
+    """The flavor an embedded broker gets when none is named: ``$DECATON_AIO_BROKER``,
+    else ``"apache"``."""
+    return os.environ.get(FLAVOR_ENV_VAR, "").strip() or "apache"
+
 
 #: The embedded broker flavors.
 FLAVORS = ("apache", "tansu")
@@ -249,7 +257,7 @@ class EmbeddedBroker:
         startup_timeout_s: float | None = None,
         security: BrokerSecurity | None = None,
     ) -> None:
-        flavor = flavor or os.environ.get(FLAVOR_ENV_VAR, "").strip() or "apache"
+        flavor = flavor or default_flavor()
         if flavor not in FLAVORS:
             raise ConfigError(
                 f"broker flavor must be one of {FLAVORS}, got {flavor!r} "

@@ -405,3 +405,61 @@ def test_tracing_flag_turns_tracing_on(tmp_path: Path, monkeypatch: pytest.Monke
     assert plain.tracing is None
     traced = _application(_build_parser().parse_args(["run", "retry_app:plain", "--tracing"]))
     assert traced.tracing == Tracing()
+
+
+def test_exactly_once_comes_from_the_flag_or_processing_guarantee(tmp_path: Path) -> None:
+    """--exactly-once, or processing.guarantee=exactly_once_v2 in --client-properties (as
+    a Kafka Streams user writes it), turns exactly-once on; at_least_once in the file
+    leaves an application's own setting off; the flag wins over the file."""
+    from decaton_aio import Application
+    from decaton_aio.cli._commands import _guarantee
+    from decaton_aio.cli._security import cluster_from_args
+
+    async def process(ctx: object, task: object) -> None:
+        return None
+
+    app = Application(process, topics=("t",), group_id="g")
+    for text, flags, expected in (
+        ("processing.guarantee=exactly_once_v2\n", [], True),
+        ("processing.guarantee=at_least_once\n", [], False),
+        ("processing.guarantee=at_least_once\n", ["--exactly-once"], True),
+        ("client.id=x\n", [], False),
+    ):
+        path = tmp_path / "client.properties"
+        path.write_text(text)
+        argv = ["run", "m:app", "--client-properties", str(path), *flags]
+        args = _build_parser().parse_args(argv)
+        assert _guarantee(app, args, cluster_from_args(args)).exactly_once is expected, text
+
+
+@pytest.mark.parametrize(
+    ("target", "env", "message"),
+    [
+        ("eo_app:no_checkpoints", {}, "exactly_once needs checkpoints"),
+        ("eo_app:app", {"DECATON_AIO_BROKER": "tansu"}, "embedded Tansu broker does not have"),
+    ],
+)
+def test_a_bad_exactly_once_combination_is_one_line(
+    target: str,
+    env: dict[str, str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exactly-once with checkpoints off, or on the embedded Tansu (no transactions), is
+    refused before anything starts: exit 2 and one line."""
+    (tmp_path / "eo_app.py").write_text(
+        "from decaton_aio import Application\n"
+        "async def process(ctx, task):\n    return None\n"
+        "app = Application(process, topics=('t',), group_id='g')\n"
+        "no_checkpoints = Application(process, topics=('t',), group_id='g', checkpoints=False)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DECATON_AIO_EXACTLY_ONCE", "1")
+    monkeypatch.delenv("DECATON_AIO_BOOTSTRAP_SERVERS", raising=False)
+    assert main(["run", target]) == EXIT_USAGE
+    assert message in _one_line_error(capsys)
