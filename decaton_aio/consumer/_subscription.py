@@ -336,9 +336,13 @@ class Subscription:
             for processor in list(self._partitions.values()):
                 self._assignment.close(processor)
             await self._executor.close(timeout_s=1.0)
-            await self._committer.close()
             if self._consumer is not None:
                 await self._consumer.stop()
+            # After the consumer: its stop() lets a rebalance in progress finish, and our
+            # listener then still loads checkpoints and starts transactional producers
+            # through the committer. Closed first, the committer opened its clients again
+            # and nobody closed those connections.
+            await self._committer.close()
             if self.state_store is not None:
                 await self.state_store.stop()
             if self._owns_sender:

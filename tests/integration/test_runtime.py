@@ -225,6 +225,56 @@ async def test_state_transitions_are_observable(
     await sub.stop()  # idempotent
 
 
+async def test_a_stop_during_an_assignment_leaves_no_client_open(
+    kafka_broker: BrokerHandle, topic_factory: Any
+) -> None:
+    """A subscription stopped while its rebalance listener still loads the checkpoints of
+    the assigned partitions closes the checkpoint store after that listener ended: the
+    store has no client left open (its connections would leak)."""
+    topic = await topic_factory(partitions=1)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        return None
+
+    sub = kafka_broker.subscription(Application(process, topics=(topic,)))
+    store = sub._committer.store
+    assert store is not None
+    loading, resume = asyncio.Event(), asyncio.Event()
+    load, close = store.load, store.close
+
+    async def held_load(tps: Any) -> Any:
+        loading.set()
+        await resume.wait()
+        return await load(tps)
+
+    # The held listener goes on as soon as the stop closes either of the two: the store
+    # (too early: the listener opens it again) or the consumer (which waits for it).
+    async def close_store() -> None:
+        await close()
+        resume.set()
+
+    store.load = held_load  # type: ignore[method-assign]
+    store.close = close_store  # type: ignore[method-assign]
+    await sub.start()
+    consumer = sub._consumer
+    assert consumer is not None
+    stop_consumer = consumer.stop
+
+    async def close_consumer() -> None:
+        resume.set()
+        await stop_consumer()
+
+    consumer.stop = close_consumer
+    try:
+        async with asyncio.timeout(60):
+            await loading.wait()  # the first assignment's listener
+            await sub.stop()
+        assert store._admin is None
+        assert store._producer is None
+    finally:
+        await close()  # what the listener may have opened after the store closed
+
+
 async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
     kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
 ) -> None:
