@@ -173,6 +173,7 @@ class Subscription:
                 consumer.group_id,
                 app.checkpoint_topic_for(consumer.group_id),
                 metadata_max_bytes=consumer.commit_metadata_max_bytes,
+                security=consumer.security,
             )
         self._committer = Committer(
             consumer.group_id,

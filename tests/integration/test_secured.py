@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from decaton_aio import (
     Application,
@@ -38,7 +39,7 @@ from decaton_aio.cli import EXIT_NOPERM
 from decaton_aio.embedded._tls import CertificateAuthority
 from decaton_aio.offsets import group_positions
 from decaton_aio.properties import KafkaPropertySource, encode_record
-from decaton_aio.testing import BrokerHandle, drain, read_records
+from decaton_aio.testing import BrokerHandle, drain, read_records, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +107,92 @@ async def test_python_clients_run_retry_dead_letter_property_topic_and_inspect(
     )
     assert sum(p.lag for p in positions) == 0
     assert sum(p.high_watermark for p in positions) == 20
+
+
+@pytest.mark.parametrize("metadata_max", [4096, 0], ids=["commit-metadata", "checkpoint-topic"])
+async def test_checkpoints_are_saved_and_loaded_over_the_secured_listener(
+    secured: BrokerHandle, metadata_max: int
+) -> None:
+    """A task stuck at offset 3 holds the commit there while later tasks finish; the
+    checkpoint (in the commit metadata, or the checkpoint topic when the metadata may hold
+    none) reaches the secured cluster, so the group's next run processes offset 3 only,
+    and no checkpoint read fails on the way."""
+    admin = secured.topic_admin()
+    try:
+        topic = await admin.create(1, prefix="secured-checkpoints")
+    finally:
+        await admin.close(delete=False)
+    producer = TaskProducer(secured.producer_config(), topic, BytesSerializer())
+    async with producer:
+        for n in range(12):
+            await producer.put(f"k{n}", b"x")
+    group = f"secured-cp-{uuid.uuid4().hex[:8]}"
+    stuck = asyncio.Event()
+    finished: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        if ctx.offset == 3:
+            await stuck.wait()
+        finished.append(ctx.offset)
+
+    properties = {
+        "decaton.commit.interval.ms": 100,
+        "decaton.processing.shutdown.timeout.ms": 200,
+    }
+    app = Application(process, topics=(topic,), properties=properties)
+    with capture_logs() as logs:
+        async with secured.subscription(app, group, commit_metadata_max_bytes=metadata_max):
+            await wait_until(lambda: len(finished) == 11, what="11 finished tasks")
+        # stopped with offset 3 unfinished: the last commit holds 3 and the 8 done above it
+        stuck.set()
+        again: list[int] = []
+
+        async def rerun(ctx: ProcessingContext, task: bytes) -> None:
+            again.append(ctx.offset)
+
+        await drain(
+            Application(rerun, topics=(topic,)),
+            secured.bootstrap_servers,
+            expected=1,
+            group_id=group,
+            security=secured.security,
+        )
+    assert again[0] == 3
+    loaded = [e for e in logs if e["event"] == "checkpoint loaded"]
+    assert [(e["committed"], e["done_above"]) for e in loaded] == [(3, 8)], loaded
+    failed = [e for e in logs if e["log_level"] != "info" and "checkpoint" in e["event"]]
+    assert not failed, failed
+
+
+async def test_exactly_once_outputs_over_the_secured_listener(secured: BrokerHandle) -> None:
+    """Exactly-once on a secured cluster: the transactional producers connect with the
+    subscription's TLS and SASL settings, every task's output is committed, and so is the
+    group's offset."""
+    admin = secured.topic_admin()
+    try:
+        topic = await admin.create(2, prefix="secured-eo")
+        outputs = await admin.create(1, prefix="secured-eo-out")
+    finally:
+        await admin.close(delete=False)
+    producer = TaskProducer(secured.producer_config(), topic, BytesSerializer())
+    async with producer:
+        for n in range(10):
+            await producer.put(f"k{n}", str(n).encode())
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        await ctx.produce(outputs, task, key=ctx.key)
+
+    app = Application(process, topics=(topic,), exactly_once=True)
+    group = f"secured-eo-{uuid.uuid4().hex[:8]}"
+    await drain(
+        app, secured.bootstrap_servers, expected=10, group_id=group, security=secured.security
+    )
+    written = await read_records(secured.bootstrap_servers, outputs, 10, security=secured.security)
+    assert sorted(int(r.value) for r in written) == list(range(10))
+    positions = await group_positions(
+        secured.bootstrap_servers, group, topic, security=secured.security
+    )
+    assert sum(p.lag for p in positions) == 0
 
 
 async def test_durable_producer_replays_its_spool_to_the_secured_cluster(

@@ -44,6 +44,7 @@ from decaton_aio.consumer.commit._checkpoint_codec import (
     to_text,
     untrusted_reason,
 )
+from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = ["DEFAULT_METADATA_MAX_BYTES", "CheckpointStore", "Loaded", "SendCheckpoint"]
 
@@ -83,6 +84,7 @@ class CheckpointStore:
             checkpoints go to the topic.
         replication_factor: of the checkpoint topic when it is created (at most 3, at
             most the number of brokers, when omitted).
+        security: TLS and SASL settings of the store's clients (the subscription's).
     """
 
     def __init__(
@@ -93,8 +95,10 @@ class CheckpointStore:
         *,
         metadata_max_bytes: int = DEFAULT_METADATA_MAX_BYTES,
         replication_factor: int | None = None,
+        security: SecuritySettings = PLAINTEXT,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self._client_kwargs = security.client_kwargs()
         self.group_id = group_id
         self.topic = topic
         self.metadata_max_bytes = metadata_max_bytes
@@ -105,6 +109,7 @@ class CheckpointStore:
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: Any = None
         self._lock = asyncio.Lock()
+        self._clients_lock = asyncio.Lock()  # one admin client and one producer, ever
 
     def key(self, tp: TopicPartition) -> bytes:
         """The checkpoint topic key of a partition of this group."""
@@ -174,14 +179,16 @@ class CheckpointStore:
 
     async def _send(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         await self.ensure_topic()
-        if self._producer is None:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers,
-                acks="all",
-                client_id=f"decaton-aio-checkpoints-{self.group_id}",
-            )
-            await producer.start()
-            self._producer = producer
+        async with self._clients_lock:
+            if self._producer is None:
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap_servers,
+                    acks="all",
+                    client_id=f"decaton-aio-checkpoints-{self.group_id}",
+                    **self._client_kwargs,
+                )
+                await producer.start()
+                self._producer = producer
         sent = await self._producer.send_and_wait(topic, value, key=key, partition=partition)
         return int(sent.offset)
 
@@ -329,14 +336,17 @@ class CheckpointStore:
         return result
 
     def _reader(self) -> _Reader:
-        return _Reader(self.bootstrap_servers)
+        return _Reader(self.bootstrap_servers, self._client_kwargs)
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
-        if self._admin is None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
-            await admin.start()
-            self._admin = admin
-        return self._admin
+        async with self._clients_lock:
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self.bootstrap_servers, **self._client_kwargs
+                )
+                await admin.start()
+                self._admin = admin
+            return self._admin
 
     async def close(self) -> None:
         """Close the store's clients."""
@@ -355,7 +365,7 @@ class _Reader:
     """A short-lived ``read_committed`` consumer without a group (checkpoint records
     written in a transaction count only once it committed)."""
 
-    def __init__(self, bootstrap_servers: str) -> None:
+    def __init__(self, bootstrap_servers: str, client_kwargs: dict[str, Any]) -> None:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
             group_id=None,
@@ -364,6 +374,7 @@ class _Reader:
             isolation_level="read_committed",
             fetch_max_wait_ms=_FETCH_WAIT_MS,
             client_id="decaton-aio-checkpoints",
+            **client_kwargs,
         )
 
     async def __aenter__(self) -> AIOKafkaConsumer:

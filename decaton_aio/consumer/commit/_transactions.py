@@ -142,6 +142,7 @@ class PartitionTransaction:
             max_batch_size=config.max_batch_bytes,
             request_timeout_ms=config.request_timeout_ms,
             client_id=f"decaton-aio-txn-{self.transactional_id}",
+            **config.security.client_kwargs(),
         )
         self._starting, self._dropped = True, False
         try:
