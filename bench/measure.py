@@ -28,7 +28,7 @@ from bench.body import FACTS_ENV_VAR, GC_POLICY
 from bench.contenders import CONTENDERS
 from bench.loopstats import free_port, scrape, window_figures
 from bench.procs import cpu_delta, cpu_times, rss_bytes, start_process, stop_process
-from bench.taskfacts import count_facts, load_facts, produce_to_done_ms
+from bench.taskfacts import count_facts, load_facts, pacer_ack_ms, produce_to_done_ms
 from bench.workload import RunSpec, pace_with_librdkafka, security_of
 from decaton_aio.security import SecuritySettings
 
@@ -286,6 +286,7 @@ class Harness:
                         "requested_rate": round(rate),
                         "p99_under_bound": ok,
                         **latency,
+                        **pacer_ack_ms(sent, t0, t1),
                         "cpu_s_per_1000": round(cpu / ended * 1000, 5) if ended else None,
                         "cpu_util": round(cpu / ((t1 - t0) / 1e9), 3),
                         "rss_bytes": rss,

@@ -31,6 +31,7 @@ __all__ = [
     "FactsWriter",
     "count_facts",
     "load_facts",
+    "pacer_ack_ms",
     "produce_to_done_ms",
 ]
 
@@ -194,6 +195,17 @@ def count_facts(directory: Path) -> int:
         with contextlib.suppress(OSError):
             total += path.stat().st_size // (8 * _WIDTH)
     return total
+
+
+def pacer_ack_ms(sent: dict[str, np.ndarray[Any, Any]], t0_ns: int, t1_ns: int) -> dict[str, Any]:
+    """The pacer's send call to the broker's acknowledgement, p50 and p99, for the records
+    sent within ``[t0_ns, t1_ns)`` (``sent`` as for :func:`produce_to_done_ms`, with an
+    ``acked_ns`` column): the transport's part of produce-to-done, before any consumer."""
+    if "acked_ns" not in sent:
+        return {}
+    window = (sent["sent_ns"] >= t0_ns) & (sent["sent_ns"] < t1_ns)
+    p50, p99 = _p50_p99_ms(sent["acked_ns"][window] - sent["sent_ns"][window])
+    return {"pacer_ack_p50_ms": p50, "pacer_ack_p99_ms": p99}
 
 
 def produce_to_done_ms(

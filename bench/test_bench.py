@@ -13,7 +13,7 @@ import pytest
 
 from bench.measure import Harness
 from bench.run import report_from_log
-from bench.taskfacts import Facts, FactsWriter, load_facts, produce_to_done_ms
+from bench.taskfacts import Facts, FactsWriter, load_facts, pacer_ack_ms, produce_to_done_ms
 from bench.tracker import TRACKERS, measure_tracker
 from bench.workload import make_tasks, pace_with_librdkafka, produce_tasks
 from decaton_aio.admin import TopicAdmin
@@ -84,6 +84,20 @@ def test_produce_to_done_joins_on_partition_and_offset_and_bounds_the_unfinished
     assert out["p99_ms_lower_bound"] is not None
     # The first end's own start splits its 5 ms: 2 ms before it started, 3 ms running.
     assert (out["wait_p99_ms"], out["run_p99_ms"]) == (2.0, 3.0)
+
+
+def test_pacer_ack_is_the_acknowledgement_delay_of_the_records_sent_in_the_window() -> None:
+    """Send to acknowledgement, only for records sent inside the window; nothing without
+    the acknowledgement column (a pacer that does not record it)."""
+    sent = {
+        "partition": np.zeros(3, dtype=np.int64),
+        "offset": np.arange(3, dtype=np.int64),
+        "sent_ns": np.array([10, 1_000, 2_000], dtype=np.int64) * 1_000_000,
+        "acked_ns": np.array([990, 1_004, 2_004], dtype=np.int64) * 1_000_000,
+    }
+    out = pacer_ack_ms(sent, 500_000_000, 3_000_000_000)
+    assert out == {"pacer_ack_p50_ms": 4.0, "pacer_ack_p99_ms": 4.0}
+    assert pacer_ack_ms({k: v for k, v in sent.items() if k != "acked_ns"}, 0, 1) == {}
 
 
 def _machine_line(commit: str = "abc1234") -> dict[str, Any]:
@@ -376,6 +390,7 @@ def _issue_32_results(good: bool) -> list[dict[str, Any]]:
             ours_auto,
             80_000.0 if good else 40_000.0,
             wait_p99_ms=wait,
+            pacer_ack_p99_ms=1.5,
             runtime=_runtime_figures(lag),
         ),
         _ladder_line(
@@ -492,7 +507,9 @@ def test_report_shows_our_runtime_per_rung_and_the_cost_as_the_work_grows() -> N
     text = render_markdown(document)
     assert "loop lag p99 / max ms | longest step ms | GC pauses: n, max ms" in text
     assert "fetch / feed / lane / slot" in text
-    assert "| ours-auto | 50% | 80,000 | 11.0 / 30.0 | 2.0 | 0.0100 | 1,234 | 1.0 / 10 |" in text
+    assert (
+        "| ours-auto | 50% | 80,000 | 11.0 / 30.0 | 2.0 | 1.5 | 0.0100 | 1,234 | 1.0 / 10 |" in text
+    )
     assert "## Cost as the work grows (ours)" in text
     assert "| S1-P96: 96 partitions, 10,000 keys | ours-auto | **152,000**" in text
     assert "| S1-K1M: 3 partitions, 1,000,000 keys | ours | **76,000**" in text

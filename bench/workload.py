@@ -368,8 +368,10 @@ def pace_with_librdkafka(
     security: SecuritySettings = PLAINTEXT,
 ) -> dict[str, Any]:
     """Produce tasks at ``rate`` per second for ``duration_s`` (blocking; run it in a
-    thread) and return, per record, where it went and when it was handed to the producer
-    (``partition``, ``offset``, ``sent_ns``: numpy columns; ``time.time_ns()``).
+    thread) and return, per record, where it went, when it was handed to the producer and
+    when the broker acknowledged it (``partition``, ``offset``, ``sent_ns``, ``acked_ns``:
+    numpy columns; ``time.time_ns()``). The acknowledgement's delay is the transport's
+    share of a task's latency: where it is long, the pacer or the broker is the limit.
 
     librdkafka (confluent-kafka) produces at a fraction of the CPU per record of a Python
     client, which leaves the cores to the contender and the broker. ``linger.ms`` is 1:
@@ -400,6 +402,7 @@ def pace_with_librdkafka(
     parts: list[int] = []
     offsets: list[int] = []
     sent_at: list[int] = []
+    acked_at: list[int] = []
     failed = 0
     meta = encode_metadata(TaskMetadata(timestamp_ms=int(time.time() * 1000)))
     headers = [(METADATA_HEADER, meta)]
@@ -412,6 +415,7 @@ def pace_with_librdkafka(
         parts.append(msg.partition())
         offsets.append(msg.offset())
         sent_at.append(sent_ns)
+        acked_at.append(time.time_ns())
 
     started = time.perf_counter()
     produced = 0
@@ -456,6 +460,7 @@ def pace_with_librdkafka(
         "partition": np.asarray(parts, dtype=np.int64),
         "offset": np.asarray(offsets, dtype=np.int64),
         "sent_ns": np.asarray(sent_at, dtype=np.int64),
+        "acked_ns": np.asarray(acked_at, dtype=np.int64),
         "failed": failed,
         "produced": produced,
         "produced_per_s": produced / elapsed if elapsed > 0 else 0.0,
