@@ -631,7 +631,8 @@ def _runtime_rungs(lat: list[dict[str, Any]]) -> list[str]:
         "Our runtime per rung (from its metrics page over the rung's window; a histogram "
         "figure is its bucket's upper bound): the tree's CPU per 1000 tasks, the records "
         "pending when the rung's load ended, event loop lag, the runtime's longest step of its "
-        "own, the collector's pauses, and the wait before start split into fetch (record "
+        "own (CPU time: preemption by other processes shows in the loop lag), the "
+        "collector's pauses, and the wait before start split into fetch (record "
         "timestamp to fetch), feed, lane (behind the key's earlier record) and slot "
         "(concurrency).",
         "",

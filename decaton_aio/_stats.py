@@ -213,8 +213,8 @@ class SubscriptionStats:
         loop_lag: seconds a timer due every 10 ms fired late (how long the event loop was
             held by anything: the runtime, processors, the garbage collector).
         gc_pause: seconds each collection of the cyclic garbage collector took.
-        step_duration: seconds the runtime held the event loop in one step of its own (a
-            share of a fetch batch handed to its partitions, their first tasks started).
+        step_duration: CPU seconds of one step of the runtime's own work on the event loop
+            (a share of a fetch batch handed to its partitions, their first tasks started).
         longest_step_s: the longest of those steps so far.
         fetch_wait: seconds from a record's timestamp to the fetch that returned it (one
             record sampled per step: the first, the oldest of its step).

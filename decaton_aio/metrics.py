@@ -160,8 +160,8 @@ _SUBSCRIPTION_HISTOGRAMS: tuple[_SubscriptionHistogram, ...] = (
      lambda s: s.loop_lag),
     ("decaton_gc_pause_seconds", "Seconds each collection of Python's cyclic garbage "
      "collector held the process.", lambda s: s.gc_pause),
-    ("decaton_runtime_step_duration_seconds", "Seconds the runtime held the event loop in "
-     "one step of its own (a share of a fetch batch handed to its partitions).",
+    ("decaton_runtime_step_duration_seconds", "CPU seconds of one step of the runtime's own "
+     "work on the event loop (a share of a fetch batch handed to its partitions).",
      lambda s: s.step_duration),
     ("decaton_task_fetch_wait_seconds", "Seconds from a record's timestamp to the fetch that "
      "returned it (the first record of each feed step, sampled).", lambda s: s.fetch_wait),

@@ -12,7 +12,10 @@ Two numbers tell an overloaded loop from a slow processor:
 Both go to histograms of the subscription's stats (``SubscriptionStats.loop_lag`` and
 ``gc_pause``), exported on the metrics page. The runtime's own loops over many items (a
 fetch batch, a commit's partitions) run in steps of :data:`STEP_BUDGET_S`
-(:func:`yield_if_due`).
+(:func:`yield_if_due`, or a :class:`StepTimer` that also reports each step's length).
+A step's length is the CPU time the loop's thread spent in it: on a machine whose cores
+are busy with other processes, the wall time of a step includes the time the process was
+not scheduled, which the loop lag shows and the runtime did not cause.
 
 Caller: :class:`LoopWatch` is started and stopped by its subscription on the event loop;
 the GC callback runs in whichever thread triggered the collection (an array append,
@@ -29,7 +32,14 @@ from typing import Any
 
 from decaton_aio._histogram import FastHistogram
 
-__all__ = ["LAG_INTERVAL_S", "STEP_BUDGET_S", "GcWatch", "LoopWatch", "yield_if_due"]
+__all__ = [
+    "LAG_INTERVAL_S",
+    "STEP_BUDGET_S",
+    "GcWatch",
+    "LoopWatch",
+    "StepTimer",
+    "yield_if_due",
+]
 
 #: How often the lag timer is due (100 times a second: a few microseconds of CPU each).
 LAG_INTERVAL_S = 0.01
@@ -39,17 +49,60 @@ LAG_INTERVAL_S = 0.01
 STEP_BUDGET_S = 0.001
 
 
-async def yield_if_due(began: float, step: Callable[[float], None] | None = None) -> float:
+async def yield_if_due(began: float) -> float:
     """Let the event loop run once when the step that began at ``began``
-    (``time.monotonic()``) took its budget, passing the step's length to ``step``; return
-    when the current step began."""
-    now = time.monotonic()
-    if now - began <= STEP_BUDGET_S:
+    (``time.monotonic()``) took its budget; return when the current step began."""
+    if time.monotonic() - began <= STEP_BUDGET_S:
         return began
-    if step is not None:
-        step(now - began)
     await asyncio.sleep(0)
     return time.monotonic()
+
+
+class StepTimer:
+    """Cuts one routine's work into steps of :data:`STEP_BUDGET_S` and reports each
+    step's CPU time to ``observe``. ``clock`` (wall, for the budget) and ``cpu_clock``
+    (the thread's CPU time) are injectable for tests.
+
+    Callers (one routine each, on the loop): :meth:`start` when the routine resumes after
+    an await of its own, :meth:`yield_if_due` between items, :meth:`end` before it awaits
+    again.
+
+    Attributes:
+        began: ``time.monotonic()`` when the current step began.
+    """
+
+    __slots__ = ("_clock", "_cpu", "_cpu_clock", "_observe", "began")
+
+    def __init__(
+        self,
+        observe: Callable[[float], None],
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self._observe = observe
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self.began = 0.0
+        self._cpu = 0.0
+
+    def start(self) -> float:
+        """A step begins now; returns :attr:`began`."""
+        self._cpu = self._cpu_clock()
+        self.began = self._clock()
+        return self.began
+
+    def end(self) -> None:
+        """The current step ends: its CPU time is observed."""
+        self._observe(self._cpu_clock() - self._cpu)
+
+    async def yield_if_due(self) -> None:
+        """End the step and let the loop run once when the step took its budget (wall
+        time), then start the next."""
+        if self._clock() - self.began <= STEP_BUDGET_S:
+            return
+        self.end()
+        await asyncio.sleep(0)
+        self.start()
 
 
 class LoopWatch:

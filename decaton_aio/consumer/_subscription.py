@@ -50,7 +50,7 @@ from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignment import Assignment
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
-from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, yield_if_due
+from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer.commit import CheckpointStore, Committer
@@ -399,7 +399,7 @@ class Subscription:
         clock, wall = time.monotonic, time.time
         stats = self._stats
         fetch_latency, fetch_wait = stats.fetch_latency.observe, stats.fetch_wait.observe
-        step, feed_wait = stats.step, stats.feed_wait.observe
+        steps, feed_wait = StepTimer(stats.step), stats.feed_wait.observe
         while True:
             asked = clock()
             try:
@@ -408,7 +408,7 @@ class Subscription:
                 )
             except InconsistentGroupProtocolError:
                 raise self._no_shared_assignor() from None
-            self.last_fetch_at = fetched = began = clock()
+            self.last_fetch_at = fetched = steps.start()
             fetch_latency(fetched - asked)
             fetched_ms = wall() * 1000
             for tp, records in batches.items():
@@ -419,12 +419,12 @@ class Subscription:
                 # what waits (timers, I/O, completions) before the next: none waits for a
                 # whole batch.
                 for first in range(0, len(records), _STEP_RECORDS):
-                    began = await yield_if_due(began, step)
+                    await steps.yield_if_due()
                     if partitions.get(tp) is not processor:
                         break  # revoked or rewound meanwhile: fetched again
                     chunk = records[first : first + _STEP_RECORDS]
                     fetch_wait((fetched_ms - chunk[0].timestamp) * 0.001)
-                    feed_wait(began - fetched)
+                    feed_wait(steps.began - fetched)
                     if not processor.feed(chunk):
                         processor = assignment.restart(processor, chunk[0].offset)
                         processor.feed(chunk)
@@ -433,7 +433,7 @@ class Subscription:
                 high = end_of(tp)
                 if high is not None:
                     processor.stats.high_watermark = high
-            step(clock() - began)
+            steps.end()
 
     def _no_shared_assignor(self) -> ConfigError:
         cfg = self.consumer_config
@@ -467,17 +467,18 @@ class Subscription:
             return
         if processors is None:
             processors = list(self._partitions.values())  # the loop below may await
-        clock, step = time.monotonic, self._stats.step
-        began = clock()
+        steps = StepTimer(self._stats.step)
+        steps.start()
         for processor in processors:
-            began = await yield_if_due(began, step)  # many partitions: in steps
+            await steps.yield_if_due()  # many partitions: in steps
             processor.stats.pending = processor.pending
             processor.stats.fold()  # keeps the histograms' observation queues short
             offset = processor.committable()
             if offset is not None and processor.pending == 0:
+                steps.end()
                 await self._past_skipped(consumer, processor, offset)  # may ask the broker
-                began = clock()
-        step(clock() - began)
+                steps.start()
+        steps.end()
         await self._committer.commit(consumer, processors, final=final)
 
     async def _past_skipped(

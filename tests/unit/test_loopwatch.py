@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
+
 from decaton_aio._histogram import LOOP_BUCKETS_S, FastHistogram
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch
 
@@ -107,3 +109,28 @@ async def test_a_step_past_its_budget_lets_the_loop_run_once() -> None:
     began = await yield_if_due(0.0)  # began long ago: past its budget
     assert ran == ["waiting callback"]
     assert 0.0 < began < float("inf")  # a new step begins now
+
+
+async def test_a_step_timer_yields_on_wall_time_and_reports_cpu_time() -> None:
+    """The budget is wall time (a preempted step still lets the loop run), the observed
+    length the thread's CPU time (what the runtime itself spent)."""
+    from decaton_aio.consumer._loopwatch import STEP_BUDGET_S, StepTimer
+
+    wall, cpu = [100.0], [7.0]
+    observed: list[float] = []
+    steps = StepTimer(observed.append, clock=lambda: wall[0], cpu_clock=lambda: cpu[0])
+    ran: list[str] = []
+    asyncio.get_running_loop().call_soon(ran.append, "waiting callback")
+    assert steps.start() == 100.0
+    wall[0] += STEP_BUDGET_S / 2
+    await steps.yield_if_due()  # within the budget: goes on
+    assert (ran, observed) == ([], [])
+    wall[0] += STEP_BUDGET_S * 10  # preempted: 5 ms of wall time...
+    cpu[0] += 0.0003  # ...of which 0.3 ms on the CPU
+    await steps.yield_if_due()
+    assert ran == ["waiting callback"]
+    assert observed == [pytest.approx(0.0003)]
+    assert steps.began == wall[0]  # the next step began after the yield
+    cpu[0] += 0.0001
+    steps.end()
+    assert observed[1] == pytest.approx(0.0001)
