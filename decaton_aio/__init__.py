@@ -24,6 +24,7 @@ from decaton_aio.errors import (
     DecodeError,
     ProcessingError,
     ProducerError,
+    RecordRejectedError,
     SecurityError,
 )
 from decaton_aio.logs import configure_logging
@@ -79,6 +80,7 @@ __all__ = [
     "ProtobufSerializer",
     "Record",
     "RecordLocation",
+    "RecordRejectedError",
     "RetryConfig",
     "RetryPolicy",
     "RetryTask",

@@ -24,6 +24,7 @@ __all__ = [
     "DecodeError",
     "ProcessingError",
     "ProducerError",
+    "RecordRejectedError",
     "SecurityError",
 ]
 
@@ -75,6 +76,14 @@ class ProducerError(DecatonError):
 class AccessDeniedError(ProducerError):
     """The cluster refused this client's credentials or permissions (not retriable until
     someone changes them)."""
+
+    retriable = False
+
+
+class RecordRejectedError(ProducerError):
+    """The cluster can never take this record as it is (too large for the topic or the
+    client's ``max_request_size``, corrupt, a timestamp out of range): sending it again
+    cannot work."""
 
     retriable = False
 

@@ -42,7 +42,7 @@ from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwra
 from decaton_aio.consumer._records import QueuedRecord
 from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
 from decaton_aio.context import ProcessingContext, TaskFunction
-from decaton_aio.errors import DecodeError
+from decaton_aio.errors import DecodeError, RecordRejectedError
 from decaton_aio.logs import register_task_source
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
 from decaton_aio.properties import (
@@ -61,6 +61,17 @@ __all__ = ["TaskExecutor"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 # What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
+#: Headers of a record that a reference to it keeps (small ones only: the record's own
+#: size or header count may be why it could not be sent).
+_REFERENCE_KEEPS = (
+    METADATA_HEADER,
+    "dt_origin_topic",
+    "dt_origin_partition",
+    "dt_origin_offset",
+    "dt_first_failure_ms",
+)
+_REFERENCE_HEADER_MAX = 1024
+
 _SEND_COUNTERS = {
     "retry": ("retry_queued", "retry_failed"),
     "dead letter": ("dead_letter_queued", "dead_letter_failed"),
@@ -589,16 +600,40 @@ class TaskExecutor:
         if record.key is None and value is None:
             value = b""  # the client sends nothing without a key or a value
 
+        key = record.key
         attempt = 0
+        reference = False  # sending a reference to a record that cannot be sent as it is
         while not partition.closed:
             try:
-                await sender.send(
-                    topic,
-                    value,
-                    key=record.key,
-                    headers=headers,
-                    timestamp_ms=timestamp_ms,
+                await sender.send(topic, value, key=key, headers=headers, timestamp_ms=timestamp_ms)
+            except RecordRejectedError as exc:
+                stats = partition.stats
+                setattr(stats, failed, getattr(stats, failed) + 1)
+                origin = f"{partition.tp.topic}-{partition.tp.partition}@{record.offset}"
+                if reference:
+                    # Not even the reference fits: the record stays at its origin only.
+                    log.error(
+                        f"cannot send a reference to the {what} record; the task completes "
+                        "and the record stays only at its origin",
+                        origin=origin,
+                        error=repr(exc),
+                    )
+                    partition.complete_released(record)
+                    return
+                # The record as it is can never be sent (too large, too many headers):
+                # the dead letter topic gets a reference to it instead, which names its
+                # origin and why.
+                log.error(
+                    f"the {what} record can never be sent as it is; a reference to it goes "
+                    "to the dead letter topic",
+                    origin=origin,
+                    error=repr(exc),
                 )
+                topic = self._topics.dead_letter_topic(partition.tp.topic)
+                headers = self._reference_headers(partition, record, what, exc)
+                key, value, timestamp_ms, reference = None, b"", None, True
+                queued, failed = _SEND_COUNTERS["dead letter"]
+                continue
             except Exception as exc:
                 attempt += 1
                 stats = partition.stats
@@ -619,6 +654,31 @@ class TaskExecutor:
                 stats.completion_duration.observe(perf_counter() - started_at)
             partition.complete_released(record)
             return
+
+    @staticmethod
+    def _reference_headers(
+        partition: TaskHost, record: Record, what: str, exc: RecordRejectedError
+    ) -> Sequence[tuple[str, bytes]]:
+        # The dead letter headers of a record that cannot be sent as it is, on an empty
+        # record: its origin (topic, partition, offset) says where to read it.
+        kept = [
+            (name, value)
+            for name, value in record.headers
+            if name in _REFERENCE_KEEPS and len(value) <= _REFERENCE_HEADER_MAX
+        ]
+        size = len(record.key or b"") + len(record.value or b"")
+        return dead_letter_headers(
+            kept,
+            error_type="RecordRejected",
+            message=f"the {what} record ({size} bytes of key and value, "
+            f"{len(record.headers)} headers) can never be sent: {exc}; read it at its origin",
+            exc=None,
+            topic=partition.tp.topic,
+            partition=partition.tp.partition,
+            offset=record.offset,
+            attempts=0,
+            timestamp_ms=record.timestamp,
+        )
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""

@@ -37,7 +37,7 @@ from aiokafka.errors import (
 )
 
 from decaton_aio._connect import diagnose
-from decaton_aio.errors import AccessDeniedError, ProducerError
+from decaton_aio.errors import AccessDeniedError, ProducerError, RecordRejectedError
 
 if TYPE_CHECKING:
     from decaton_aio.producer._config import ProducerConfig
@@ -123,6 +123,8 @@ def producer_error(exc: BaseException, topic: str, *, idempotence: bool) -> Prod
         return ProducerError(IDEMPOTENCE_HINT)
     if isinstance(exc, ProducerError):
         return exc
+    if isinstance(exc, RECORD_ERRORS):
+        return RecordRejectedError(f"the broker can never take this record for {topic}: {exc!r}")
     if isinstance(exc, ACCESS_ERRORS):
         return access_denied(exc, f"the cluster did not take a record for {topic}")
     return ProducerError(f"the broker did not take a record for {topic}: {exc!r}")

@@ -11,7 +11,13 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from decaton_aio import AccessDeniedError, ConfigError, ProducerConfig, ProducerError
+from decaton_aio import (
+    AccessDeniedError,
+    ConfigError,
+    ProducerConfig,
+    ProducerError,
+    RecordRejectedError,
+)
 from decaton_aio.producer._client import is_spoolable, producer_error
 
 
@@ -46,10 +52,16 @@ def test_authentication_failure_names_what_to_check() -> None:
     assert "SASL mechanism, user name and password" in str(error)
 
 
-def test_other_failures_stay_producer_errors() -> None:
-    error = producer_error(RecordTooLargeError(), "orders", idempotence=False)
+def test_a_record_the_broker_never_takes_is_rejected_and_others_stay_producer_errors() -> None:
+    """A record error (too large, corrupt) can never succeed: RecordRejectedError, not
+    retriable; any other failure stays a retriable ProducerError."""
+    rejected = producer_error(RecordTooLargeError(), "orders", idempotence=False)
+    assert isinstance(rejected, RecordRejectedError)
+    assert not rejected.retriable
+    assert "orders" in str(rejected)
+    error = producer_error(KafkaTimeoutError(), "orders", idempotence=False)
     assert type(error) is ProducerError
-    assert "orders" in str(error)
+    assert error.retriable
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ EXPECTED = {
     "ProcessingError",
     "ProducerConfig",
     "ProducerError",
+    "RecordRejectedError",
     "Properties",
     "PropertyDefinition",
     "ProtobufSerializer",
