@@ -51,10 +51,12 @@ def _noop() -> None:
 
 
 class OutputRecord(NamedTuple):
-    """A record a processor produced with :meth:`ProcessingContext.produce`."""
+    """A record a processor produced with :meth:`ProcessingContext.produce` (or a retry,
+    dead letter or shaping record joining a transaction: ``value`` ``None`` for a
+    tombstone)."""
 
     topic: str
-    value: bytes
+    value: bytes | None
     key: bytes | None
     headers: list[tuple[str, bytes]]
 

@@ -41,7 +41,7 @@ from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
 from decaton_aio.consumer._records import QueuedRecord
 from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
-from decaton_aio.context import ProcessingContext, TaskFunction
+from decaton_aio.context import OutputRecord, ProcessingContext, TaskFunction
 from decaton_aio.errors import DecodeError, RecordRejectedError
 from decaton_aio.logs import register_task_source
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
@@ -599,6 +599,16 @@ class TaskExecutor:
         value = record.value
         if record.key is None and value is None:
             value = b""  # the client sends nothing without a key or a value
+        txn = partition.outputs
+        if txn is not None:
+            # Exactly-once: the record joins the partition's transaction with the task's
+            # completion, so an aborted transaction takes it back and the task's next run
+            # sends it again: read_committed readers see it once.
+            out = OutputRecord(topic, value, record.key, list(headers))
+            await deliver_outputs(txn, partition, record, [out])
+            stats = partition.stats
+            setattr(stats, queued, getattr(stats, queued) + 1)
+            return
 
         key = record.key
         attempt = 0

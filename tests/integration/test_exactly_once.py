@@ -10,9 +10,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
-from decaton_aio import Application, ProcessingContext
+from decaton_aio import Application, ProcessingContext, RetryConfig, RetryPolicy
+from decaton_aio.offsets import group_positions
 from decaton_aio.testing import BrokerHandle, wait_until
 
 pytestmark = pytest.mark.integration
@@ -212,3 +214,71 @@ async def test_a_restart_redoes_only_what_was_in_flight(
     assert second_run == [3]
     values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=100)
     assert sorted(Counter(values).values()) == [1] * 100
+
+
+async def test_retry_and_dead_letter_records_join_the_transaction(
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under exactly-once, a task sent to the retry topic or the dead letter topic leaves
+    exactly one such record for read_committed readers, also when the transactions that
+    held them abort and the tasks run again: commits are made to fail until every task ran
+    once, and once more."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=2)
+    await produce_inputs(task_producer, topic, 30, keys=30)
+    seen: Counter[int] = Counter()
+    aborted = 0
+    real_commit = AIOKafkaProducer.commit_transaction
+
+    async def failing_commit(self: AIOKafkaProducer) -> None:
+        nonlocal aborted
+        if len(seen) < 30 or aborted < 3:
+            aborted += 1
+            raise KafkaError("a commit forced to fail")
+        await real_commit(self)
+
+    monkeypatch.setattr(AIOKafkaProducer, "commit_transaction", failing_commit)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        n = int(task)
+        seen[n] += 1
+        if ctx.metadata.retry_count == 0 and n % 3 == 1:
+            ctx.retry(300.0)  # waits in the retry topic for the rest of the test
+        elif n % 3 == 2:
+            raise ValueError(f"task {n} cannot be done")
+
+    app = Application(
+        process,
+        topics=(topic,),
+        exactly_once=True,
+        retry=RetryConfig(RetryPolicy(max_attempts=3, no_retry_on=(ValueError,)), mode="queue"),
+        properties={"decaton.commit.interval.ms": 200},
+    )
+    group = f"eos-side-{uuid.uuid4().hex[:8]}"
+    async with kafka_broker.subscription(app, group):
+        await wait_until(
+            lambda: len(seen) == 30 and aborted >= 3, timeout_s=60, what="aborted commits"
+        )
+        positions = await wait_for_commits(kafka_broker, group, topic)
+    assert sum(p.lag for p in positions) == 0
+    assert max(seen.values()) >= 2  # aborted transactions made tasks run again
+    retried = await read_all(kafka_broker.bootstrap_servers, f"{topic}-retry", at_least=10)
+    dead = await read_all(kafka_broker.bootstrap_servers, f"{topic}-dlq", at_least=10)
+    assert sorted(int(r.value) for r in retried) == list(range(1, 30, 3))
+    assert sorted(int(r.value) for r in dead) == list(range(2, 30, 3))
+
+
+async def wait_for_commits(broker: BrokerHandle, group: str, topic: str) -> list[Any]:
+    """The group's positions once its commits reached the end of every partition."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        found = await group_positions(
+            broker.bootstrap_servers, group, topic, isolation_level="read_committed"
+        )
+        if sum(p.lag for p in found) == 0 or loop.time() > deadline:
+            return found
+        await asyncio.sleep(0.2)
