@@ -123,6 +123,17 @@ class Instance:
             await asyncio.wait_for(self.proc.wait(), 60)
 
 
+def run_argv(
+    target: str, broker: BrokerHandle, topic: str, group: str, *, commit_interval_ms: int = 200
+) -> list[str]:
+    """``python -m decaton_aio run TARGET`` on ``topic`` in ``group``, with the chaos
+    tests' session timeout (6 s) and commit interval."""
+    argv = [sys.executable, "-m", "decaton_aio", "run", target, "--topic", topic]
+    argv += ["--bootstrap-servers", broker.bootstrap_servers, "--group", group]
+    argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500"]
+    return [*argv, "--property", f"decaton.commit.interval.ms={commit_interval_ms}"]
+
+
 async def await_commits(
     bootstrap_servers: str, group: str, topic: str, ends: dict[int, int], timeout_s: float
 ) -> None:

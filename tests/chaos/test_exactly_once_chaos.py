@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 import textwrap
 import uuid
 from collections import Counter, defaultdict
@@ -22,7 +21,7 @@ import pytest
 
 from decaton_aio import BytesSerializer, TaskProducer
 from decaton_aio.testing import BrokerHandle, wait_until
-from tests.chaos.test_chaos import Instance, await_commits
+from tests.chaos.test_chaos import Instance, await_commits, run_argv
 from tests.integration.test_exactly_once import needs_transactions, read_committed
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -70,10 +69,7 @@ async def test_kills_never_duplicate_or_lose_an_output(
     out = await topic_factory(partitions=2)
     group = f"eos-chaos-{uuid.uuid4().hex[:8]}"
     (tmp_path / "eos_app.py").write_text(APP)
-    argv = [sys.executable, "-m", "decaton_aio", "run", "eos_app:app", "--topic", topic]
-    argv += ["--bootstrap-servers", kafka_broker.bootstrap_servers, "--group", group]
-    argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500"]
-    argv += ["--property", "decaton.commit.interval.ms=200"]
+    argv = run_argv("eos_app:app", kafka_broker, topic, group)
     monkeypatch.setenv("CHAOS_OUT", out)  # the instances inherit it
     instances = [Instance(f"i{n}", tmp_path, argv) for n in range(3)]
     for instance in instances:
@@ -137,3 +133,72 @@ async def test_kills_never_duplicate_or_lose_an_output(
         f"eos chaos {scenario}: {len(expected)} tasks, {len(values)} committed outputs, "
         f"{redone} tasks processed again after {rounds} kills"
     )
+
+
+async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
+    kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie: one of two instances is frozen (SIGSTOP) past its session timeout while it
+    holds open transactions; the other takes its partitions over. Woken (SIGCONT), the
+    frozen one is fenced: its transactions abort, it says so, and every output is
+    committed exactly once."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=4)
+    out = await topic_factory(partitions=2)
+    group = f"eos-zombie-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "eos_app.py").write_text(APP)
+    # A long interval keeps a transaction open while the instance is frozen.
+    argv = run_argv("eos_app:app", kafka_broker, topic, group, commit_interval_ms=3000)
+    monkeypatch.setenv("CHAOS_OUT", out)
+    zombie, other = (Instance(f"i{n}", tmp_path, argv) for n in range(2))
+    for instance in (zombie, other):
+        await instance.start()
+    produced: dict[int, int] = defaultdict(int)
+    frozen = asyncio.Event()
+    woken = asyncio.Event()
+
+    async def produce() -> None:
+        producer: TaskProducer[bytes] = TaskProducer(
+            kafka_broker.producer_config(), topic, BytesSerializer()
+        )
+        async with producer:
+            n = 0
+            while not woken.is_set() or n < 600:
+                where = await producer.put(f"k{n % 40}", str(n).encode())
+                produced[where.partition] = max(produced[where.partition], where.offset + 1)
+                n += 1
+                await asyncio.sleep(0.01)
+
+    async def freeze() -> None:
+        assert zombie.proc is not None
+        log = zombie.logs[-1]
+        await wait_until(
+            lambda: log.exists() and log.read_text().count("run ") >= 50,
+            what="the zombie processing",
+        )
+        zombie.proc.send_signal(signal.SIGSTOP)
+        frozen.set()
+        # The other instance takes every partition over once the session timed out.
+        other_log = other.logs[-1]
+        before = other_log.read_text().count("run ")
+        await asyncio.sleep(6 + 4)  # past the session timeout: time is what this tests
+        await wait_until(
+            lambda: other_log.read_text().count("run ") > before + 100,
+            what="the other instance processing the zombie's partitions",
+        )
+        zombie.proc.send_signal(signal.SIGCONT)
+        woken.set()
+
+    try:
+        await asyncio.gather(produce(), freeze())
+        await await_commits(kafka_broker.bootstrap_servers, group, topic, produced, 120)
+    finally:
+        for instance in (zombie, other):
+            await instance.stop(signal.SIGTERM)
+    expected = {b"%d:%d" % (p, o) for p, end in produced.items() for o in range(end)}
+    values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=len(expected))
+    counts = Counter(values)
+    assert set(counts) == expected, f"{len(expected - set(counts))} outputs missing"
+    assert all(n == 1 for n in counts.values()), "an output was committed twice"
+    told = zombie.logs[-1].with_suffix(".err").read_text()
+    assert "another instance owns this partition's transactions now" in told

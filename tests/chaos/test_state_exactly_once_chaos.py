@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import textwrap
 import uuid
 from collections import Counter, defaultdict
@@ -24,7 +23,7 @@ import pytest
 
 from decaton_aio import BytesSerializer, TaskProducer
 from decaton_aio.testing import BrokerHandle
-from tests.chaos.test_chaos import Instance, await_commits
+from tests.chaos.test_chaos import Instance, await_commits, run_argv
 from tests.integration.test_exactly_once import needs_transactions, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -66,10 +65,7 @@ async def test_kills_never_count_a_task_twice(
     out = await topic_factory(partitions=2)
     group = f"eos-state-chaos-{uuid.uuid4().hex[:8]}"
     (tmp_path / "eos_state_app.py").write_text(APP)
-    argv = [sys.executable, "-m", "decaton_aio", "run", "eos_state_app:app", "--topic", topic]
-    argv += ["--bootstrap-servers", kafka_broker.bootstrap_servers, "--group", group]
-    argv += ["--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500"]
-    argv += ["--property", "decaton.commit.interval.ms=200"]
+    argv = run_argv("eos_state_app:app", kafka_broker, topic, group)
     monkeypatch.setenv("CHAOS_OUT", out)
     instances = [Instance(f"i{n}", tmp_path, argv) for n in range(2)]
     for instance in instances:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 import uuid
 from collections import Counter
@@ -42,7 +41,14 @@ from decaton_aio import (
     TaskProducer,
 )
 from decaton_aio.testing import BrokerHandle, wait_until
-from tests.chaos.test_chaos import APP, Instance, await_commits, check_guarantees, read_runs
+from tests.chaos.test_chaos import (
+    APP,
+    Instance,
+    await_commits,
+    check_guarantees,
+    read_runs,
+    run_argv,
+)
 from tests.interop.decaton_jvm import DecatonSubscription
 
 pytestmark = pytest.mark.integration
@@ -88,11 +94,9 @@ class Group:
         self.build, self.broker, self.topic, self.group = build, broker, topic, group
         self.workdir = workdir
         (workdir / "chaos_app.py").write_text(APP)
-        self.argv = [sys.executable, "-m", "decaton_aio", "run", "chaos_app:app"]
-        self.argv += ["--topic", topic, "--bootstrap-servers", broker.bootstrap_servers]
-        self.argv += ["--group", group, "--session-timeout-ms", "6000"]
-        self.argv += ["--heartbeat-interval-ms", "500"]
-        self.argv += ["--property", f"decaton.commit.interval.ms={COMMIT_INTERVAL_MS}"]
+        self.argv = run_argv(
+            "chaos_app:app", broker, topic, group, commit_interval_ms=COMMIT_INTERVAL_MS
+        )
         self.decatons: list[DecatonSubscription] = []
         self.ours: list[Instance] = []
         self.steps: list[Step] = []
