@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from decaton_aio.consumer._hotkeys import HotKeyDetector
     from decaton_aio.state import LocalCopy
 
-__all__ = ["PartitionProcessor", "PartitionState"]
+__all__ = ["PartitionProcessor", "PartitionState", "PendingBytes"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -60,6 +60,61 @@ _SHORT_LANE: Final = 32  # a lane turns from a list into a deque at this many wa
 # Lane and slot waits are observed for records whose offset has these bits clear: one in
 # 16, so measuring costs nothing noticeable per task.
 _WAIT_SAMPLE: Final = 15
+
+
+class PendingBytes:
+    """The bytes (values) of the records pending in all partitions of one subscription,
+    against ``decaton.max.pending.bytes.total``.
+
+    Callers: every partition of the subscription adds what it is fed and takes away what
+    completes (on the event loop); once the total falls below the limit again, the paused
+    partitions are asked to resume (:meth:`wake`).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._partitions: set[PartitionProcessor] = set()
+
+    @property
+    def full(self) -> bool:
+        """Whether the pending records hold the limit or more."""
+        return self.used >= self.limit
+
+    def join(self, partition: PartitionProcessor) -> None:
+        """``partition`` takes part (from its creation to its close)."""
+        self._partitions.add(partition)
+
+    def leave(self, partition: PartitionProcessor, held: int) -> None:
+        """``partition`` closed holding ``held`` bytes: they no longer count."""
+        self._partitions.discard(partition)
+        self.release(held)
+
+    def release(self, nbytes: int) -> None:
+        """``nbytes`` were completed; wake the paused partitions if that made room."""
+        was_full = self.used >= self.limit
+        self.used -= nbytes
+        if was_full and self.used < self.limit:
+            self.wake()
+
+    def set_limit(self, limit: int) -> None:
+        """Change the limit (a live property); a raise may make room."""
+        self.limit = limit
+        self.wake()
+
+    def wake(self) -> None:
+        """Ask every paused partition to resume (each resumes only if nothing else
+        holds it)."""
+        for partition in list(self._partitions):
+            partition.maybe_resume()
+
+
+def _size(record: Any) -> int:
+    # The bytes a pending record holds, counted by its value (the key and headers are
+    # small next to it, and every record's own size is bounded by the topic's
+    # max.message.bytes): one attribute read on the hot path, at feed and at completion.
+    value: bytes | None = record.value
+    return len(value) if value is not None else 0
 
 
 class PartitionState(enum.Enum):
@@ -78,6 +133,10 @@ class PartitionProcessor:
         executor: runs started records and reports their outcome back.
         limit: how many tasks may run at once (``decaton.partition.concurrency``).
         max_pending: pause threshold (``decaton.max.pending.records``).
+        max_pending_bytes: pause threshold in bytes of record values
+            (``decaton.max.pending.bytes``).
+        pending_bytes: the subscription's total of pending bytes and its limit
+            (``decaton.max.pending.bytes.total``); the partition pauses while it is full.
         rate: tasks started per second (-1 unlimited, 0 paused).
         stats: counters the metrics endpoint reads.
         on_below_max_pending: called when pending records fall below the pause threshold
@@ -104,6 +163,8 @@ class PartitionProcessor:
         rate: int = -1,
         ignore_keys: Collection[bytes] = (),
         hot_keys: HotKeyDetector | None = None,
+        max_pending_bytes: int = 1 << 62,
+        pending_bytes: PendingBytes | None = None,
     ) -> None:
         self.tp = tp
         self.state = PartitionState.ACTIVE
@@ -116,6 +177,10 @@ class PartitionProcessor:
         self._executor = executor
         self._limit = limit
         self._max_pending = max_pending
+        self._bytes = 0  # the values of the pending records
+        self._max_bytes = max_pending_bytes
+        self._total = pending_bytes if pending_bytes is not None else PendingBytes(1 << 62)
+        self._total.join(self)
         self._on_below_max_pending = on_below_max_pending
         self._bucket = TokenBucket(rate) if rate != -1 else None
         self._ignore = frozenset(ignore_keys)
@@ -176,9 +241,20 @@ class PartitionProcessor:
         return len(self._lanes)
 
     @property
+    def pending_bytes(self) -> int:
+        """Bytes of the values of the pending records."""
+        return self._bytes
+
+    @property
     def needs_pause(self) -> bool:
-        """Whether pending records reached ``max_pending`` (or the rate is 0)."""
-        return self._pending >= self._max_pending or self.rate_paused
+        """Whether pending records reached ``max_pending`` or ``max_pending_bytes``, the
+        subscription's pending bytes their total limit, or the rate is 0."""
+        return (
+            self._pending >= self._max_pending
+            or self._bytes >= self._max_bytes
+            or self._total.full
+            or self.rate_paused
+        )
 
     @property
     def rate_paused(self) -> bool:
@@ -237,7 +313,12 @@ class PartitionProcessor:
     def set_max_pending(self, max_pending: int) -> None:
         """Change the pause threshold (``decaton.max.pending.records``)."""
         self._max_pending = max_pending
-        self._maybe_resume()
+        self.maybe_resume()
+
+    def set_max_pending_bytes(self, max_pending_bytes: int) -> None:
+        """Change the pause threshold in bytes (``decaton.max.pending.bytes``)."""
+        self._max_bytes = max_pending_bytes
+        self.maybe_resume()
 
     def set_rate(self, rate: int) -> None:
         """Change the rate (tasks/s; -1 unlimited, 0 paused) without losing queued work."""
@@ -247,7 +328,7 @@ class PartitionProcessor:
             self._bucket = TokenBucket(rate)
         else:
             self._bucket.set_rate(rate)
-        self._maybe_resume()
+        self.maybe_resume()
         self._pump()
 
     def set_ignore_keys(self, keys: Collection[bytes]) -> None:
@@ -289,9 +370,14 @@ class PartitionProcessor:
         bucket = self._bucket
         start = self._executor.start
         now = monotonic()  # when the records that wait start waiting
+        total = self._total
         for record in records:
             if skip is not None and record.offset in skip:
                 continue  # completed before a restart (checkpoint); never run twice
+            size = _size(record)
+            if size:
+                self._bytes += size
+                total.used += size
             key = record.key
             if key is not None:
                 if ignore and key in ignore:
@@ -421,6 +507,10 @@ class PartitionProcessor:
                 self._pending -= 1
                 fetched: Any = record  # the offset as it is (compiled, not unboxed and boxed)
                 self._mark(fetched.offset)
+                size = _size(fetched)
+                if size:
+                    self._bytes -= size
+                    self._total.release(size)
                 if not self._pending:
                     self.stats.starving()  # nothing left: it waits for records
             if slot:
@@ -443,8 +533,8 @@ class PartitionProcessor:
                             lanes[key] = None
                     else:
                         lanes.pop(key, None)  # the key is idle again
-        if self._paused and self._pending < self._max_pending:
-            self._maybe_resume()  # (it checks the rate too)
+        if self._paused:
+            self.maybe_resume()
         if self._ready:
             self._pump()
         if self._idle is not None and self._in_flight == 0 and self._awaiting == 0:
@@ -454,8 +544,10 @@ class PartitionProcessor:
         """The record's task is done: complete its offset, free its slot and lane."""
         self._settle(record, True, True, True)
 
-    def _maybe_resume(self) -> None:
-        if self._paused and not self.needs_pause:
+    def maybe_resume(self) -> None:
+        """Ask the consumer to resume this partition when it is paused and nothing holds
+        it any more. Callers: completions here, live settings, :class:`PendingBytes`."""
+        if self._paused and not self.needs_pause and self.state is not PartitionState.CLOSED:
             self._on_below_max_pending(self)
 
     # ------------------------------------------------------------------ stopping
@@ -503,6 +595,8 @@ class PartitionProcessor:
         """
         self.state = PartitionState.CLOSED
         self._drop_queued()
+        held, self._bytes = self._bytes, 0
+        self._total.leave(self, held)  # completions are ignored from now on
         if self._idle is not None:
             self._idle.set()  # waiters stop waiting: completions no longer count
         if self._in_flight or self._awaiting:

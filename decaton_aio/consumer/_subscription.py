@@ -51,7 +51,7 @@ from decaton_aio.consumer._assignment import Assignment
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
-from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer.commit import CheckpointStore, Committer
 from decaton_aio.consumer.state import StateCollector, StateStore
@@ -62,6 +62,8 @@ from decaton_aio.properties import (
     COMMIT_INTERVAL_MS,
     GROUP_REBALANCE_TIMEOUT_MS,
     IGNORE_KEYS,
+    MAX_PENDING_BYTES,
+    MAX_PENDING_BYTES_TOTAL,
     MAX_PENDING_RECORDS,
     PARTITION_CONCURRENCY,
     PER_KEY_QUOTA_PROCESSING_RATE,
@@ -140,6 +142,7 @@ class Subscription:
             security=consumer.security,
         )
         self.properties = properties if properties is not None else Properties(app.properties)
+        self._pending_bytes = PendingBytes(self.properties[MAX_PENDING_BYTES_TOTAL].value)
         self.metrics = metrics if metrics is not None else Metrics()
         if self.properties[PER_KEY_QUOTA_PROCESSING_RATE].value >= 0 and not app.shaping:
             raise ConfigError(
@@ -277,9 +280,14 @@ class Subscription:
                 session_timeout_ms=cfg.session_timeout_ms,
                 heartbeat_interval_ms=cfg.heartbeat_interval_ms,
                 max_poll_interval_ms=cfg.max_poll_interval_ms,
-                max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+                # Fetches follow the pending-bytes limits (as they are at start).
+                max_partition_fetch_bytes=min(
+                    cfg.max_partition_fetch_bytes, self.properties[MAX_PENDING_BYTES].value
+                ),
                 fetch_min_bytes=cfg.fetch_min_bytes,
-                fetch_max_bytes=cfg.fetch_max_bytes,
+                fetch_max_bytes=min(
+                    cfg.fetch_max_bytes, self.properties[MAX_PENDING_BYTES_TOTAL].value
+                ),
                 fetch_max_wait_ms=cfg.fetch_max_wait_ms,
                 # Exactly-once reads only committed input (outputs of other transactions).
                 isolation_level="read_committed" if self.app.exactly_once else cfg.isolation_level,
@@ -567,6 +575,8 @@ class Subscription:
             executor=self._executor,
             limit=props[PARTITION_CONCURRENCY].value,
             max_pending=props[MAX_PENDING_RECORDS].value,
+            max_pending_bytes=props[MAX_PENDING_BYTES].value,
+            pending_bytes=self._pending_bytes,
             stats=self.metrics.register_partition(app.subscription_id, tp.topic, tp.partition),
             on_below_max_pending=self._assignment.update,
             rate=rate.value,
@@ -614,6 +624,10 @@ class Subscription:
         self._unsubscribe += [
             props[PARTITION_CONCURRENCY].subscribe(lambda o, n: each(lambda p: p.set_limit(n))),
             props[MAX_PENDING_RECORDS].subscribe(lambda o, n: each(lambda p: p.set_max_pending(n))),
+            props[MAX_PENDING_BYTES].subscribe(
+                lambda o, n: each(lambda p: p.set_max_pending_bytes(n))
+            ),
+            props[MAX_PENDING_BYTES_TOTAL].subscribe(lambda o, n: self._pending_bytes.set_limit(n)),
             props[IGNORE_KEYS].subscribe(
                 lambda o, n: each(lambda p: p.set_ignore_keys(_key_set(n)))
             ),

@@ -29,6 +29,8 @@ __all__ = [
     "GROUP_REBALANCE_TIMEOUT_MS",
     "IGNORE_KEYS",
     "LEGACY_PARSE_FALLBACK_ENABLED",
+    "MAX_PENDING_BYTES",
+    "MAX_PENDING_BYTES_TOTAL",
     "MAX_PENDING_RECORDS",
     "PARTITION_CONCURRENCY",
     "PER_KEY_QUOTA_PROCESSING_RATE",
@@ -286,6 +288,25 @@ MAX_PENDING_RECORDS: Final = int_property(
     doc="Records read but not completed per partition at which the partition is paused; "
     "it resumes below.",
 )
+MAX_PENDING_BYTES: Final = int_property(
+    "decaton.max.pending.bytes",
+    64 * 1024 * 1024,
+    minimum=1,
+    reloadable=True,
+    doc="Bytes of the values of the records read but not completed, per partition, at "
+    "which the partition is paused; it resumes below. Its fetches ask for at most this "
+    "much per partition (max.partition.fetch.bytes, at start).",
+)
+MAX_PENDING_BYTES_TOTAL: Final = int_property(
+    "decaton.max.pending.bytes.total",
+    256 * 1024 * 1024,
+    minimum=1,
+    reloadable=True,
+    doc="The same for all partitions of the subscription together: at this total every "
+    "partition is paused until completions free room. Bounds the memory of large "
+    "records, which decaton.max.pending.records does not; fetches ask for at most this "
+    "much (fetch.max.bytes, at start).",
+)
 COMMIT_INTERVAL_MS: Final = int_property(
     "decaton.commit.interval.ms",
     1000,
@@ -363,6 +384,8 @@ LEGACY_PARSE_FALLBACK_ENABLED: Final = bool_property(
 BUILTIN_DEFINITIONS: Final[tuple[PropertyDefinition[Any], ...]] = (
     PARTITION_CONCURRENCY,
     MAX_PENDING_RECORDS,
+    MAX_PENDING_BYTES,
+    MAX_PENDING_BYTES_TOTAL,
     COMMIT_INTERVAL_MS,
     GROUP_REBALANCE_TIMEOUT_MS,
     PROCESSING_SHUTDOWN_TIMEOUT_MS,

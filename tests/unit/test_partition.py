@@ -11,7 +11,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from decaton_aio.consumer._execution import TaskExecutor
-from decaton_aio.consumer._partition import PartitionProcessor, PartitionState
+from decaton_aio.consumer._partition import PartitionProcessor, PartitionState, PendingBytes
 from decaton_aio.context import ProcessingContext
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.properties import Properties
@@ -284,6 +284,63 @@ async def test_pause_threshold_reports_resume() -> None:
     await gate.release(0)
     assert resumed == [proc]
     assert not proc.needs_pause
+
+
+def sized(sizes: list[int], first: int = 0) -> list[FakeRecord]:
+    """Records of distinct keys ``k<offset>`` whose values are ``sizes`` bytes long."""
+    return [FakeRecord(first + i, b"k%d" % (first + i), b"x" * n) for i, n in enumerate(sizes)]
+
+
+async def test_pending_bytes_pause_a_partition_and_its_completions_resume_it() -> None:
+    """The values of pending records count against decaton.max.pending.bytes:
+    the partition needs a pause at the limit and asks to resume once a completion frees
+    room."""
+    gate = Gate()
+    resumed: list[PartitionProcessor] = []
+    proc = make(gate, max_pending_bytes=1000, on_below=resumed.append)
+    proc.feed(sized([400, 400]))
+    assert (proc.pending_bytes, proc.needs_pause) == (800, False)
+    proc.feed(sized([300], first=2))
+    assert proc.needs_pause
+    proc.set_paused(True)
+    await settle()
+    await gate.release(1)
+    assert proc.pending_bytes == 700
+    assert resumed == [proc]
+    await gate.release(0, 2)
+    assert proc.pending_bytes == 0
+
+
+async def test_the_subscription_total_pauses_every_partition_until_one_frees_room() -> None:
+    """decaton.max.pending.bytes.total is shared: when one partition's records fill it,
+    every partition needs a pause, and a completion anywhere that makes room asks the
+    paused ones to resume; a closed partition gives its bytes back."""
+    total = PendingBytes(1000)
+    gates = [Gate(), Gate()]
+    resumed: list[PartitionProcessor] = []
+
+    def resume(partition: PartitionProcessor) -> None:  # as the assignment does
+        resumed.append(partition)
+        partition.set_paused(False)
+
+    one, two = (make(g, pending_bytes=total, on_below=resume) for g in gates)
+    one.feed(sized([600]))
+    two.feed(sized([200]))
+    assert not one.needs_pause
+    assert not two.needs_pause
+    one.feed(sized([300], first=1))
+    assert total.used == 1100
+    assert one.needs_pause
+    assert two.needs_pause
+    one.set_paused(True)
+    two.set_paused(True)
+    await settle()
+    await gates[1].release(0)  # the other partition's completion makes room
+    assert sorted(id(p) for p in resumed) == sorted([id(one), id(two)])
+    one.close()
+    assert total.used == 0
+    await gates[0].release(0, 1)  # completions after the close are ignored
+    assert total.used == 0
 
 
 @pytest.mark.parametrize("limit", [1, 4])
