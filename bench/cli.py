@@ -55,6 +55,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="runs at the best setting")
     parser.add_argument("--ladder-window-s", type=float, help="a paced rung's window")
     parser.add_argument(
+        "--partitions",
+        type=int,
+        help="the task topic's partitions in S1, S2, S3 and the ladder (default 3), e.g. "
+        "to measure exactly-once on 48: --only S1 --partitions 48",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -133,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         {"event": "machine", "mode": run.mode, **secured, "sizes": sizes.__dict__, **run.facts}
     )
     scenarios = [s for s in scenarios if not args.only or s.name in args.only]
+    if args.partitions is not None:
+        scenarios = [
+            replace(s, partitions=args.partitions, title=f"{s.title}; {args.partitions} partitions")
+            if s.name in ("S1", "S2", "S3", "L")
+            else s
+            for s in scenarios
+        ]
     fair, legacy = fair_scenarios(scenarios)
     for flavor in args.broker:
         if fair:

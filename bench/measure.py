@@ -61,8 +61,11 @@ def command_line(
     if who.kind == "cli":
         options = dict(spec.options)
         target = who.module
+        outputs = _truthy(options.pop("outputs", False))
         if _truthy(options.pop("exactly_once", False)):
             target = who.module.replace(":app", ":exactly_once_app")
+        elif outputs:
+            target = who.module.replace(":app", ":outputs_app")
         if not _truthy(options.pop("checkpoints", True)):
             target = who.module.replace(":app", ":no_checkpoints_app")
         argv = [python, "-m", "decaton_aio", "--log-level", "warning", "--log-format", "json"]

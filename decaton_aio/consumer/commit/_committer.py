@@ -85,6 +85,9 @@ class Committer:
         self.store = store
         self._txn_config = transactions
         self._txns: dict[TopicPartition, PartitionTransaction] = {}
+        # Exactly-once: each partition's commit runs on its own, so a slow one does not hold
+        # the others back to its pace; a partition whose commit still runs is skipped.
+        self._txn_commits: dict[TopicPartition, asyncio.Task[None]] = {}
         self._saved: dict[TopicPartition, _Saved] = {}
         self._on_rewind = on_rewind
         self._on_fenced = on_fenced
@@ -158,6 +161,8 @@ class Committer:
     async def release(self, tps: list[TopicPartition]) -> None:
         """Forget revoked partitions and stop their transactional producers."""
         txns = [self._txns.pop(tp) for tp in tps if tp in self._txns]
+        commits = [self._txn_commits.pop(tp) for tp in tps if tp in self._txn_commits]
+        await asyncio.gather(*commits, return_exceptions=True)  # they end before the stop
         for tp in tps:
             self._saved.pop(tp, None)
         await asyncio.gather(*(t.stop() for t in txns))
@@ -184,7 +189,21 @@ class Committer:
         """Commit every partition whose watermark or checkpoint moved; failures are
         logged (the next interval tries again)."""
         if self.exactly_once:
-            await asyncio.gather(*(self._commit_transaction(p) for p in processors))
+            started = []
+            for processor in processors:
+                running = self._txn_commits.get(processor.tp)
+                if running is not None and not running.done():
+                    if final:
+                        started.append(running)  # the final commit waits for it, then runs
+                    continue
+                task = asyncio.get_running_loop().create_task(self._commit_transaction(processor))
+                self._txn_commits[processor.tp] = task
+                started.append(task)
+            if final:
+                await asyncio.gather(*started)
+                await asyncio.gather(
+                    *(self._commit_transaction(p) for p in processors if p.tp in self._txns)
+                )
             return
         entries: dict[TopicPartition, tuple[PartitionProcessor, int, Checkpoint | None]] = {}
         began = time.monotonic()

@@ -21,9 +21,13 @@ dropped (aborted, fenced, stopped).
 
 Ordering inside a partition: an output delivery (:meth:`PartitionTransaction.deliver`)
 sends the task's records into the open transaction *and* completes the task's offset
-while holding the partition's lock; a commit takes the lock, reads the watermark and
-checkpoint, and commits. So a transaction holds a task's outputs exactly when its
-checkpoint (or offset) covers the task. Tasks without outputs complete without the lock.
+inside :meth:`PartitionTransaction.delivery`; a commit (:meth:`PartitionTransaction.commit`)
+reads the watermark and checkpoint and commits while no delivery is inside. So a
+transaction holds a task's outputs exactly when its checkpoint (or offset) covers the
+task. Deliveries of different tasks run together (a key's next task starts only after the
+previous one completed); a commit waits only for those already inside, and new ones wait
+for the commit: under a steady load of outputs a partition still commits every interval.
+Tasks without outputs complete without entering.
 
 Caller: the subscription's event loop.
 """
@@ -31,7 +35,8 @@ Caller: the subscription's event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -81,7 +86,7 @@ class TransactionListener(Protocol):
     """Told how the open transaction of a partition ended."""
 
     def committed(self) -> None:
-        """It committed (called under the lock, before another record can enter)."""
+        """It committed (called inside the commit, before another record can enter)."""
         ...
 
     def dropped(self) -> None:
@@ -114,8 +119,14 @@ class PartitionTransaction:
         self._broken = False  # a restart after a failure did not work: try at next commit
         self._starting = False
         self._dropped = False  # stopped while starting: the start closes what it opened
-        #: Held while outputs enter the transaction and while it commits.
-        self.lock = asyncio.Lock()
+        # Deliveries inside now, and whether they may enter (no commit waiting or running).
+        self._inside = 0
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._open_to_deliveries = asyncio.Event()
+        self._open_to_deliveries.set()
+        self._committing = asyncio.Lock()  # one commit at a time
+        self._beginning = asyncio.Lock()  # one begin_transaction for concurrent deliveries
         self.listeners: list[TransactionListener] = []
 
     @property
@@ -191,9 +202,37 @@ class PartitionTransaction:
         if producer is None:
             raise TransactionFailedError(f"{self.transactional_id} is not started")
         if not self._open:
-            await producer.begin_transaction()
-            self._open = True
+            async with self._beginning:
+                if not self._open:
+                    await producer.begin_transaction()
+                    self._open = True
         return producer
+
+    @contextlib.asynccontextmanager
+    async def delivery(self) -> AsyncIterator[None]:
+        """Inside it, records enter the open transaction and tasks complete; a commit
+        never runs meanwhile. Many deliveries may be inside at once."""
+        while not self._open_to_deliveries.is_set():
+            await self._open_to_deliveries.wait()
+        self._inside += 1
+        self._empty.clear()
+        try:
+            yield
+        finally:
+            self._inside -= 1
+            if not self._inside:
+                self._empty.set()
+
+    @contextlib.asynccontextmanager
+    async def _alone(self) -> AsyncIterator[None]:
+        # A commit: new deliveries wait from now, the ones inside finish first.
+        async with self._committing:
+            self._open_to_deliveries.clear()
+            try:
+                await self._empty.wait()
+                yield
+            finally:
+                self._open_to_deliveries.set()
 
     # ------------------------------------------------------------------- sending
 
@@ -201,13 +240,14 @@ class PartitionTransaction:
         self, partition: TaskHost, record: Record, outputs: Sequence[OutputRecord]
     ) -> None:
         """Put a finished task's outputs into the open transaction and complete its offset
-        (both under the lock). A closed partition drops them: its record is redelivered.
+        (both inside :meth:`delivery`). A closed partition drops them: its record is
+        redelivered.
 
         Raises:
             FencedError: another instance owns the partition now.
             KafkaError: the client refused a record (the task stays pending).
         """
-        async with self.lock:
+        async with self.delivery():
             if partition.closed or self.fenced:
                 return
             for out in outputs:
@@ -223,8 +263,9 @@ class PartitionTransaction:
         headers: Sequence[tuple[str, bytes]] | None = None,
         partition: int | None = None,
     ) -> asyncio.Future[Any]:
-        """Put a record into the open transaction (beginning one); call it with the lock
-        held. Returns its delivery future (the record's metadata, with its offset).
+        """Put a record into the open transaction (beginning one); call it inside
+        :meth:`delivery` or a commit's plan. Returns its delivery future (the record's
+        metadata, with its offset).
 
         Raises:
             FencedError: another instance owns the partition now.
@@ -246,7 +287,7 @@ class PartitionTransaction:
 
     async def send_checkpoint(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         """Write a checkpoint record in the open transaction; its offset. Call it only
-        from the ``plan`` of :meth:`commit` (the lock is held)."""
+        from the ``plan`` of :meth:`commit` (no delivery is inside)."""
         producer = await self._begin()
         sent = await producer.send_and_wait(topic, value, key=key, partition=partition)
         return int(sent.offset)
@@ -256,8 +297,8 @@ class PartitionTransaction:
     async def commit(self, plan: Callable[[], Awaitable[CommitPlan]]) -> int | None:
         """Commit the open transaction with the offset and metadata ``plan`` returns.
 
-        ``plan`` runs under the lock, so no output enters the transaction between the
-        snapshot of the watermark and the commit.
+        ``plan`` runs while no delivery is inside, so no output enters the transaction
+        between the snapshot of the watermark and the commit.
 
         Returns:
             The offset committed, or ``None`` when there was nothing to commit.
@@ -267,7 +308,7 @@ class PartitionTransaction:
             TransactionFailedError: the transaction was aborted (or its outcome is
                 unknown); the caller rewinds the partition to its last commit.
         """
-        async with self.lock:
+        async with self._alone():
             if self.fenced:
                 return None
             if self._producer is None:

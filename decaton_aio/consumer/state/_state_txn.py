@@ -4,7 +4,7 @@ completion.
 With ``Application(exactly_once=True)`` the store's writer is a
 :class:`TransactionalChangelog`. A task's change is sent to the changelog (key, value or
 tombstone, partition = the task's partition number) by the partition's transactional
-producer, and in the same step under the transaction's lock the task's outputs are sent
+producer, and in the same step inside the transaction's delivery the task's outputs are sent
 and its offset completes. So a transaction holds a task's change exactly when it covers
 the task: a commit makes both visible, an abort (after which the partition goes back to
 its last commit and the task runs again) drops both.
@@ -89,7 +89,7 @@ class TransactionalChangelog:
         self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, then: Callable[[], None]
     ) -> None:
         """Send the task's change (and its outputs, when it completes now) in the open
-        transaction, then call ``then()`` (which completes the task) under the same lock.
+        transaction, then call ``then()`` (which completes the task) inside the same delivery.
         Tried again with backoff while the partition is open; a fenced partition gives up
         (its next owner processes the record)."""
         txn = partition.outputs
@@ -101,7 +101,7 @@ class TransactionalChangelog:
         assert isinstance(store, LocalStore), "a task's state reads the runtime's copy"
         attempt = 0
         while not partition.closed and not txn.fenced:
-            async with txn.lock:
+            async with txn.delivery():
                 if partition.closed or txn.fenced or store.closed:
                     return
                 try:
