@@ -26,7 +26,7 @@ reads the watermark and checkpoint and commits while no delivery is inside. So a
 transaction holds a task's outputs exactly when its checkpoint (or offset) covers the
 task. Deliveries of different tasks run together (a key's next task starts only after the
 previous one completed); a commit waits only for those already inside, and new ones wait
-for the commit: under a steady load of outputs a partition still commits every interval.
+for the commit, so a steady load of outputs does not keep commits out.
 Tasks without outputs complete without entering.
 
 Caller: the subscription's event loop.
