@@ -60,7 +60,6 @@ __all__ = ["TaskExecutor"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
-# What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
 #: Headers of a record that a reference to it keeps (small ones only: the record's own
 #: size or header count may be why it could not be sent).
 _REFERENCE_KEEPS = (
@@ -72,6 +71,7 @@ _REFERENCE_KEEPS = (
 )
 _REFERENCE_HEADER_MAX = 1024
 
+# What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
 _SEND_COUNTERS = {
     "retry": ("retry_queued", "retry_failed"),
     "dead letter": ("dead_letter_queued", "dead_letter_failed"),
