@@ -132,13 +132,13 @@ class ConsumerConfig:
             checkpoint larger than this goes to the checkpoint topic instead of the
             commit metadata (0: always the topic).
         partition_assignment_strategy: the assignors this member offers its group, most
-            preferred first (``partition.assignment.strategy``): ``roundrobin``,
-            ``range``, ``sticky`` (Java class names are accepted too). The group uses the
-            first one every member offers, so the default, roundrobin then range, spreads
-            partitions round-robin among decaton-aio instances and shares range with
-            Decaton's instances (Java's default list starts with range) while a group
-            holds both, during a migration. A state store brings its own assignor and
-            cannot share a group with Decaton.
+            preferred first (``partition.assignment.strategy``): ``roundrobin`` (the
+            default), ``range``, ``sticky`` (Java class names are accepted too). The group
+            uses one that every member offers: to share a group with Decaton's instances
+            (Java's default list starts with range), during a migration, set ``range``.
+            Offer one assignor: aiokafka 0.14 can leave a group's first join hanging when
+            its members offer two. A state store brings its own assignor and cannot share
+            a group with Decaton.
     """
 
     bootstrap_servers: str
@@ -159,7 +159,7 @@ class ConsumerConfig:
     metadata_max_age_ms: int = 300_000
     security: SecuritySettings = PLAINTEXT
     commit_metadata_max_bytes: int = 4096
-    partition_assignment_strategy: tuple[str, ...] = ("roundrobin", "range")
+    partition_assignment_strategy: tuple[str, ...] = ("roundrobin",)
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():

@@ -2,13 +2,13 @@
 
 Decaton ``ProcessorSubscription`` JVMs and ``python -m decaton_aio run`` processes join
 one group on one task topic while a steady stream of tasks flows. They share the range
-assignor (decaton-aio offers roundrobin then range; Java's default list starts with
-range). Instances leave gracefully and by SIGKILL. Both sides write per-task facts (wall
-clock start and end); the chaos checks then hold over all of them: every task processed,
-a key's tasks in offset order between rebalances and never two at once, the group's
-commits at the end of every partition. Each side starts from what the other committed:
-a graceful handover redoes nothing, so a side that ignored the other's commits (or
-failed on decaton-aio's checkpoint metadata) shows as duplicates.
+assignor (decaton-aio's instances are set to it, as a Java client names it; Java's
+default list starts with range). Instances leave gracefully and by SIGKILL. Both sides
+write per-task facts (wall clock start and end); the chaos checks then hold over all of
+them: every task processed, a key's tasks in offset order between rebalances and never
+two at once, the group's commits at the end of every partition. Each side starts from
+what the other committed: a graceful handover redoes nothing, so a side that ignored the
+other's commits (or failed on decaton-aio's checkpoint metadata) shows as duplicates.
 
 ``make test`` runs one round there and back; ``make chaos`` runs three rounds.
 """
@@ -55,6 +55,7 @@ pytestmark = pytest.mark.integration
 
 Fact = tuple[str, int, int, str, int]
 PARTITIONS = 3
+RANGE_ASSIGNOR = "org.apache.kafka.clients.consumer.RangeAssignor"
 RATE_PER_S = 150
 COMMIT_INTERVAL_MS = 200
 
@@ -94,9 +95,13 @@ class Group:
         self.build, self.broker, self.topic, self.group = build, broker, topic, group
         self.workdir = workdir
         (workdir / "chaos_app.py").write_text(APP)
+        # The assignor Decaton's instances offer, named as a Java client would.
+        properties = workdir / "client.properties"
+        properties.write_text(f"partition.assignment.strategy={RANGE_ASSIGNOR}\n")
         self.argv = run_argv(
             "chaos_app:app", broker, topic, group, commit_interval_ms=COMMIT_INTERVAL_MS
         )
+        self.argv += ["--client-properties", str(properties)]
         self.decatons: list[DecatonSubscription] = []
         self.ours: list[Instance] = []
         self.steps: list[Step] = []
@@ -348,7 +353,8 @@ async def test_retry_topics_are_shared_by_both_sides_of_one_group(
         serializer=BytesSerializer(),
         retry=RetryConfig(RetryPolicy(max_attempts=3), mode="queue"),
     )
-    async with kafka_broker.subscription(app, group_id=group):
+    sub = kafka_broker.subscription(app, group_id=group, partition_assignment_strategy=("range",))
+    async with sub:
         await wait_until(lambda: len(seen) == 1, what="Decaton's retry", timeout_s=60)
         async with producer:
             await producer.put("retry-from-decaton-aio", b"2")

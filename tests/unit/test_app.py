@@ -73,10 +73,10 @@ def test_static_membership_and_rack_default_to_off() -> None:
     assert (config.fetch_min_bytes, config.fetch_max_bytes) == (1, 50 * 1024 * 1024)
 
 
-def test_assignors_take_java_names_and_offer_range_to_decaton_by_default() -> None:
-    """The default offers roundrobin then range (range is what Java's default list shares);
-    a Java class name maps to its protocol name and a repeat is dropped."""
-    assert ConsumerConfig("b:1", "g").partition_assignment_strategy == ("roundrobin", "range")
+def test_assignors_take_java_names_and_default_to_roundrobin() -> None:
+    """The default offers roundrobin; a Java class name maps to its protocol name and a
+    repeat is dropped."""
+    assert ConsumerConfig("b:1", "g").partition_assignment_strategy == ("roundrobin",)
     config = ConsumerConfig(
         "b:1",
         "g",
