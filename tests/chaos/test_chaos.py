@@ -295,8 +295,6 @@ async def test_instances_killed_and_restarted_keep_the_guarantees(
     instances = [Instance(f"i{n}", tmp_path, argv, env) for n in range(3)]
     for instance in instances:
         await instance.start()
-    for instance in instances:  # the timeline starts with every instance in the group
-        await instance.joined()
     produced: set[tuple[int, int]] = set()
 
     async def produce() -> None:
@@ -322,6 +320,8 @@ async def test_instances_killed_and_restarted_keep_the_guarantees(
                 await instances[index].start()
 
     try:
+        for instance in instances:  # the timeline starts with every instance in the group
+            await instance.joined()
         await asyncio.gather(produce(), chaos())
         ends: dict[int, int] = defaultdict(int)
         for partition, offset in produced:
