@@ -109,6 +109,20 @@ async def test_python_clients_run_retry_dead_letter_property_topic_and_inspect(
     assert sum(p.high_watermark for p in positions) == 20
 
 
+async def topic_with_tasks(secured: BrokerHandle, prefix: str, partitions: int, n: int) -> str:
+    """A new topic holding ``n`` tasks, keys ``k<i>`` and bodies ``<i>``."""
+    admin = secured.topic_admin()
+    try:
+        topic = await admin.create(partitions, prefix=prefix)
+    finally:
+        await admin.close(delete=False)
+    producer = TaskProducer(secured.producer_config(), topic, BytesSerializer())
+    async with producer:
+        for i in range(n):
+            await producer.put(f"k{i}", str(i).encode())
+    return topic
+
+
 @pytest.mark.parametrize("metadata_max", [4096, 0], ids=["commit-metadata", "checkpoint-topic"])
 async def test_checkpoints_are_saved_and_loaded_over_the_secured_listener(
     secured: BrokerHandle, metadata_max: int
@@ -117,15 +131,7 @@ async def test_checkpoints_are_saved_and_loaded_over_the_secured_listener(
     checkpoint (in the commit metadata, or the checkpoint topic when the metadata may hold
     none) reaches the secured cluster, so the group's next run processes offset 3 only,
     and no checkpoint read fails on the way."""
-    admin = secured.topic_admin()
-    try:
-        topic = await admin.create(1, prefix="secured-checkpoints")
-    finally:
-        await admin.close(delete=False)
-    producer = TaskProducer(secured.producer_config(), topic, BytesSerializer())
-    async with producer:
-        for n in range(12):
-            await producer.put(f"k{n}", b"x")
+    topic = await topic_with_tasks(secured, "secured-checkpoints", 1, 12)
     group = f"secured-cp-{uuid.uuid4().hex[:8]}"
     stuck = asyncio.Event()
     finished: list[int] = []
@@ -168,16 +174,8 @@ async def test_exactly_once_outputs_over_the_secured_listener(secured: BrokerHan
     """Exactly-once on a secured cluster: the transactional producers connect with the
     subscription's TLS and SASL settings, every task's output is committed, and so is the
     group's offset."""
-    admin = secured.topic_admin()
-    try:
-        topic = await admin.create(2, prefix="secured-eo")
-        outputs = await admin.create(1, prefix="secured-eo-out")
-    finally:
-        await admin.close(delete=False)
-    producer = TaskProducer(secured.producer_config(), topic, BytesSerializer())
-    async with producer:
-        for n in range(10):
-            await producer.put(f"k{n}", str(n).encode())
+    topic = await topic_with_tasks(secured, "secured-eo", 2, 10)
+    outputs = await topic_with_tasks(secured, "secured-eo-out", 1, 0)
 
     async def process(ctx: ProcessingContext, task: bytes) -> None:
         await ctx.produce(outputs, task, key=ctx.key)
