@@ -1,10 +1,11 @@
 """Retry policy: which failures are retried, how often, and how long to wait in between.
 
-This module owns the pure part of retrying: the backoff formula,
-the :class:`RetryPolicy` value object, and the two control-flow signals a processor raises
-to steer its task (:class:`RetryTask`, :class:`SkipTask`). It performs no I/O and knows
-nothing about Kafka or asyncio; the runtime (queue retry or in-place retry) asks it
-questions and acts on the answers.
+This module owns the pure part of retrying: the backoff formula, the :class:`RetryPolicy`
+value object and the :class:`RetryConfig` that carries it with the retry mode, and the
+two control-flow signals a processor raises to steer its task (:class:`RetryTask`,
+:class:`SkipTask`). It performs no I/O and knows nothing about Kafka or asyncio; the
+runtime (``consumer/_outcome.py`` decides, the executor acts) asks it questions and acts
+on the answers.
 
 Counting attempts. Attempts are numbered from 1: attempt 1 is the first delivery of a task,
 attempt ``n`` is its ``(n - 1)``-th retry. A task read from the retry topic with retry count
@@ -34,8 +35,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from decaton_aio.errors import ConfigError
 
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_BACKOFF_MAX_MS",
     "DEFAULT_JITTER",
     "DEFAULT_MAX_ATTEMPTS",
+    "RetryConfig",
     "RetryPolicy",
     "RetryTask",
     "SkipTask",
@@ -350,3 +352,23 @@ class RetryPolicy:
 def _is_int(value: object) -> bool:
     # bool is an int subclass; True as an attempt count is a bug, not a 1.
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """How failed tasks are retried.
+
+    Attributes:
+        policy: attempts, backoff and which exceptions are retried.
+        mode: ``"queue"`` sends a failed task to ``<topic>-retry`` (the same subscription
+            consumes it after the backoff; later tasks of the key do not wait for it);
+            ``"in_place"`` retries it inside its key lane after the backoff, so the key's
+            order holds and only that key waits.
+    """
+
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    mode: Literal["queue", "in_place"] = "queue"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("queue", "in_place"):
+            raise ConfigError(f"retry mode must be 'queue' or 'in_place', got {self.mode!r}")

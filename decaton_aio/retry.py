@@ -15,6 +15,9 @@ their topics counts from the failure; when the task was produced stays in ``dt_m
 
 Retries of a retry go to the same retry topic: names are derived from the *origin* topic,
 with a known suffix stripped.
+
+:class:`~decaton_aio.backoff.RetryConfig` lives with the policy it carries in
+:mod:`decaton_aio.backoff`; it is importable from here too.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
-from decaton_aio.backoff import RetryPolicy
+from decaton_aio.backoff import RetryConfig
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 
@@ -63,26 +65,6 @@ DLQ_HEADERS = (
 
 _TRACEBACK_FRAMES = 8
 _MAX_MESSAGE = 1000
-
-
-@dataclass(frozen=True)
-class RetryConfig:
-    """How failed tasks are retried.
-
-    Attributes:
-        policy: attempts, backoff and which exceptions are retried.
-        mode: ``"queue"`` sends a failed task to ``<topic>-retry`` (the same subscription
-            consumes it after the backoff; later tasks of the key do not wait for it);
-            ``"in_place"`` retries it inside its key lane after the backoff, so the key's
-            order holds and only that key waits.
-    """
-
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
-    mode: Literal["queue", "in_place"] = "queue"
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("queue", "in_place"):
-            raise ConfigError(f"retry mode must be 'queue' or 'in_place', got {self.mode!r}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ calls :meth:`TaskRunner.start`; the executor reports the outcome back through
 
 - :meth:`TaskHost.finish`: done; the slot and the key lane are freed and the offset
   completes;
-- :meth:`TaskHost.release`, later :meth:`TaskHost.complete_released`: the slot and lane
+- :meth:`TaskHost.release`, later :meth:`TaskHost.finish_released`: the slot and lane
   are freed now, the offset completes when what replaces the task is durable (deferred
   completion, a retry or dead letter record being sent);
 - :meth:`TaskHost.postpone` (or :meth:`TaskHost.run_again`, which also counts the run):
@@ -14,8 +14,13 @@ calls :meth:`TaskRunner.start`; the executor reports the outcome back through
   (scheduled tasks, in-place retries).
 
 A record the partition hands to :meth:`TaskRunner.shape` took neither slot nor lane: the
-executor calls :meth:`TaskHost.hand_off`, then :meth:`TaskHost.complete_released`.
+executor calls :meth:`TaskHost.hand_off`, then :meth:`TaskHost.finish_released`.
 Once the partition is closed, every call is ignored.
+
+One word for done: a record is *finished* when its task is done and its offset may be
+committed (``finish``, ``finish_released``; the executor's ``_finish``). A processor that
+returned or raised has *ended*; what that means (finish, defer, retry, dead letter) is
+decided once, by ``consumer/_outcome.py``.
 
 Caller: both sides, on the event loop that owns the consumer.
 """
@@ -52,7 +57,7 @@ class TaskHost(TaskSource, Protocol):
     def finish(self, record: Record) -> None: ...
     def release(self, record: Record) -> None: ...
     def hand_off(self, record: Record) -> None: ...
-    def complete_released(self, record: Record) -> None: ...
+    def finish_released(self, record: Record) -> None: ...
     def postpone(self, record: Record, delay_s: float) -> None: ...
     def run_again(self, record: Record, attempt: int, delay_s: float) -> None: ...
 
@@ -77,7 +82,7 @@ class OutputSink(Protocol):
     async def deliver(
         self, partition: TaskHost, record: Record, outputs: Sequence[OutputRecord]
     ) -> None:
-        """Make ``outputs`` safe, then ``partition.complete_released(record)``; raise
+        """Make ``outputs`` safe, then ``partition.finish_released(record)``; raise
         (completing nothing) when they could not be."""
         ...
 

@@ -1,9 +1,10 @@
-"""Running one task and deciding what its outcome means.
+"""Running one task and carrying out what its outcome means.
 
 The :class:`TaskExecutor` is shared by the partitions of a subscription. For a record
 whose slot the partition granted, it decodes the metadata and body, waits for the task's
 scheduled time (without holding the slot), runs ``process(ctx, task)`` eagerly, and then
-routes the outcome:
+carries out the outcome that ``consumer/_outcome.py`` decides (a task that returned with
+nothing more to do finishes inline, without asking):
 
 - returned: finish, or with ``ctx.deferred()`` free the slot and complete later;
 - ``ctx.retry()`` / :class:`~decaton_aio.backoff.RetryTask` / a retriable exception
@@ -18,7 +19,7 @@ routes the outcome:
 A record without ``dt_meta`` is read as a pre-Decaton-9 ``DecatonTaskRequest`` while
 ``decaton.legacy.parse.fallback.enabled`` is on (``consumer/_legacy.py``).
 
-A record is never completed before what replaces it (retry, dead letter, shaping record)
+A record is never finished before what replaces it (retry, dead letter, shaping record)
 is durable: a failed send is tried again with backoff until it works or the partition is
 closed (then the record is redelivered to the new owner).
 """
@@ -34,11 +35,12 @@ import structlog
 from mypy_extensions import mypyc_attr
 
 from decaton_aio._context import TaskFields
-from decaton_aio.backoff import RetryTask, SkipTask, send_retry_delay
+from decaton_aio.backoff import RetryConfig, SkipTask, send_retry_delay
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
+from decaton_aio.consumer._outcome import Action, Outcome, decide
 from decaton_aio.consumer._records import QueuedRecord
 from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
 from decaton_aio.context import OutputRecord, ProcessingContext, TaskFunction
@@ -50,7 +52,7 @@ from decaton_aio.properties import (
     LEGACY_PARSE_FALLBACK_ENABLED,
     Properties,
 )
-from decaton_aio.retry import RetryConfig, SideTopics, dead_letter_headers, retry_headers
+from decaton_aio.retry import SideTopics, dead_letter_headers, retry_headers
 from decaton_aio.serializers import unchecked_decode
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record, RecordSender
@@ -124,7 +126,7 @@ class TaskExecutor:
         self._topics = side_topics or SideTopics()
         self._deferred_policy = deferred_timeout_policy
         self._starter = CoroutineStarter()
-        self._on_finished = self._finished  # bound once, not per task
+        self._on_ended = self._ended  # bound once, not per task
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
         self._tasks = self._starter.tasks  # workers running processors, and sends
         self._outputs = DurableOutputs(sender) if sender is not None else None
@@ -206,17 +208,17 @@ class TaskExecutor:
             try:
                 coro = self._process(ctx, task)
             except Exception as exc:  # a processor that is not a coroutine function
-                self._finished(partition, ctx, exc)
+                self._ended(partition, ctx, exc)
                 return
-            if self._starter.start(coro, self._on_finished, partition, ctx):
-                self._finished(partition, ctx, None)  # it returned at once
+            if self._starter.start(coro, self._on_ended, partition, ctx):
+                self._ended(partition, ctx, None)  # it returned at once
         finally:
             starting.ctx = outer
 
     def shape(self, partition: TaskHost, record: Record) -> None:
         """Send a hot key's record to the shaping topic; it completes once durable."""
         partition.hand_off(record)
-        self._send_then_complete(
+        self._send_then_finish(
             partition,
             record,
             self._topics.shaping_topic(partition.tp.topic),
@@ -227,7 +229,7 @@ class TaskExecutor:
 
     # ------------------------------------------------------------------- outcomes
 
-    def _finished(
+    def _ended(
         self,
         partition: TaskHost,
         ctx: ProcessingContext,
@@ -283,70 +285,105 @@ class TaskExecutor:
                 ctx.retry_delay_s = completion.retry_delay_s
             if exc is None and completion.failure is not None:
                 exc = completion.failure
-        if exc is None and ctx.retry_delay_s is None:
+        outcome = self._decide(ctx, exc, completion is not None and not completion.done, True)
+        action = outcome.action
+        if (action is Action.FINISH and outcome.why == "done") or action is Action.DEFER:
             if ctx.outputs is not None:
                 partition.release(record)
-                if completion is None or completion.done:
+                if action is Action.FINISH:
                     self._emit(partition, ctx)
                 else:
                     self._defer(partition, ctx, released=True)
-            elif completion is None or completion.done:
-                self._complete(partition, ctx)
+            elif action is Action.FINISH:
+                self._finish(partition, ctx)
             else:
                 self._defer(partition, ctx)
             return
-        if isinstance(exc, asyncio.CancelledError | SkipTask):
-            if isinstance(exc, SkipTask):
-                stats.discarded += 1
-                ctx.logger.info("task skipped", reason=exc.reason)
-                self._outcome(partition, "skipped")
-            else:
-                self._outcome(partition, "cancelled")
-            self._complete(partition, ctx)
-            return
-        requested = exc is None or isinstance(exc, RetryTask)
-        if requested:
-            delay = exc.delay_s if isinstance(exc, RetryTask) else ctx.retry_delay_s
-        else:
-            stats.errors += 1
-            ctx.logger.error("processor failed", error=_describe(exc), exc_info=exc)
-            self._outcome(partition, "error", exc)
-            delay = None
+        self._carry_out(partition, ctx, outcome, exc, released=False)
+
+    def _retry_released(
+        self,
+        partition: TaskHost,
+        ctx: ProcessingContext,
+        delay_s: float | None,
+        exc: BaseException | None,
+    ) -> None:
+        # A deferred task failed or asked for a retry after its processor returned: its
+        # lane is gone, so it cannot run again in place.
+        ctx.retry_delay_s = -1.0 if delay_s is None else delay_s
+        outcome = self._decide(ctx, exc, False, False)
+        self._carry_out(partition, ctx, outcome, exc, released=True)
+
+    def _decide(
+        self, ctx: ProcessingContext, exc: BaseException | None, pending: bool, lane_held: bool
+    ) -> Outcome:
         retry = self._retry
-        if retry is None:
-            if requested:
-                ctx.logger.warning("retry requested but the application has no retry config")
-                self._dead_letter(partition, ctx, "RetryNotConfigured", "no retry config", exc)
+        return decide(
+            exc,
+            retry_delay_s=ctx.retry_delay_s,
+            pending=pending,
+            retry=retry,
+            # valid: the start checked the header
+            retry_count=ctx.metadata.retry_count if retry is not None else 0,
+            attempt=ctx.attempt,
+            lane_held=lane_held,
+        )
+
+    def _carry_out(
+        self,
+        partition: TaskHost,
+        ctx: ProcessingContext,
+        outcome: Outcome,
+        exc: BaseException | None,
+        *,
+        released: bool,
+    ) -> None:
+        # Every outcome but a plain finish or deferral: count it, log it, then finish,
+        # retry or dead-letter the task (released: its slot and lane are free already).
+        stats = partition.stats
+        record = ctx.record
+        if outcome.failed:
+            stats.errors += 1
+            what = "deferred task failed" if released else "processor failed"
+            ctx.logger.error(what, error=_describe(exc), exc_info=exc)
+            self._outcome(partition, "error", exc)
+        action = outcome.action
+        if action is Action.FINISH:
+            if outcome.why == "skipped":
+                stats.discarded += 1
+                reason = exc.reason if isinstance(exc, SkipTask) else ""
+                ctx.logger.info("task skipped", reason=reason)
+                self._outcome(partition, "skipped")
+            elif outcome.why == "cancelled":
+                self._outcome(partition, "cancelled")
+            if released:
+                partition.finish_released(record)  # Decaton's default: log and go on
             else:
-                self._complete(partition, ctx)
+                self._finish(partition, ctx)
             return
-        if exc is not None and not requested and not retry.policy.is_retriable(exc):
-            self._dead_letter(partition, ctx, _type(exc), str(exc), exc)
+        if action is Action.DEAD_LETTER:
+            if outcome.error_type == "RetryNotConfigured":
+                ctx.logger.warning("retry requested but the application has no retry config")
+            if not released:
+                partition.release(record)
+            self._send_dead_letter(partition, ctx, outcome.error_type, outcome.message, exc)
             return
-        meta = ctx.metadata  # valid: the start checked the header
-        attempt = meta.retry_count + 1 if retry.mode == "queue" else ctx.attempt
-        if retry.policy.exhausted(attempt):
-            self._dead_letter(
-                partition, ctx, _type(exc) if exc else "RetryRequested", str(exc or ""), exc
-            )
-            return
-        if delay is None or delay < 0:
-            delay = retry.policy.delay_s(attempt)
         stats.retries += 1
         self._outcome(partition, "retry")
-        if retry.mode == "in_place":
-            partition.run_again(record, attempt + 1, delay)
+        if action is Action.RETRY_IN_PLACE:
+            partition.run_again(record, outcome.attempt + 1, outcome.delay_s)
             return
-        partition.release(record)
+        if not released:
+            partition.release(record)
         headers = retry_headers(
             record.headers,
-            meta,
+            ctx.metadata,
             topic=partition.tp.topic,
             partition=partition.tp.partition,
             offset=record.offset,
-            delay_s=delay,
+            delay_s=outcome.delay_s,
         )
-        self._send_then_complete(
+        self._send_then_finish(
             partition,
             record,
             self._topics.retry_topic(partition.tp.topic),
@@ -355,7 +392,7 @@ class TaskExecutor:
             started_at=ctx.started_at,
         )
 
-    def _complete(self, partition: TaskHost, ctx: ProcessingContext) -> None:
+    def _finish(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         # A task done after its processor returned, off the common path: finish it and
         # count its completion duration.
         partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
@@ -378,7 +415,7 @@ class TaskExecutor:
             if ctx.outputs is not None:  # produced after returning: they go out now
                 self._emit(partition, ctx)
             else:
-                partition.complete_released(record)
+                partition.finish_released(record)
 
         def retry_later(delay_s: float | None, exc: BaseException | None) -> None:
             if timer is not None:
@@ -408,7 +445,7 @@ class TaskExecutor:
             completion.attach(lambda: None)
             completion.complete()  # later calls by the processor are no-ops
             partition.stats.discarded += 1
-            partition.complete_released(record)
+            partition.finish_released(record)
 
         timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, timed_out)
 
@@ -418,60 +455,12 @@ class TaskExecutor:
         sink = partition.outputs or self._outputs
         if sink is None:
             log.error("no producer for the task's outputs: dropping them", count=len(outputs))
-            partition.complete_released(ctx.record)
+            partition.finish_released(ctx.record)
             return
         task = asyncio.get_running_loop().create_task(
             deliver_outputs(sink, partition, ctx.record, outputs)
         )
         self._starter.track(task)  # a delivery
-
-    def _retry_released(
-        self,
-        partition: TaskHost,
-        ctx: ProcessingContext,
-        delay_s: float | None,
-        exc: BaseException | None,
-    ) -> None:
-        # A deferred task failed or asked for a retry after its processor returned: its
-        # lane is gone, so only queue retries apply; otherwise (or when exhausted, or for
-        # an exception the policy does not retry) dead letter.
-        record = ctx.record
-        retry = self._retry
-        if exc is not None:
-            partition.stats.errors += 1
-            ctx.logger.error("deferred task failed", error=_describe(exc), exc_info=exc)
-            self._outcome(partition, "error", exc)
-            if retry is None:
-                partition.complete_released(record)  # Decaton's default: log and go on
-                return
-            if not retry.policy.is_retriable(exc):
-                self._send_dead_letter(partition, ctx, _type(exc), str(exc), exc)
-                return
-        attempt = ctx.metadata.retry_count + 1
-        if retry is None or retry.mode != "queue" or retry.policy.exhausted(attempt):
-            queue = retry is not None and retry.mode == "queue"
-            reason = "retries exhausted" if queue else "a deferred task's retry needs queue mode"
-            error_type = _type(exc) if exc is not None else "RetryRequested"
-            self._send_dead_letter(partition, ctx, error_type, str(exc or reason), exc)
-            return
-        partition.stats.retries += 1
-        self._outcome(partition, "retry")
-        headers = retry_headers(
-            record.headers,
-            ctx.metadata,
-            topic=partition.tp.topic,
-            partition=partition.tp.partition,
-            offset=record.offset,
-            delay_s=retry.policy.delay_s(attempt) if delay_s is None else delay_s,
-        )
-        self._send_then_complete(
-            partition,
-            record,
-            self._topics.retry_topic(partition.tp.topic),
-            headers,
-            "retry",
-            started_at=ctx.started_at,
-        )
 
     def _poison_pill(self, partition: TaskHost, ctx: ProcessingContext, exc: DecodeError) -> None:
         partition.stats.discarded += 1
@@ -479,18 +468,8 @@ class TaskExecutor:
             "task cannot be decoded: dead-lettering it", part=exc.part, reason=exc.reason
         )
         self._outcome(partition, "dead_letter", exc)
-        self._dead_letter(partition, ctx, f"DecodeError:{exc.part}", exc.reason, None)
-
-    def _dead_letter(
-        self,
-        partition: TaskHost,
-        ctx: ProcessingContext,
-        error_type: str,
-        message: str,
-        exc: BaseException | None,
-    ) -> None:
         partition.release(ctx.record)
-        self._send_dead_letter(partition, ctx, error_type, message, exc)
+        self._send_dead_letter(partition, ctx, f"DecodeError:{exc.part}", exc.reason, None)
 
     def _send_dead_letter(
         self,
@@ -519,7 +498,7 @@ class TaskExecutor:
             attempts=attempts,
             timestamp_ms=record.timestamp,
         )
-        self._send_then_complete(
+        self._send_then_finish(
             partition,
             record,
             self._topics.dead_letter_topic(partition.tp.topic),
@@ -558,7 +537,7 @@ class TaskExecutor:
 
     # ---------------------------------------------------------------------- sends
 
-    def _send_then_complete(
+    def _send_then_finish(
         self,
         partition: TaskHost,
         record: Record,
@@ -594,7 +573,7 @@ class TaskExecutor:
         queued, failed = _SEND_COUNTERS[what]
         if sender is None:
             log.error(f"no producer for the {what} record: completing the task", topic=topic)
-            partition.complete_released(record)
+            partition.finish_released(record)
             return
         value = record.value
         if record.key is None and value is None:
@@ -628,7 +607,7 @@ class TaskExecutor:
                         origin=origin,
                         error=repr(exc),
                     )
-                    partition.complete_released(record)
+                    partition.finish_released(record)
                     return
                 # The record as it is can never be sent (too large, too many headers):
                 # the dead letter topic gets a reference to it instead, which names its
@@ -662,7 +641,7 @@ class TaskExecutor:
             setattr(stats, queued, getattr(stats, queued) + 1)
             if started_at is not None:
                 stats.completion_duration.observe(perf_counter() - started_at)
-            partition.complete_released(record)
+            partition.finish_released(record)
             return
 
     @staticmethod

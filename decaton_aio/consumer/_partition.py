@@ -12,7 +12,7 @@ enter in offset order through :meth:`PartitionProcessor.feed`; each is registere
 The executor runs a started record and reports back (the contract is in
 :mod:`decaton_aio.consumer._contract`) with one of: :meth:`~PartitionProcessor.finish`
 (done), :meth:`~PartitionProcessor.release` then
-:meth:`~PartitionProcessor.complete_released` (the slot and lane are free now, the offset
+:meth:`~PartitionProcessor.finish_released` (the slot and lane are free now, the offset
 completes later: deferred completion, a retry or dead letter being sent), or
 :meth:`~PartitionProcessor.postpone` (the slot is free, the lane stays taken, the record
 runs again after a delay: scheduled tasks and in-place retries). Waiting never holds a
@@ -451,7 +451,7 @@ class PartitionProcessor:
 
     def release(self, record: Record) -> None:
         """Free the record's slot and lane now; its offset completes later through
-        :meth:`complete_released` (deferred completion, a retry or dead letter in flight).
+        :meth:`finish_released` (deferred completion, a retry or dead letter in flight).
         """
         if self.state is PartitionState.CLOSED:
             return
@@ -463,7 +463,7 @@ class PartitionProcessor:
         if self.state is not PartitionState.CLOSED:
             self._awaiting += 1
 
-    def complete_released(self, record: Record) -> None:
+    def finish_released(self, record: Record) -> None:
         """Complete the offset of a record released earlier."""
         if self.state is PartitionState.CLOSED:
             return
@@ -492,10 +492,10 @@ class PartitionProcessor:
         self._settle(record, False, True, False)  # the slot only: the lane stays taken
 
     def _settle(
-        self, record: Record | None, complete: bool = True, slot: bool = True, lane: bool = True
+        self, record: Record | None, finish: bool = True, slot: bool = True, lane: bool = True
     ) -> None:
-        # The bookkeeping of every change, in one place: complete the record's offset
-        # (each registered offset once), free its slot, free its key's lane (the key's
+        # The bookkeeping of every change, in one place: finish the record (complete its
+        # offset; each registered offset once), free its slot, free its key's lane (the key's
         # next record becomes ready, or the key is idle again); then resume the consumer,
         # start what is ready, and wake a drain that waits for the partition to go idle.
         # A closed partition ignores it all: a task that outlived its assignment must not
@@ -503,7 +503,7 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         if record is not None:
-            if complete:
+            if finish:
                 self._pending -= 1
                 fetched: Any = record  # the offset as it is (compiled, not unboxed and boxed)
                 self._mark(fetched.offset)

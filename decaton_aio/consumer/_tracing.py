@@ -81,8 +81,8 @@ class _TracedHost:
     def hand_off(self, record: Record) -> None:
         self._partition.hand_off(record)
 
-    def complete_released(self, record: Record) -> None:
-        self._partition.complete_released(record)
+    def finish_released(self, record: Record) -> None:
+        self._partition.finish_released(record)
         self.end()
 
     def postpone(self, record: Record, delay_s: float) -> None:
@@ -145,7 +145,7 @@ class TracedTaskExecutor(TaskExecutor):
             span.record_exception(exc)
             span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
-    def _send_then_complete(
+    def _send_then_finish(
         self,
         partition: TaskHost,
         record: Record,
@@ -161,7 +161,7 @@ class TracedTaskExecutor(TaskExecutor):
         if isinstance(partition, _TracedHost):
             context = trace.set_span_in_context(partition.span, partition.parent)
             headers = inject_context(self._propagator, headers, context)
-        super()._send_then_complete(
+        super()._send_then_finish(
             partition,
             record,
             topic,

@@ -43,7 +43,7 @@ class DurableOutputs:
     ) -> None:
         for out in outputs:  # in order, each durable before the next
             await self._sender.send(out.topic, out.value, key=out.key, headers=out.headers)
-        partition.complete_released(record)
+        partition.finish_released(record)
 
 
 async def deliver_outputs(

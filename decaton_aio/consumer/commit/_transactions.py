@@ -252,7 +252,7 @@ class PartitionTransaction:
                 return
             for out in outputs:
                 await self.send(out.topic, out.value, key=out.key, headers=out.headers)
-            partition.complete_released(record)
+            partition.finish_released(record)
 
     async def send(
         self,
