@@ -9,8 +9,8 @@ Both follow the designs Decaton went through, written from the idea only:
   state object with a completion flag, kept in fetch order; a completion flips its own
   flag and the watermark pointer walks over completed states from the head.
 
-Same small API as the real tracker (``register``, ``register_batch``, ``complete``,
-``committable``, ``pending``, ``reset``). They assume valid use: offsets registered in
+Both offer what the benchmark calls, as the real tracker does (``register_batch``,
+``complete``, ``committable``, ``pending``). They assume valid use: offsets registered in
 increasing order and each completed at most once. Gaps are handled the same way: only
 registered offsets can hold the watermark back.
 """
@@ -48,7 +48,7 @@ class HeapqTracker:
         """Register one fetched offset as pending.
 
         Returns:
-            Always ``False`` (no checkpoint support), like the real tracker's default.
+            Always ``False``: no checkpoint support.
         """
         self._fetched.append(offset)
         self._end = offset + 1
@@ -114,7 +114,7 @@ class DequeFlagsTracker:
         """Register one fetched offset as pending.
 
         Returns:
-            Always ``False`` (no checkpoint support), like the real tracker's default.
+            Always ``False``: no checkpoint support.
         """
         state = _OffsetState(offset)
         self._states.append(state)

@@ -29,8 +29,7 @@ are *folded* into the ring, vectorized with numpy, before anything reads or chan
 ring (:meth:`~WatermarkTracker.committable`, :attr:`~WatermarkTracker.pending`,
 :meth:`~WatermarkTracker.complete`, registration, checkpoints), so a mark has the effect
 ``complete`` would have had when it was made, except that a mark of an offset that was
-never registered is dropped and counted (:attr:`WatermarkTracker.invalid_marks`) instead
-of raising: at fold time nobody could catch the error.
+never registered is dropped instead of raising: at fold time nobody could catch the error.
 
 Caller: the event loop that owns the partition. The tracker is not thread-safe and never
 blocks; it knows nothing about asyncio or Kafka.
@@ -45,7 +44,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_GAP_SLOTS", "WatermarkTracker", "completed_offsets"]
+__all__ = ["MAX_GAP_SLOTS", "WatermarkTracker"]
 
 MAX_GAP_SLOTS = 128
 """Gaps up to this many offsets take one ring slot per offset; longer ones start a segment."""
@@ -60,22 +59,6 @@ _SCAN_CHUNK = 1 << 16  # advance scans this many slots per numpy call, so it can
 _SMALL_FOLD = 16
 _EMPTY = np.empty(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
-
-
-def completed_offsets(base: int, bitmap: bytes) -> npt.NDArray[np.int64]:
-    """Decode an exported bitmap into the offsets it marks as needing no processing.
-
-    Args:
-        base: the offset of the first bit, as returned by
-            :meth:`WatermarkTracker.export_completed`.
-        bitmap: the packed bits (most significant bit first).
-
-    Returns:
-        The marked offsets in increasing order (completed records, and gap offsets that
-        were never delivered).
-    """
-    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8))
-    return np.flatnonzero(bits).astype(np.int64) + base
 
 
 class WatermarkTracker:
@@ -100,13 +83,10 @@ class WatermarkTracker:
             folded into the tracker before the next read. For registered offsets the effect
             is exactly :meth:`complete`'s: pending ones become complete, complete ones and
             offsets below the watermark are no-ops, and duplicates count once. Offsets never
-            registered (beyond the last registered one, or a gap at or above the watermark)
-            are dropped and counted in :attr:`invalid_marks`. A mark carries no generation:
-            marks still queued at :meth:`reset` are discarded, but a caller whose
-            completions can outlive a reset must filter them itself or use
-            ``complete(offset, generation)``. The attribute is bound once, so callers may
-            cache ``tracker.mark``: it stays valid across folds and resets. Queued marks
-            take 8 bytes each until the next fold: call :meth:`committable` (or read
+            registered (beyond the last registered one, or a gap at or above the watermark),
+            which :meth:`complete` would raise for, are dropped. The attribute is bound
+            once, so callers may cache ``tracker.mark``: it stays valid across folds. Queued
+            marks take 8 bytes each until the next fold: call :meth:`committable` (or read
             :attr:`pending`) regularly.
 
     Raises:
@@ -118,85 +98,12 @@ class WatermarkTracker:
     def __init__(self, start_offset: int | None = None, *, initial_capacity: int = 1024) -> None:
         if initial_capacity < 1:
             raise ValueError(f"initial_capacity must be >= 1, got {initial_capacity}")
-        self._initial_capacity = 1 << (initial_capacity - 1).bit_length()
-        self._generation = 0
         # Queued marks. The array object lives as long as the tracker and is only ever
         # cleared in place, so a cached ``tracker.mark`` keeps feeding this tracker.
         self._marks: array[int] = array("Q")
         self.mark = self._marks.append
-        self._invalid_marks = 0
         self._small_fold = _SMALL_FOLD  # tests lower it to force the vectorized fold
-        self._clear(start_offset)
-
-    # ----------------------------------------------------------------- properties
-
-    @property
-    def pending(self) -> int:
-        """Records registered and not yet complete (queued marks are folded first).
-
-        Usually O(1). After a vectorized fold (one of more than a few marks) the count is
-        recomputed on the first read, one pass over the live window (``numpy``
-        ``count_nonzero``, a few microseconds per 100,000 slots); later reads are O(1)
-        again.
-        """
-        if self._marks:
-            self._fold()
-        if not self._pending_exact:
-            self._recount()
-        return self._pending
-
-    @property
-    def invalid_marks(self) -> int:
-        """Marks dropped because their offset was never registered (queued marks folded first).
-
-        Such a mark is a caller bug that :meth:`complete` would have raised for: an offset
-        beyond the last registered one, or a gap at or above the watermark. The count only
-        grows over the tracker's life; :meth:`reset` does not clear it (marks still queued
-        at a reset are discarded without being counted).
-        """
-        if self._marks:
-            self._fold()
-        return self._invalid_marks
-
-    @property
-    def next_offset(self) -> int | None:
-        """One past the last registered offset (the start offset before any), ``None``
-        before the tracker started: a batch must begin at or above it."""
-        return self._end if self._started else None
-
-    @property
-    def generation(self) -> int:
-        """Incremented by every :meth:`reset`; pass it to :meth:`complete` to drop stale calls."""
-        return self._generation
-
-    @property
-    def capacity(self) -> int:
-        """Ring slots currently allocated (one byte each)."""
-        return len(self._buf)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def reset(self, start_offset: int | None = None) -> None:
-        """Forget everything, e.g. after a seek or when the partition is (re)assigned.
-
-        Completions issued before the reset are recognised as stale when the caller passes
-        the generation it saw at registration time. Marks still queued are discarded (the
-        queue is cleared in place: a cached :attr:`mark` stays valid). Memory shrinks back
-        to the initial capacity and any imported checkpoint is dropped.
-
-        Args:
-            start_offset: the new fetch position, or ``None`` to start at the first
-                registered offset.
-
-        Raises:
-            ValueError: ``start_offset`` is negative.
-        """
-        self._generation += 1
-        self._clear(start_offset)
-
-    def _clear(self, start_offset: int | None) -> None:
-        del self._marks[:]
-        self._alloc(self._initial_capacity)
+        self._alloc(1 << (initial_capacity - 1).bit_length())
         # _pending is exact when _pending_exact, else an upper bound (a vectorized fold
         # does not count, see _fold): either way _pending == 0 means nothing is pending.
         self._pending = 0
@@ -217,6 +124,31 @@ class WatermarkTracker:
         if start_offset is not None:
             self._begin(start_offset)
 
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def pending(self) -> int:
+        """Records registered and not yet complete (queued marks are folded first).
+
+        Usually O(1). After a vectorized fold (one of more than a few marks) the count is
+        recomputed on the first read, one pass over the live window (``numpy``
+        ``count_nonzero``, a few microseconds per 100,000 slots); later reads are O(1)
+        again.
+        """
+        if self._marks:
+            self._fold()
+        if not self._pending_exact:
+            self._recount()
+        return self._pending
+
+    @property
+    def next_offset(self) -> int | None:
+        """One past the last registered offset (the start offset before any), ``None``
+        before the tracker started: a batch must begin at or above it."""
+        return self._end if self._started else None
+
+    # ------------------------------------------------------------------ lifecycle
+
     def _alloc(self, capacity: int) -> None:
         # A bytearray gives the fastest single-byte stores from Python; the numpy view over
         # the same memory does the range fills and scans.
@@ -234,42 +166,6 @@ class WatermarkTracker:
         self._last_off = self._last_shift = offset
 
     # --------------------------------------------------------------- registration
-
-    def register(self, offset: int) -> bool:
-        """Register one fetched offset as pending.
-
-        Args:
-            offset: the record's offset; greater than every offset registered before.
-
-        Returns:
-            ``True`` when an imported checkpoint says the record was already completed: it
-            is registered as done and must not be processed again. Usually ``False``.
-
-        Raises:
-            ValueError: the offset is negative or not above the last registered one.
-        """
-        if self._marks:
-            self._fold()  # a queued mark must not reach an offset registered after it
-        if not self._started:
-            self._begin(offset)
-        elif offset < self._end:
-            raise ValueError(f"offset {offset} registered out of order (next is >= {self._end})")
-        gap = offset - self._end
-        if gap > MAX_GAP_SLOTS:
-            self._jump(offset)
-            gap = 0
-        if self._end_v + gap + 1 - self._wm_v > len(self._buf):
-            self._make_room(gap + 1)
-        if gap:
-            self._fill(self._end_v, gap, _GAP)
-            self._gap_hi_v = self._end_v + gap
-        done = self._preset is not None and self._preset_hit(offset)
-        self._buf[(self._end_v + gap) & self._mask] = _DONE if done else _PENDING
-        self._end_v += gap + 1
-        self._end = offset + 1
-        if not done:
-            self._pending += 1
-        return done
 
     def register_batch(
         self, offsets: Sequence[int] | npt.NDArray[np.integer]
@@ -381,7 +277,7 @@ class WatermarkTracker:
 
     # ------------------------------------------------------------------ completion
 
-    def complete(self, offset: int, generation: int | None = None) -> bool:
+    def complete(self, offset: int) -> bool:
         """Mark a registered offset complete, checked at once. O(1): one byte store.
 
         The exact form, for callers that need the answer or the error; the runtime's hot
@@ -389,16 +285,11 @@ class WatermarkTracker:
         before the call, so both forms can be mixed.
 
         Completing is idempotent, and completing an offset the tracker has already let go
-        of (below the last :meth:`committable`, or from before a :meth:`reset` when
-        ``generation`` is given) is a no-op, because such calls happen legitimately: a
-        deferred completion that timed out, a task that outlived a rebalance.
+        of (below the last :meth:`committable`, or below the start offset) is a no-op,
+        because such calls happen legitimately: a deferred completion that timed out.
 
         Args:
             offset: the record's offset.
-            generation: the :attr:`generation` seen when the offset was registered. If it
-                differs from the current one the call is stale and ignored. Pass it
-                whenever a completion can outlive a reset: without it a stale offset
-                that was registered again after a seek would be marked done too early.
 
         Returns:
             ``True`` if the offset went from pending to complete, ``False`` for a no-op.
@@ -407,8 +298,6 @@ class WatermarkTracker:
             ValueError: the offset is at or above the watermark but was never
                 registered (beyond the last registered offset, or a gap). Nothing changes.
         """
-        if generation is not None and generation != self._generation:
-            return False
         if self._marks:
             self._fold()
         if offset >= self._last_off:  # newest segment: no table lookup
@@ -454,7 +343,7 @@ class WatermarkTracker:
                 try:
                     complete(offset)
                 except ValueError:
-                    self._invalid_marks += 1
+                    continue  # never registered: dropped (see ``mark``)
             return
         # The queue's bits as int64 (offsets of 2**63 and up read as negative), through a
         # temporary view that dies with the expression: an array whose buffer is exported
@@ -480,16 +369,11 @@ class WatermarkTracker:
 
     def _relative(self, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         # Positions relative to the watermark of the marked offsets that lie in the live
-        # window; stale ones are dropped, ones never registered counted. Mirrors
-        # complete() and _locate() for any number of segments.
+        # window; stale ones and ones never registered are dropped. Mirrors complete() and
+        # _locate() for any number of segments.
         if not self._started:  # nothing registered: every offset is beyond the end
-            self._invalid_marks += offsets.size
             return _EMPTY
-        huge = offsets < 0  # 2**63 and up: beyond the end
-        n_huge = int(np.count_nonzero(huge))
-        if n_huge:
-            self._invalid_marks += n_huge
-            offsets = offsets[~huge]
+        offsets = offsets[offsets >= 0]  # 2**63 and up read as negative: beyond the end
         seg_v = np.array(self._seg_v, dtype=np.int64)
         seg_off = np.array(self._seg_off, dtype=np.int64)
         upper = np.append(seg_v[1:], self._end_v)  # one past each segment's last slot
@@ -498,12 +382,7 @@ class WatermarkTracker:
         # below the watermark: stale, as complete() says.
         np.maximum(k, 0, out=k)
         v = offsets - seg_off[k] + seg_v[k]
-        top = upper[k]
-        beyond = v >= top  # past the newest segment's end, or in a long gap
-        # A long gap is stale once the watermark passed the next segment's start; past the
-        # end of the newest segment is always an error.
-        invalid = beyond & ((k == len(seg_v) - 1) | (top > self._wm_v))
-        self._invalid_marks += int(np.count_nonzero(invalid))
+        beyond = v >= upper[k]  # past the newest segment's end, or in a long gap
         rel = v[~beyond & (v >= self._wm_v)]
         rel -= self._wm_v
         return rel
@@ -526,9 +405,7 @@ class WatermarkTracker:
             rel &= self._mask
         if self._gap_hi_v > self._wm_v:  # the live window may hold gap slots: skip them
             gaps = window[rel] == _GAP
-            n_gaps = int(np.count_nonzero(gaps))
-            if n_gaps:
-                self._invalid_marks += n_gaps
+            if gaps.any():
                 rel = rel[~gaps]
         window[rel] = _DONE  # pending -> done; done stays done
         self._pending_exact = False
@@ -661,11 +538,10 @@ class WatermarkTracker:
     def import_completed(self, base: int, bitmap: bytes) -> None:
         """Load a checkpoint from :meth:`export_completed` so finished records are skipped.
 
-        Call it after :meth:`reset` and before registering the offsets it covers. Marked
-        offsets that are registered later are registered as done and reported by
-        :meth:`register` / :meth:`register_batch`. Bits for offsets already registered are
-        ignored (they are processed again, which at-least-once allows). A second import
-        replaces the first.
+        Call it before registering the offsets it covers. Marked offsets that are
+        registered later are registered as done and reported by :meth:`register_batch`.
+        Bits for offsets already registered are ignored (they are processed again, which
+        at-least-once allows). A second import replaces the first.
 
         Args:
             base: the offset of the first bit.
@@ -686,14 +562,6 @@ class WatermarkTracker:
             return
         self._preset = bits[: int(marked[-1]) + 1]
         self._preset_base = base
-
-    def _preset_hit(self, offset: int) -> bool:
-        assert self._preset is not None
-        i = offset - self._preset_base
-        hit = 0 <= i < len(self._preset) and bool(self._preset[i])
-        if i + 1 >= len(self._preset):
-            self._preset = None  # registration has passed the checkpoint's last bit
-        return hit
 
     def _preset_hits(self, run: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         assert self._preset is not None
