@@ -73,7 +73,7 @@ class Assignment:
         self,
         *,
         make: Callable[[TopicPartition], PartitionProcessor],
-        committer: Committer,
+        committer: Committer[PartitionProcessor],
         restoring: Callable[[int], bool],
         retire: Callable[[TopicPartition], None],
     ) -> None:
@@ -131,7 +131,7 @@ class Assignment:
     def new(self, tp: TopicPartition) -> PartitionProcessor:
         """A fresh processor for ``tp``, prepared for commits (not live yet)."""
         processor = self._make(tp)
-        self._committer.prepare(processor)
+        processor.outputs = self._committer.transaction(tp)
         return processor
 
     async def load(self, fresh: list[PartitionProcessor]) -> None:
@@ -148,7 +148,7 @@ class Assignment:
                 self._loading[processor.tp] = processor
                 self.update(processor)
             try:
-                await self._committer.assign(consumer, fresh)
+                fenced = await self._committer.assign(consumer, fresh)
             except BaseException:
                 for processor in fresh:
                     del self._loading[processor.tp]
@@ -158,6 +158,8 @@ class Assignment:
                 raise
             for processor in fresh:
                 del self._loading[processor.tp]
+            for processor in fenced:
+                processor.close()  # held as fenced from here on
         for processor in fresh:  # visible (and fed) once ready
             self.partitions[processor.tp] = processor
             self.update(processor)
@@ -195,7 +197,7 @@ class Assignment:
         processor = self._replace(old)
         self._committer.adopt(old, processor)
         if checkpoint is not None and not checkpoint.empty:
-            processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
+            processor.import_completed(checkpoint.base, checkpoint.bitmap)
         if offset is not None:
             self._consumer.seek(old.tp, offset)
 

@@ -30,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from aiokafka import TopicPartition
+
 from decaton_aio.context import OutputRecord, ProcessingContext, TaskSource
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
-__all__ = ["OutputSink", "StateWriter", "TaskHost", "TaskRunner"]
+__all__ = ["Committable", "OutputSink", "StateWriter", "TaskHost", "TaskRunner"]
 
 
 class TaskHost(TaskSource, Protocol):
@@ -95,4 +97,60 @@ class StateWriter(Protocol):
     ) -> None:
         """Make the change safe for the task's completion, then call ``then()`` (which
         completes the task); never call it when the partition closed first."""
+        ...
+
+
+class Committable(Protocol):
+    """A partition as the committer sees it: what to commit, and what was committed.
+
+    The committer reads a snapshot (:meth:`committable`, or :meth:`export_completed` with
+    checkpoints), lets the watermark pass offsets the consumer skipped
+    (:meth:`skip_to`), records a commit (:meth:`committed`) and, at assignment, imports a
+    checkpoint (:meth:`import_completed`). Nothing else of a partition is its business.
+    """
+
+    tp: TopicPartition
+
+    @property
+    def closed(self) -> bool:
+        """Whether the assignment ended (nothing is committed for it any more)."""
+        ...
+
+    @property
+    def pending(self) -> int:
+        """Records fetched and not yet finished."""
+        ...
+
+    @property
+    def last_committed(self) -> int | None:
+        """The offset last committed, ``None`` before the first commit."""
+        ...
+
+    @property
+    def first_offset(self) -> int | None:
+        """The first offset fed to this assignment, ``None`` before any."""
+        ...
+
+    def committable(self) -> int | None:
+        """The offset to commit, ``None`` before the partition has a position."""
+        ...
+
+    def export_completed(self) -> tuple[int, bytes] | None:
+        """The offset to commit with the bitmap of what is done above it."""
+        ...
+
+    def import_completed(self, base: int, bitmap: bytes) -> None:
+        """Take a checkpoint in: the offsets it marks done are not run again."""
+        ...
+
+    def skip_to(self, position: int) -> bool:
+        """Let the watermark pass offsets the consumer skipped; whether it moved."""
+        ...
+
+    def committed(self, offset: int) -> None:
+        """Record that ``offset`` was committed."""
+        ...
+
+    def fold_stats(self) -> None:
+        """Bring the partition's metrics up to date (once per commit round)."""
         ...

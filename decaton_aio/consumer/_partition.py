@@ -265,10 +265,35 @@ class PartitionProcessor:
         """The offset to commit for this partition, or ``None`` if there is none yet."""
         return self.tracker.committable()
 
+    def export_completed(self) -> tuple[int, bytes] | None:
+        """The offset to commit and the bitmap of what is done above it (a checkpoint),
+        ``None`` before the partition has a position.
+
+        Caller: the committer, with checkpoints on.
+        """
+        return self.tracker.export_completed()
+
+    def import_completed(self, base: int, bitmap: bytes) -> None:
+        """Take a checkpoint in: offsets it marks done are finished when fetched, not run.
+
+        Caller: the committer at assignment, and a rewind, before the first record.
+        """
+        self.tracker.import_completed(base, bitmap)
+
+    def fold_stats(self) -> None:
+        """Bring the partition's metrics up to date: the pending gauge, and the
+        histograms' observation queues folded (which keeps them short).
+
+        Caller: the committer, once per commit round.
+        """
+        stats = self.stats
+        stats.pending = self._pending
+        stats.fold()
+
     def skip_to(self, position: int) -> bool:
         """Let the watermark pass offsets the consumer skipped, when nothing is pending.
 
-        Caller: the subscription at commit time, with the consumer's fetch position.
+        Caller: the committer, with the consumer's fetch position.
         Affects: :meth:`committable` (see ``WatermarkTracker.skip_to``).
 
         Returns:
@@ -288,7 +313,7 @@ class PartitionProcessor:
     def committed(self, offset: int) -> None:
         """Record a successful commit of ``offset``.
 
-        Caller: the subscription's commit. Affects: :attr:`last_committed`, the metric.
+        Caller: the committer. Affects: :attr:`last_committed`, the metric.
         """
         self._last_committed = self.stats.committed_offset = offset
 

@@ -178,12 +178,10 @@ class Subscription:
                 metadata_max_bytes=consumer.commit_metadata_max_bytes,
                 security=consumer.security,
             )
-        self._committer = Committer(
+        self._committer: Committer[PartitionProcessor] = Committer(
             consumer.group_id,
             store=store,
             transactions=self.producer_config if app.exactly_once else None,
-            on_rewind=lambda *args: self._assignment.rewind(*args),
-            on_fenced=lambda processor: self._assignment.fenced(processor),
         )
         state_store = self.state_store
         self._assignment = Assignment(
@@ -194,6 +192,7 @@ class Subscription:
                 app.subscription_id, tp.topic, tp.partition
             ),
         )
+        self._committer.bind(self._assignment)  # it rewinds and stops what transactions fail
         self.state = SubscriptionState.INITIALIZING
         self._stats = self.metrics.register_subscription(
             app.subscription_id, tuple(s.value for s in SubscriptionState)
@@ -476,37 +475,7 @@ class Subscription:
         if processors is None:
             processors = list(self._partitions.values())  # the loop below may await
         steps = StepTimer(self._stats.step)
-        steps.start()
-        for processor in processors:
-            await steps.yield_if_due()  # many partitions: in steps
-            processor.stats.pending = processor.pending
-            processor.stats.fold()  # keeps the histograms' observation queues short
-            offset = processor.committable()
-            if offset is not None and processor.pending == 0:
-                steps.end()
-                await self._past_skipped(consumer, processor, offset)  # may ask the broker
-                steps.start()
-        steps.end()
-        await self._committer.commit(consumer, processors, final=final)
-
-    async def _past_skipped(
-        self, consumer: AIOKafkaConsumer, processor: PartitionProcessor, offset: int
-    ) -> int:
-        # An idle partition whose fetch position is past its watermark skipped offsets it
-        # was never handed (transaction markers, aborted records under read_committed):
-        # commit the position, or the group's lag would never reach zero. Only asked when
-        # the broker holds more than the watermark, so a quiet partition costs nothing.
-        high = consumer.highwater(processor.tp)
-        if high is None or high <= offset:
-            return offset
-        try:
-            async with asyncio.timeout(1.0):
-                position = int(await consumer.position(processor.tp))
-        except (KafkaError, TimeoutError):
-            return offset  # revoked or resetting meanwhile: next interval
-        if processor.skip_to(position):
-            return position
-        return offset
+        await self._committer.commit(consumer, processors, final=final, steps=steps)
 
     # ------------------------------------------------------------------- rebalance
 

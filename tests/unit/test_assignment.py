@@ -50,8 +50,8 @@ class FakeConsumer:
 class FakeCommitter:
     loads = False
 
-    def prepare(self, processor: Any) -> None:
-        pass
+    def transaction(self, tp: Any) -> None:
+        return None
 
 
 TPS = [TopicPartition("t", n) for n in range(3)]

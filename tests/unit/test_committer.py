@@ -18,6 +18,9 @@ class _StuckConsumer:
     def __init__(self) -> None:
         self.attempts = 0
 
+    def highwater(self, tp: Any) -> int | None:
+        return None  # nothing beyond what was fetched
+
     async def commit(self, offsets: Any) -> None:
         self.attempts += 1
         await asyncio.Event().wait()
@@ -36,9 +39,7 @@ async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPa
     processor.feed(records([b"a", b"b"]))
     await settle()
     assert processor.committable() == 2
-    committer = Committer(
-        "group", store=None, transactions=None, on_rewind=lambda *a: None, on_fenced=lambda p: None
-    )
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
     consumer = _StuckConsumer()
     await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
     await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
@@ -51,6 +52,9 @@ class _AnsweringConsumer:
     def __init__(self) -> None:
         self.answer: asyncio.Future[None] | None = None
         self.called = asyncio.Event()
+
+    def highwater(self, tp: Any) -> int | None:
+        return None  # nothing beyond what was fetched
 
     async def commit(self, offsets: Any) -> None:
         self.answer = asyncio.get_running_loop().create_future()
@@ -69,9 +73,7 @@ async def test_a_cancellation_that_arrives_as_the_commit_ends_is_not_lost() -> N
     processor = make(process)
     processor.feed(records([b"a"]))
     await settle()
-    committer = Committer(
-        "group", store=None, transactions=None, on_rewind=lambda *a: None, on_fenced=lambda p: None
-    )
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
     consumer = _AnsweringConsumer()
     task = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
     await consumer.called.wait()
@@ -80,3 +82,52 @@ async def test_a_cancellation_that_arrives_as_the_commit_ends_is_not_lost() -> N
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class _SkippingConsumer:
+    """A consumer whose fetch position passed offsets it never handed out (transaction
+    markers, aborted records), and that records what was committed."""
+
+    def __init__(self, high: int, position: int) -> None:
+        self.high, self._position = high, position
+        self.commits: list[dict[Any, int]] = []
+
+    def highwater(self, tp: Any) -> int | None:
+        return self.high
+
+    async def position(self, tp: Any) -> int:
+        return self._position
+
+    async def commit(self, offsets: Any) -> None:
+        self.commits.append({tp: o.offset for tp, o in offsets.items()})
+
+
+async def test_an_idle_partition_is_committed_past_offsets_it_was_never_handed() -> None:
+    """The commit walk moves an idle partition's watermark to the consumer's position
+    when the broker holds more than the watermark; a partition with a task still pending
+    stays at its watermark, whatever the position says."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    idle = make(process)
+    idle.feed(records([b"a", b"b"]))
+    await settle()
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    consumer = _SkippingConsumer(high=6, position=5)
+    await committer.commit(consumer, [idle], final=False)  # type: ignore[arg-type]
+    assert consumer.commits == [{idle.tp: 5}]
+
+    held = asyncio.Event()
+
+    async def waiting(ctx: Any, task: Any) -> None:
+        await held.wait()
+
+    busy = make(waiting)
+    busy.feed(records([b"a"]))
+    await settle()
+    consumer = _SkippingConsumer(high=6, position=5)
+    await committer.commit(consumer, [busy], final=False)  # type: ignore[arg-type]
+    assert consumer.commits == [{busy.tp: 0}]
+    held.set()
+    await settle()

@@ -19,6 +19,7 @@ class Unretried(Exception):
 
 
 POLICY = RetryPolicy(max_attempts=3, backoff_base_ms=100, jitter=0.0, no_retry_on=(Unretried,))
+QUEUE = RetryConfig(POLICY, "queue")
 
 excs = st.sampled_from(
     [
@@ -31,16 +32,14 @@ excs = st.sampled_from(
         asyncio.CancelledError(),
     ]
 )
-configs = st.sampled_from(
-    [None, RetryConfig(POLICY, "queue"), RetryConfig(POLICY, "in_place")]
-)
+configs = st.sampled_from([None, RetryConfig(POLICY, "queue"), RetryConfig(POLICY, "in_place")])
 asked = st.one_of(st.none(), st.just(-1.0), st.floats(min_value=0.0, max_value=60.0))
 
 
 def ended(
     exc: BaseException | None = None,
     *,
-    retry: RetryConfig | None = RetryConfig(POLICY, "queue"),
+    retry: RetryConfig | None = QUEUE,
     retry_delay_s: float | None = None,
     pending: bool = False,
     retry_count: int = 0,
@@ -91,13 +90,15 @@ def test_every_answer_keeps_the_rules(
     # A deferral only while a completion is pending and nothing else was asked for.
     assert (out.action is Action.DEFER) == (exc is None and retry_delay_s is None and pending)
     if isinstance(exc, SkipTask | asyncio.CancelledError):
-        assert out.action is Action.FINISH and out.why in ("skipped", "cancelled")
+        assert out.action is Action.FINISH
+        assert out.why in ("skipped", "cancelled")
     if retry is None:
         assert out.action not in (Action.RETRY_QUEUE, Action.RETRY_IN_PLACE)
     if not lane_held:
         assert out.action is not Action.RETRY_IN_PLACE
     if isinstance(exc, Unretried) and retry is not None:
-        assert out.action is Action.DEAD_LETTER and out.error_type == "Unretried"
+        assert out.action is Action.DEAD_LETTER
+        assert out.error_type == "Unretried"
     if out.action in (Action.RETRY_QUEUE, Action.RETRY_IN_PLACE):
         assert retry is not None
         assert out.action is (
@@ -107,9 +108,12 @@ def test_every_answer_keeps_the_rules(
         assert out.attempt == failed_attempt < POLICY.max_attempts
         assert out.delay_s >= 0
     if out.action is Action.DEAD_LETTER:
-        assert out.error_type and out.message
+        assert out.error_type
+        assert out.message
     # Retries are not exhausted silently: a retriable ending with attempts left retries.
-    retriable = exc is None and retry_delay_s is not None or isinstance(exc, RetryTask | ValueError)
+    retriable = (exc is None and retry_delay_s is not None) or isinstance(
+        exc, RetryTask | ValueError
+    )
     if retry is not None and retriable and (lane_held or retry.mode == "queue"):
         failed_attempt = attempt if retry.mode == "in_place" else retry_count + 1
         exhausted = failed_attempt >= POLICY.max_attempts

@@ -6,12 +6,22 @@ The :class:`Committer` is the subscription's commit and assignment machinery:
   transactional producer first (fencing the previous owner); then read the committed
   offsets and checkpoints, import each usable checkpoint into the partition's tracker
   and move the consumer to the committed offset, so finished records are skipped;
-- at commit (:meth:`Committer.commit`): a partition whose watermark or checkpoint changed
-  is committed, with its checkpoint as metadata (see ``_checkpoints``). At-least-once,
-  one ``OffsetCommit`` for all of them; exactly-once, one transaction per partition;
+- at commit (:meth:`Committer.commit`), one walk over the partitions: their metrics are
+  brought up to date, an idle one whose fetch position passed its watermark (offsets the
+  consumer skipped) moves past them, and a partition whose watermark or checkpoint
+  changed is committed, with its checkpoint as metadata (see ``_checkpoints``).
+  At-least-once, one ``OffsetCommit`` for all of them; exactly-once, one transaction per
+  partition;
 - a transaction that fails rewinds its partition to the last commit (its records and
   outputs come again; the aborted outputs were never visible); a fenced partition is
-  closed and waits for the rebalance that takes it away.
+  closed and waits for the rebalance that takes it away. The committer says so to the
+  partitions' owner (a :class:`PartitionLifecycle`) at once, in the same step as the
+  failure: no task of the partition may deliver into the next transaction before it.
+  A partition fenced while its transaction starts at assignment comes back from
+  :meth:`Committer.assign` instead.
+
+The committer sees a partition through :class:`~decaton_aio.consumer._contract.Committable`
+only.
 
 Caller: the subscription, on its event loop.
 """
@@ -19,17 +29,16 @@ Caller: the subscription, on its event loop.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
-from decaton_aio.consumer._loopwatch import yield_if_due
-from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._contract import Committable, OutputSink
+from decaton_aio.consumer._loopwatch import StepTimer
 from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore, SendCheckpoint
 from decaton_aio.consumer.commit._transactions import (
@@ -40,7 +49,7 @@ from decaton_aio.consumer.commit._transactions import (
 )
 from decaton_aio.producer import ProducerConfig
 
-__all__ = ["Committer"]
+__all__ = ["Committer", "PartitionLifecycle"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -49,17 +58,40 @@ log = structlog.get_logger("decaton_aio.consumer")
 #: commit is given up (the next interval tries again; a revoke goes on without it).
 COMMIT_TIMEOUT_S = 10.0
 
+#: How long asking the consumer for a partition's fetch position may take.
+POSITION_TIMEOUT_S = 1.0
+
+P = TypeVar("P", bound=Committable)
+P_contra = TypeVar("P_contra", bound=Committable, contravariant=True)
+
+
+def _ignore(_: float) -> None:
+    return None
+
+
+class PartitionLifecycle(Protocol[P_contra]):
+    """The owner of the partitions, told when a transaction's commit failed."""
+
+    def rewind(self, old: P_contra, offset: int | None, checkpoint: Checkpoint | None) -> None:
+        """The transaction was aborted: the partition starts again at ``offset`` with
+        ``checkpoint`` (its last commit)."""
+        ...
+
+    def fenced(self, processor: P_contra) -> None:
+        """Another instance owns the partition's transactions now: stop it here."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
-class _Saved:
+class _Saved(Generic[P]):
     """The last state committed for a partition assignment."""
 
-    processor: PartitionProcessor
+    processor: P
     offset: int | None
     checkpoint: Checkpoint | None
 
 
-class Committer:
+class Committer(Generic[P]):
     """Commits the partitions of one subscription.
 
     Args:
@@ -67,9 +99,6 @@ class Committer:
         store: where checkpoints go; ``None`` without checkpoints.
         transactions: producer settings for the per-partition transactions;
             ``None`` without exactly-once.
-        on_rewind: ``on_rewind(processor, offset, checkpoint)`` replaces a partition's
-            state by the one last committed, after a transaction failed.
-        on_fenced: ``on_fenced(processor)`` stops a partition another instance owns now.
     """
 
     def __init__(
@@ -78,8 +107,6 @@ class Committer:
         *,
         store: CheckpointStore | None,
         transactions: ProducerConfig | None,
-        on_rewind: Callable[[PartitionProcessor, int | None, Checkpoint | None], None],
-        on_fenced: Callable[[PartitionProcessor], None],
     ) -> None:
         self.group_id = group_id
         self.store = store
@@ -88,9 +115,12 @@ class Committer:
         # Exactly-once: each partition's commit runs on its own, so a slow one does not hold
         # the others back to its pace; a partition whose commit still runs is skipped.
         self._txn_commits: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._saved: dict[TopicPartition, _Saved] = {}
-        self._on_rewind = on_rewind
-        self._on_fenced = on_fenced
+        self._saved: dict[TopicPartition, _Saved[P]] = {}
+        self._lifecycle: PartitionLifecycle[P] | None = None
+
+    def bind(self, lifecycle: PartitionLifecycle[P]) -> None:
+        """Tell ``lifecycle`` of the rewinds and fences of transactions from now on."""
+        self._lifecycle = lifecycle
 
     @property
     def exactly_once(self) -> bool:
@@ -104,41 +134,45 @@ class Committer:
 
     # ------------------------------------------------------------------ assignment
 
-    def prepare(self, processor: PartitionProcessor) -> None:
-        """Give a new partition processor its transaction (exactly-once), not started."""
+    def transaction(self, tp: TopicPartition) -> OutputSink | None:
+        """Where the outputs of ``tp``'s tasks go: its transaction (exactly-once, not
+        started yet), or ``None`` (the executor's default)."""
         if self._txn_config is None:
-            return
-        txn = self._txns.get(processor.tp)
+            return None
+        txn = self._txns.get(tp)
         if txn is None:
-            txn = self._txns[processor.tp] = PartitionTransaction(
-                processor.tp, self.group_id, self._txn_config
-            )
-        processor.outputs = txn
+            txn = self._txns[tp] = PartitionTransaction(tp, self.group_id, self._txn_config)
+        return txn
 
-    async def assign(
-        self, consumer: AIOKafkaConsumer, processors: list[PartitionProcessor]
-    ) -> None:
+    async def assign(self, consumer: AIOKafkaConsumer, processors: list[P]) -> list[P]:
         """Start transactions, then import checkpoints and move to the committed offsets.
+
+        Returns:
+            The partitions whose transactions another instance owns now (fenced): their
+            owner stops them.
 
         Raises:
             KafkaError: a transactional producer could not start (exactly-once).
         """
+        fenced: list[P] = []
         txns = [self._txns[p.tp] for p in processors if p.tp in self._txns]
         results = await asyncio.gather(*(t.start() for t in txns), return_exceptions=True)
         for txn, result in zip(txns, results, strict=True):
             if isinstance(result, FencedError):
-                self._fenced(next(p for p in processors if p.tp == txn.tp))
+                processor = next(p for p in processors if p.tp == txn.tp)
+                self._say_fenced(processor)
+                fenced.append(processor)
             elif isinstance(result, BaseException):
                 raise result
         if self.store is None:
-            return
+            return fenced
         try:
             loaded = await self.store.load([p.tp for p in processors])
         except KafkaError as exc:
             if self.exactly_once:
                 raise
             log.warning("cannot read checkpoints; finished records may run again", error=repr(exc))
-            return
+            return fenced
         for processor in processors:
             entry = loaded.get(processor.tp)
             if entry is None or processor.closed:
@@ -146,7 +180,7 @@ class Committer:
             self._saved[processor.tp] = _Saved(processor, entry.committed, entry.checkpoint)
             checkpoint = entry.checkpoint
             if checkpoint is not None and not checkpoint.empty:
-                processor.tracker.import_completed(checkpoint.base, checkpoint.bitmap)
+                processor.import_completed(checkpoint.base, checkpoint.bitmap)
                 log.info(
                     "checkpoint loaded",
                     partition=f"{processor.tp.topic}-{processor.tp.partition}",
@@ -157,6 +191,7 @@ class Committer:
                 # The position aiokafka fetched may predate the previous owner's last
                 # transaction; the checkpoint belongs to this offset exactly.
                 consumer.seek(processor.tp, entry.committed)
+        return fenced
 
     async def release(self, tps: list[TopicPartition]) -> None:
         """Forget revoked partitions and stop their transactional producers."""
@@ -173,21 +208,44 @@ class Committer:
         if self.store is not None:
             await self.store.close()
 
-    def _fenced(self, processor: PartitionProcessor) -> None:
+    @staticmethod
+    def _say_fenced(processor: P) -> None:
         tp = processor.tp
         log.error(
             "another instance owns this partition's transactions now; leaving it to them",
             partition=f"{tp.topic}-{tp.partition}",
         )
-        self._on_fenced(processor)
 
     # --------------------------------------------------------------------- commits
 
     async def commit(
-        self, consumer: AIOKafkaConsumer, processors: list[PartitionProcessor], *, final: bool
+        self,
+        consumer: AIOKafkaConsumer,
+        processors: list[P],
+        *,
+        final: bool,
+        steps: StepTimer | None = None,
     ) -> None:
         """Commit every partition whose watermark or checkpoint moved; failures are
-        logged (the next interval tries again)."""
+        logged (the next interval tries again). ``steps`` reports the walk's steps."""
+        # One walk: metrics, skipped offsets and (at-least-once) what to commit.
+        entries: dict[TopicPartition, tuple[P, int, Checkpoint | None]] = {}
+        steps = steps or StepTimer(_ignore)
+        steps.start()
+        for processor in processors:
+            await steps.yield_if_due()  # many partitions: in steps
+            processor.fold_stats()
+            if processor.pending == 0:
+                offset = processor.committable()
+                if offset is not None:
+                    steps.end()
+                    await self._past_skipped(consumer, processor, offset)  # may ask the broker
+                    steps.start()
+            if not self.exactly_once:
+                snapshot = self._snapshot(processor)
+                if snapshot is not None:
+                    entries[processor.tp] = (processor, *snapshot)
+        steps.end()
         if self.exactly_once:
             started = []
             for processor in processors:
@@ -205,13 +263,6 @@ class Committer:
                     *(self._commit_transaction(p) for p in processors if p.tp in self._txns)
                 )
             return
-        entries: dict[TopicPartition, tuple[PartitionProcessor, int, Checkpoint | None]] = {}
-        began = time.monotonic()
-        for processor in processors:
-            began = await yield_if_due(began)  # many partitions: in steps
-            snapshot = self._snapshot(processor)
-            if snapshot is not None:
-                entries[processor.tp] = (processor, *snapshot)
         if not entries:
             return
         metadata: dict[TopicPartition, str] = {}
@@ -248,7 +299,23 @@ class Committer:
                 if self.store.metadata_kept is False:
                     self._saved.clear()  # every checkpoint is written again, to the topic
 
-    def _snapshot(self, processor: PartitionProcessor) -> tuple[int, Checkpoint | None] | None:
+    @staticmethod
+    async def _past_skipped(consumer: AIOKafkaConsumer, processor: P, offset: int) -> None:
+        # An idle partition whose fetch position is past its watermark skipped offsets it
+        # was never handed (transaction markers, aborted records under read_committed):
+        # commit the position, or the group's lag would never reach zero. Only asked when
+        # the broker holds more than the watermark, so a quiet partition costs nothing.
+        high = consumer.highwater(processor.tp)
+        if high is None or high <= offset:
+            return
+        try:
+            async with asyncio.timeout(POSITION_TIMEOUT_S):
+                position = int(await consumer.position(processor.tp))
+        except (KafkaError, TimeoutError):
+            return  # revoked or resetting meanwhile: next interval
+        processor.skip_to(position)
+
+    def _snapshot(self, processor: P) -> tuple[int, Checkpoint | None] | None:
         # The offset (and checkpoint) to commit, or None when nothing changed.
         if processor.closed:
             return None
@@ -258,7 +325,7 @@ class Committer:
             if offset is None:
                 return None
         else:
-            exported = processor.tracker.export_completed()
+            exported = processor.export_completed()
             if exported is None:
                 return None
             offset = exported[0]
@@ -273,7 +340,7 @@ class Committer:
             return None
         return offset, checkpoint
 
-    async def _commit_transaction(self, processor: PartitionProcessor) -> None:
+    async def _commit_transaction(self, processor: P) -> None:
         txn = self._txns.get(processor.tp)
         if txn is None or txn.fenced or processor.closed:
             return
@@ -296,7 +363,9 @@ class Committer:
         try:
             await txn.commit(plan)
         except FencedError:
-            self._fenced(processor)
+            self._say_fenced(processor)
+            if self._lifecycle is not None:
+                self._lifecycle.fenced(processor)
             return
         except TransactionFailedError:
             saved = self._saved.get(processor.tp)
@@ -304,7 +373,8 @@ class Committer:
             checkpoint = saved.checkpoint if saved is not None else None
             if offset is None:
                 offset = processor.first_offset
-            self._on_rewind(processor, offset, checkpoint)
+            if self._lifecycle is not None:
+                self._lifecycle.rewind(processor, offset, checkpoint)
             return
         if taken:
             offset, checkpoint = taken[0]
@@ -321,9 +391,8 @@ class Committer:
 
         return send
 
-    def adopt(self, old: PartitionProcessor, new: PartitionProcessor) -> None:
+    def adopt(self, old: P, new: P) -> None:
         """A rewound partition's new processor takes the old one's place."""
         saved = self._saved.get(new.tp)
         if saved is not None and saved.processor is old:
             self._saved[new.tp] = _Saved(new, saved.offset, saved.checkpoint)
-        self.prepare(new)
