@@ -2,9 +2,11 @@
 
 :class:`~decaton_aio.context.ProcessingContext`, what a processor is handed, is
 :class:`TaskFields` with its methods. The executor makes one per task and reads these
-fields when the task ends, so they live in a class mypyc compiles (``setup.py``), while
-the public class keeps its documentation and checks in Python (a compiled class has no
-docstrings, and checks its arguments' types itself).
+fields when the task ends: they are its side of the context (what the task asked for:
+a state, a deferred completion, a retry, outputs), read without a call. So they live in a
+class mypyc compiles (``setup.py``), while the public class keeps its documentation and
+checks in Python (a compiled class has no docstrings, and checks its arguments' types
+itself).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ class TaskFields:
     """What a processing context holds; see :class:`~decaton_aio.context.ProcessingContext`."""
 
     __slots__ = (
-        "_completion",
         "_logger",
         "_metadata",
         "_partition",
-        "_state",
         "attempt",
+        "completion",
+        "key_state",
         "outputs",
         "record",
         "retry_delay_s",
@@ -56,7 +58,9 @@ class TaskFields:
         self.retry_delay_s: float | None = None
         self._metadata: TaskMetadata | None = None
         self._logger: structlog.typing.FilteringBoundLogger | None = None
-        self._completion: Completion | None = None
+        #: The deferred completion ``ctx.deferred()`` made, ``None`` before.
+        self.completion: Completion | None = None
         #: The records ``ctx.produce()`` collected (OutputRecord), ``None`` while there are none.
         self.outputs: list[Any] | None = None
-        self._state: KeyState | None = None
+        #: The key's state once ``ctx.state`` was read (changed or not), ``None`` before.
+        self.key_state: KeyState | None = None

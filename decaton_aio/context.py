@@ -75,6 +75,14 @@ class ProcessingContext(TaskFields):
         record: the Kafka record the task came from (offset, timestamp, key, value,
             headers; see :class:`~decaton_aio.typing.Record`).
         attempt: 1 for the first run; in-place retries count up.
+        completion: the deferred completion, once the processor asked for one with
+            :meth:`deferred` (``None`` before).
+        key_state: the key's state once :attr:`state` was read, changed or not (``None``
+            before; :attr:`state_change` says whether it changed).
+        outputs: the records :meth:`produce` collected, ``None`` while there are none.
+        retry_delay_s: the retry :meth:`retry` asked for (``-1.0``: the policy's
+            backoff), ``None`` when none was.
+        started_at: when the task started (``time.perf_counter()``), set by the runtime.
     """
 
     # The fields and the constructor are TaskFields' (compiled with the hot path).
@@ -91,7 +99,7 @@ class ProcessingContext(TaskFields):
         Raises:
             ConfigError: the application names no state store, or the record has no key.
         """
-        state = self._state
+        state = self.key_state
         if state is None:
             partition = self._partition
             store = partition.store
@@ -102,13 +110,13 @@ class ProcessingContext(TaskFields):
             key = self.record.key
             if key is None:
                 raise ConfigError("ctx.state: the record has no key, so it has no state")
-            state = self._state = KeyState(store, key, partition.store_type)
+            state = self.key_state = KeyState(store, key, partition.store_type)
         return state
 
     @property
     def state_change(self) -> KeyState | None:
         """The key state if the task changed it (the runtime writes it), else ``None``."""
-        state = self._state
+        state = self.key_state
         return state if state is not None and state.changed else None
 
     @property
@@ -135,9 +143,9 @@ class ProcessingContext(TaskFields):
         The processor may return at once; the offset completes when
         ``completion.complete()`` is called (from any coroutine, callback or thread).
         """
-        if self._completion is None:
-            self._completion = Completion(_noop, asyncio.get_running_loop())
-        return self._completion
+        if self.completion is None:
+            self.completion = Completion(_noop, asyncio.get_running_loop())
+        return self.completion
 
     async def produce(
         self,
@@ -180,10 +188,11 @@ class ProcessingContext(TaskFields):
             self.outputs = []
         self.outputs.append(OutputRecord(topic, value, key, pairs))
 
-    @property
-    def completion(self) -> Completion | None:
-        """The deferred completion, if the processor asked for one."""
-        return self._completion
+    def take_outputs(self) -> list[OutputRecord]:
+        """Hand the collected outputs over (to the runtime, which delivers them): returns
+        them and leaves none collected."""
+        outputs, self.outputs = self.outputs or [], None
+        return outputs
 
     @property
     def key(self) -> bytes | None:

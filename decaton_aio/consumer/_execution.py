@@ -241,11 +241,11 @@ class TaskExecutor:
         stats = partition.stats
         took = perf_counter() - fields.started_at
         stats.processed += 1
-        state = fields._state  # ctx.state_change without the property call
+        state = fields.key_state  # ctx.state_change without the property call
         if (
             exc is None
             and state is None
-            and fields._completion is None
+            and fields.completion is None
             and fields.retry_delay_s is None
             and fields.outputs is None
         ):
@@ -269,8 +269,9 @@ class TaskExecutor:
         # The outcome of a processor that ended (its state change, if any, is durable).
         stats = partition.stats
         record = ctx.record
-        completion = ctx._completion  # ctx.completion without the property call
-        if exc is None and completion is None and ctx.retry_delay_s is None:
+        completion = ctx.completion
+        retry_delay_s = ctx.retry_delay_s
+        if exc is None and completion is None and retry_delay_s is None:
             if ctx.outputs is None:
                 stats.done_at_once.observe(took)  # its process and completion duration
                 partition.finish(record)  # the common case: done
@@ -280,12 +281,14 @@ class TaskExecutor:
                 self._emit(partition, ctx)
             return
         stats.process_duration.observe(took)
+        pending = False
         if completion is not None:
             if completion.retry_delay_s is not None:
-                ctx.retry_delay_s = completion.retry_delay_s
+                retry_delay_s = completion.retry_delay_s
             if exc is None and completion.failure is not None:
                 exc = completion.failure
-        outcome = self._decide(ctx, exc, completion is not None and not completion.done, True)
+            pending = not completion.done
+        outcome = self._decide(ctx, exc, retry_delay_s, pending, True)
         action = outcome.action
         if (action is Action.FINISH and outcome.why == "done") or action is Action.DEFER:
             if ctx.outputs is not None:
@@ -310,17 +313,21 @@ class TaskExecutor:
     ) -> None:
         # A deferred task failed or asked for a retry after its processor returned: its
         # lane is gone, so it cannot run again in place.
-        ctx.retry_delay_s = -1.0 if delay_s is None else delay_s
-        outcome = self._decide(ctx, exc, False, False)
+        outcome = self._decide(ctx, exc, -1.0 if delay_s is None else delay_s, False, False)
         self._carry_out(partition, ctx, outcome, exc, released=True)
 
     def _decide(
-        self, ctx: ProcessingContext, exc: BaseException | None, pending: bool, lane_held: bool
+        self,
+        ctx: ProcessingContext,
+        exc: BaseException | None,
+        retry_delay_s: float | None,
+        pending: bool,
+        lane_held: bool,
     ) -> Outcome:
         retry = self._retry
         return decide(
             exc,
-            retry_delay_s=ctx.retry_delay_s,
+            retry_delay_s=retry_delay_s,
             pending=pending,
             retry=retry,
             # valid: the start checked the header
@@ -451,7 +458,7 @@ class TaskExecutor:
 
     def _emit(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         # A released task's outputs: its offset completes once they are delivered.
-        outputs, ctx.outputs = ctx.outputs or [], None
+        outputs = ctx.take_outputs()
         sink = partition.outputs or self._outputs
         if sink is None:
             log.error("no producer for the task's outputs: dropping them", count=len(outputs))
