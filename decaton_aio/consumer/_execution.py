@@ -20,8 +20,7 @@ A record without ``dt_meta`` is read as a pre-Decaton-9 ``DecatonTaskRequest`` w
 ``decaton.legacy.parse.fallback.enabled`` is on (``consumer/_legacy.py``).
 
 A record is never finished before what replaces it (retry, dead letter, shaping record)
-is durable: a failed send is tried again with backoff until it works or the partition is
-closed (then the record is redelivered to the new owner).
+is durable: ``consumer/_side_records.py`` sends it, and finishes the record then.
 """
 
 from __future__ import annotations
@@ -35,16 +34,17 @@ import structlog
 from mypy_extensions import mypyc_attr
 
 from decaton_aio._context import TaskFields
-from decaton_aio.backoff import RetryConfig, SkipTask, send_retry_delay
+from decaton_aio.backoff import RetryConfig, SkipTask
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
 from decaton_aio.consumer._outcome import Action, Outcome, decide
 from decaton_aio.consumer._records import QueuedRecord
+from decaton_aio.consumer._side_records import SideRecords
 from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
-from decaton_aio.context import OutputRecord, ProcessingContext, TaskFunction
-from decaton_aio.errors import DecodeError, RecordRejectedError
+from decaton_aio.context import ProcessingContext, TaskFunction
+from decaton_aio.errors import DecodeError
 from decaton_aio.logs import register_task_source
 from decaton_aio.metadata import METADATA_HEADER, new_native_message, scheduled_time_of
 from decaton_aio.properties import (
@@ -61,24 +61,6 @@ __all__ = ["TaskExecutor"]
 
 
 log = structlog.get_logger("decaton_aio.consumer")
-
-#: Headers of a record that a reference to it keeps (small ones only: the record's own
-#: size or header count may be why it could not be sent).
-_REFERENCE_KEEPS = (
-    METADATA_HEADER,
-    "dt_origin_topic",
-    "dt_origin_partition",
-    "dt_origin_offset",
-    "dt_first_failure_ms",
-)
-_REFERENCE_HEADER_MAX = 1024
-
-# What a send to a side topic counts: (sent, failed attempts) attributes of PartitionStats.
-_SEND_COUNTERS = {
-    "retry": ("retry_queued", "retry_failed"),
-    "dead letter": ("dead_letter_queued", "dead_letter_failed"),
-    "shaping": ("shaping_queued", "shaping_failed"),
-}
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the traced executor is one
@@ -119,7 +101,6 @@ class TaskExecutor:
         self._process = process
         self._decode = decode
         self._fast_decode = unchecked_decode(decode)
-        self._sender = sender
         self._deferred_timeout = properties[DEFERRED_COMPLETE_TIMEOUT_MS]
         self._legacy = properties[LEGACY_PARSE_FALLBACK_ENABLED]
         self._retry = retry
@@ -130,6 +111,7 @@ class TaskExecutor:
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
         self._tasks = self._starter.tasks  # workers running processors, and sends
         self._outputs = DurableOutputs(sender) if sender is not None else None
+        self._side = SideRecords(sender, self._topics)
 
     # ---------------------------------------------------------------------- start
 
@@ -555,126 +537,13 @@ class TaskExecutor:
         timestamp_ms: int | None = None,
         started_at: float | None = None,
     ) -> None:
-        # The record was released (or handed off) by the caller; its offset completes
-        # when the replacement record is durable. Retry and dead letter records are
-        # stamped with the time they are sent (timestamp_ms None), so time-based retention
-        # of their topic counts from the failure; the task's own time is in its dt_meta.
-        # started_at: when the task started processing (its completion duration ends when
-        # the replacement is durable); None for a record that never ran.
+        # The record was released (or handed off) by the caller; it finishes when the
+        # replacement is durable (consumer/_side_records.py). The traced executor adds
+        # the task span's context to the headers here.
         task = asyncio.get_running_loop().create_task(
-            self._send_routine(partition, record, topic, headers, what, timestamp_ms, started_at)
+            self._side.send(partition, record, topic, headers, what, timestamp_ms, started_at)
         )
         self._starter.track(task)  # a send
-
-    async def _send_routine(
-        self,
-        partition: TaskHost,
-        record: Record,
-        topic: str,
-        headers: Sequence[tuple[str, bytes]],
-        what: str,
-        timestamp_ms: int | None,
-        started_at: float | None,
-    ) -> None:
-        sender = self._sender
-        queued, failed = _SEND_COUNTERS[what]
-        if sender is None:
-            log.error(f"no producer for the {what} record: completing the task", topic=topic)
-            partition.finish_released(record)
-            return
-        value = record.value
-        if record.key is None and value is None:
-            value = b""  # the client sends nothing without a key or a value
-        txn = partition.outputs
-        if txn is not None:
-            # Exactly-once: the record joins the partition's transaction with the task's
-            # completion, so an aborted transaction takes it back and the task's next run
-            # sends it again: read_committed readers see it once.
-            out = OutputRecord(topic, value, record.key, list(headers))
-            await deliver_outputs(txn, partition, record, [out])
-            stats = partition.stats
-            setattr(stats, queued, getattr(stats, queued) + 1)
-            return
-
-        key = record.key
-        attempt = 0
-        reference = False  # sending a reference to a record that cannot be sent as it is
-        while not partition.closed:
-            try:
-                await sender.send(topic, value, key=key, headers=headers, timestamp_ms=timestamp_ms)
-            except RecordRejectedError as exc:
-                stats = partition.stats
-                setattr(stats, failed, getattr(stats, failed) + 1)
-                origin = f"{partition.tp.topic}-{partition.tp.partition}@{record.offset}"
-                if reference:
-                    # Not even the reference fits: the record stays at its origin only.
-                    log.error(
-                        f"cannot send a reference to the {what} record; the task completes "
-                        "and the record stays only at its origin",
-                        origin=origin,
-                        error=repr(exc),
-                    )
-                    partition.finish_released(record)
-                    return
-                # The record as it is can never be sent (too large, too many headers):
-                # the dead letter topic gets a reference to it instead, which names its
-                # origin and why.
-                log.error(
-                    f"the {what} record can never be sent as it is; a reference to it goes "
-                    "to the dead letter topic",
-                    origin=origin,
-                    error=repr(exc),
-                )
-                topic = self._topics.dead_letter_topic(partition.tp.topic)
-                headers = self._reference_headers(partition, record, what, exc)
-                key, value, timestamp_ms, reference = None, b"", None, True
-                queued, failed = _SEND_COUNTERS["dead letter"]
-                continue
-            except Exception as exc:
-                attempt += 1
-                stats = partition.stats
-                setattr(stats, failed, getattr(stats, failed) + 1)
-                delay = send_retry_delay(attempt)
-                log.error(
-                    f"cannot send the {what} record; the task stays pending",
-                    topic=topic,
-                    origin=f"{partition.tp.topic}-{partition.tp.partition}@{record.offset}",
-                    error=repr(exc),
-                    retry_in_s=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
-                continue
-            stats = partition.stats
-            setattr(stats, queued, getattr(stats, queued) + 1)
-            if started_at is not None:
-                stats.completion_duration.observe(perf_counter() - started_at)
-            partition.finish_released(record)
-            return
-
-    @staticmethod
-    def _reference_headers(
-        partition: TaskHost, record: Record, what: str, exc: RecordRejectedError
-    ) -> Sequence[tuple[str, bytes]]:
-        # The dead letter headers of a record that cannot be sent as it is, on an empty
-        # record: its origin (topic, partition, offset) says where to read it.
-        kept = [
-            (name, value)
-            for name, value in record.headers
-            if name in _REFERENCE_KEEPS and len(value) <= _REFERENCE_HEADER_MAX
-        ]
-        size = len(record.key or b"") + len(record.value or b"")
-        return dead_letter_headers(
-            kept,
-            error_type="RecordRejected",
-            message=f"the {what} record ({size} bytes of key and value, "
-            f"{len(record.headers)} headers) can never be sent: {exc}; read it at its origin",
-            exc=None,
-            topic=partition.tp.topic,
-            partition=partition.tp.partition,
-            offset=record.offset,
-            attempts=0,
-            timestamp_ms=record.timestamp,
-        )
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""
