@@ -6,6 +6,8 @@ its checkpoint before any record reaches it (:meth:`~Assignment.load`), replaces
 its state must start again (:meth:`~Assignment.restart` when the fetch position went back,
 :meth:`~Assignment.rewind` when a transaction failed), stops it when another instance
 took it over (:meth:`~Assignment.fenced`) and closes it (:meth:`~Assignment.close`).
+Reloadable settings reach every live partition the moment they change
+(:meth:`~Assignment.follow`).
 
 Fetching is decided in one place. A partition is not fetched while one of these holds,
 checked in this order (the first one found is its :class:`Hold`):
@@ -30,15 +32,27 @@ Caller: the subscription's event loop. Nothing here is thread-safe.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from decaton_aio.consumer._partition import PartitionProcessor
+from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
 from decaton_aio.consumer.commit import Checkpoint, Committer
+from decaton_aio.properties import (
+    IGNORE_KEYS,
+    MAX_PENDING_BYTES,
+    MAX_PENDING_BYTES_TOTAL,
+    MAX_PENDING_RECORDS,
+    PARTITION_CONCURRENCY,
+    PER_KEY_QUOTA_PROCESSING_RATE,
+    PROCESSING_RATE_PER_PARTITION,
+    SHAPING_RATE_PER_PARTITION,
+    Properties,
+)
+from decaton_aio.retry import SideTopics
 
-__all__ = ["Assignment", "Hold"]
+__all__ = ["Assignment", "Hold", "key_set"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -213,6 +227,56 @@ class Assignment:
             if tp.partition == number:
                 self.update(processor)
 
+    # ------------------------------------------------------------ live properties
+
+    def follow(
+        self,
+        properties: Properties,
+        *,
+        pending_bytes: PendingBytes,
+        side_topics: SideTopics,
+        shaping: bool,
+    ) -> list[Callable[[], None]]:
+        """Apply reloadable settings to every live partition the moment they change
+        (fetching follows a rate set to or from 0); returns the unsubscribe calls."""
+
+        def each(apply: Callable[[PartitionProcessor], None]) -> None:
+            for processor in list(self.partitions.values()):
+                apply(processor)
+
+        def on_rate(on_shaping_topics: bool) -> Callable[[int, int], None]:
+            def changed(old: int, new: int) -> None:
+                for processor in list(self.partitions.values()):
+                    if side_topics.is_shaping(processor.tp.topic) == on_shaping_topics:
+                        processor.set_rate(new)
+                        self.update(processor)
+
+            return changed
+
+        def on_quota(old: int, new: int) -> None:
+            if not shaping:
+                log.warning("per-key quota needs Application(shaping=True); ignored")
+                return
+            for processor in list(self.partitions.values()):
+                if processor.hot_keys is not None:
+                    processor.hot_keys.set_rate(new)  # keeps the counts of the window
+
+        props = properties
+        return [
+            props[PARTITION_CONCURRENCY].subscribe(lambda o, n: each(lambda p: p.set_limit(n))),
+            props[MAX_PENDING_RECORDS].subscribe(lambda o, n: each(lambda p: p.set_max_pending(n))),
+            props[MAX_PENDING_BYTES].subscribe(
+                lambda o, n: each(lambda p: p.set_max_pending_bytes(n))
+            ),
+            props[MAX_PENDING_BYTES_TOTAL].subscribe(lambda o, n: pending_bytes.set_limit(n)),
+            props[IGNORE_KEYS].subscribe(
+                lambda o, n: each(lambda p: p.set_ignore_keys(key_set(n)))
+            ),
+            props[PROCESSING_RATE_PER_PARTITION].subscribe(on_rate(False)),
+            props[SHAPING_RATE_PER_PARTITION].subscribe(on_rate(True)),
+            props[PER_KEY_QUOTA_PROCESSING_RATE].subscribe(on_quota),
+        ]
+
     def _replace(self, old: PartitionProcessor) -> PartitionProcessor:
         tp = old.tp
         held = self._held.get(tp)
@@ -222,3 +286,8 @@ class Assignment:
         processor = self.partitions[tp] = self.new(tp)
         self.update(processor)
         return processor
+
+
+def key_set(keys: Sequence[str]) -> frozenset[bytes]:
+    """The keys of ``decaton.ignore.keys`` as record keys."""
+    return frozenset(k.encode() for k in keys)

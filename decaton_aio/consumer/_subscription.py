@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -47,7 +47,7 @@ from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
 from decaton_aio._connect import connect_error
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
-from decaton_aio.consumer._assignment import Assignment
+from decaton_aio.consumer._assignment import Assignment, key_set
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
@@ -313,7 +313,12 @@ class Subscription:
         self._assignment.attach(consumer)
         topics = list(self.app.subscribed_topics)
         consumer.subscribe(topics, listener=_Listener(self))
-        self._watch_properties()
+        self._unsubscribe += self._assignment.follow(
+            self.properties,
+            pending_bytes=self._pending_bytes,
+            side_topics=self.app.side_topics,
+            shaping=self.app.shaping,
+        )
         self._set_state(SubscriptionState.RUNNING)
         self._loop_watch.start(asyncio.get_running_loop())
         self._gc_watch.start()
@@ -549,7 +554,7 @@ class Subscription:
             stats=self.metrics.register_partition(app.subscription_id, tp.topic, tp.partition),
             on_below_max_pending=self._assignment.update,
             rate=rate.value,
-            ignore_keys=_key_set(props[IGNORE_KEYS].value),
+            ignore_keys=key_set(props[IGNORE_KEYS].value),
             hot_keys=hot_keys,
         )
         if self.state_store is not None:
@@ -564,47 +569,6 @@ class Subscription:
         results = await asyncio.gather(*(p.wait_idle(timeout_s) for p in processors))
         return all(results)
 
-    # ------------------------------------------------------------ live properties
-
-    def _watch_properties(self) -> None:
-        # Reloadable settings reach every live partition the moment they change.
-        def each(apply: Callable[[PartitionProcessor], None]) -> None:
-            for processor in list(self._partitions.values()):
-                apply(processor)
-
-        def on_rate(shaping: bool) -> Callable[[int, int], None]:
-            def changed(old: int, new: int) -> None:
-                for processor in list(self._partitions.values()):
-                    if self.app.side_topics.is_shaping(processor.tp.topic) == shaping:
-                        processor.set_rate(new)
-                        self._assignment.update(processor)
-
-            return changed
-
-        def on_quota(old: int, new: int) -> None:
-            if not self.app.shaping:
-                log.warning("per-key quota needs Application(shaping=True); ignored")
-                return
-            for processor in list(self._partitions.values()):
-                if processor.hot_keys is not None:
-                    processor.hot_keys.set_rate(new)  # keeps the counts of the window
-
-        props = self.properties
-        self._unsubscribe += [
-            props[PARTITION_CONCURRENCY].subscribe(lambda o, n: each(lambda p: p.set_limit(n))),
-            props[MAX_PENDING_RECORDS].subscribe(lambda o, n: each(lambda p: p.set_max_pending(n))),
-            props[MAX_PENDING_BYTES].subscribe(
-                lambda o, n: each(lambda p: p.set_max_pending_bytes(n))
-            ),
-            props[MAX_PENDING_BYTES_TOTAL].subscribe(lambda o, n: self._pending_bytes.set_limit(n)),
-            props[IGNORE_KEYS].subscribe(
-                lambda o, n: each(lambda p: p.set_ignore_keys(_key_set(n)))
-            ),
-            props[PROCESSING_RATE_PER_PARTITION].subscribe(on_rate(False)),
-            props[SHAPING_RATE_PER_PARTITION].subscribe(on_rate(True)),
-            props[PER_KEY_QUOTA_PROCESSING_RATE].subscribe(on_quota),
-        ]
-
 
 def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> TaskExecutor:
     # The traced executor only when the application asks for tracing: without it, no
@@ -615,10 +579,6 @@ def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> Ta
     from decaton_aio.consumer._tracing import TracedTaskExecutor
 
     return TracedTaskExecutor(tracing=app.tracing, group_id=consumer.group_id, **settings)
-
-
-def _key_set(keys: Sequence[str]) -> frozenset[bytes]:
-    return frozenset(k.encode() for k in keys)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
