@@ -218,7 +218,11 @@ def produce_to_done_ms(
 
     ``wait_p99_ms`` (send to start) and ``run_p99_ms`` (start to end) split the finished
     tasks' latency: a long wait is queueing before the task (fetch, pause, per-key order,
-    slots), a long run is a task slowed down while it ran (a stalled event loop)."""
+    slots), a long run is a task slowed down while it ran (a stalled event loop).
+    ``wait_own_p99_ms`` is the wait without the part spent behind the key's previous task
+    (from the later of the send and that task's end to the start), which per-key order
+    imposes on every key-ordered runtime alike; ``behind_key_share`` is the share of tasks
+    sent while their key's previous task had not ended."""
     window = (sent["sent_ns"] >= t0_ns) & (sent["sent_ns"] < t1_ns)
     s_part, s_off, s_ns = sent["partition"][window], sent["offset"][window], sent["sent_ns"][window]
     sent_keys = (s_part << 48) | s_off
@@ -226,10 +230,20 @@ def produce_to_done_ms(
     # The first end of each offset (a task run twice is done at its first end).
     order = np.lexsort((facts.end_ns, done_keys))
     done_keys, done_end = done_keys[order], facts.end_ns[order]
-    done_start = facts.start_ns[order]
+    done_start, done_key = facts.start_ns[order], facts.key[order]
     first = np.ones(done_keys.size, dtype=bool)
     first[1:] = done_keys[1:] != done_keys[:-1]
     done_keys, done_end, done_start = done_keys[first], done_end[first], done_start[first]
+    done_key = done_key[first]
+    # When the key's previous task (by offset, in the partition) ended: no key-ordered
+    # runtime may start a task before that, so the wait that is the runtime's own begins
+    # at whichever is later, the send or that end.
+    by_key = np.lexsort((done_keys, done_key, done_keys >> 48))
+    prev_end = np.full(done_keys.size, np.iinfo(np.int64).min, dtype=np.int64)
+    if by_key.size > 1:
+        k_key, k_slot = done_key[by_key], done_keys[by_key]
+        same = (k_key[1:] == k_key[:-1]) & ((k_slot[1:] >> 48) == (k_slot[:-1] >> 48))
+        prev_end[by_key[1:][same]] = done_end[by_key[:-1][same]]
     pos = np.searchsorted(done_keys, sent_keys)
     pos_ok = pos < done_keys.size
     found = np.zeros(sent_keys.size, dtype=bool)
@@ -239,6 +253,10 @@ def produce_to_done_ms(
     missing = int((~found).sum())
     out: dict[str, Any] = {"sent": int(sent_keys.size), "not_done": missing}
     out["wait_p99_ms"] = _p50_p99_ms(started - sent_at)[1]
+    behind = prev_end[pos[found]]
+    ready = np.maximum(sent_at, behind)
+    out["wait_own_p99_ms"] = _p50_p99_ms(np.maximum(started - ready, 0))[1]
+    out["behind_key_share"] = round(float(np.mean(behind > sent_at)), 4) if sent_at.size else None
     out["run_p99_ms"] = _p50_p99_ms(ended - started)[1]
     total = latency.size + missing
     for q, name in ((50, "p50_ms"), (99, "p99_ms")):
