@@ -187,6 +187,10 @@ class PartitionProcessor:
         self.hot_keys = hot_keys
         self.outputs: OutputSink | None = None
         self.first_offset: int | None = None
+        # One past the last offset the consumer handed out for this assignment, taken or
+        # not: the watermark may skip past the fetch position only when every record
+        # handed out was taken (see skip_to).
+        self._received = 0
         # key -> None (busy, nothing queued) or the records waiting behind it: a list while
         # short (a deque costs 632 bytes even for one record), a deque once longer.
         self._lanes: dict[bytes, _Lane | None] = {}
@@ -290,8 +294,20 @@ class PartitionProcessor:
         stats.pending = self._pending
         stats.fold()
 
+    def receive(self, end: int) -> None:
+        """Note that the consumer handed out this partition's records up to ``end`` (one
+        past the last offset), before they are fed: records handed out and not taken (a
+        batch still being fed, or dropped because the partition is draining) keep
+        :meth:`skip_to` from passing them.
+
+        Caller: the fetch routine, for every batch as the consumer returns it.
+        """
+        if end > self._received:
+            self._received = end
+
     def skip_to(self, position: int) -> bool:
-        """Let the watermark pass offsets the consumer skipped, when nothing is pending.
+        """Let the watermark pass offsets the consumer skipped, when nothing is pending
+        and every record the consumer handed out was taken.
 
         Caller: the committer, with the consumer's fetch position.
         Affects: :meth:`committable` (see ``WatermarkTracker.skip_to``).
@@ -299,7 +315,9 @@ class PartitionProcessor:
         Returns:
             Whether the watermark moved.
         """
-        return self._pending == 0 and self.tracker.skip_to(position)
+        if self._pending or self._received > (self.tracker.next_offset or 0):
+            return False  # a record handed out was not taken: never commit past it
+        return self.tracker.skip_to(position)
 
     def set_paused(self, paused: bool) -> None:
         """Record that the consumer paused (or resumed) fetching this partition.
@@ -372,8 +390,10 @@ class PartitionProcessor:
             (the consumer's position went back: a reset, a seek, a recreated topic): the
             caller replaces this partition's state with a fresh one.
         """
+        last: Any = records[-1]
+        self.receive(last.offset + 1)
         if self.state is not PartitionState.ACTIVE:
-            return True
+            return True  # draining: dropped (redelivered from the last commit)
         expected = self.tracker.next_offset
         if expected is not None and records[0].offset < expected:
             return False

@@ -423,6 +423,10 @@ class Subscription:
             self.last_fetch_at = fetched = steps.start()
             fetch_latency(fetched - asked)
             fetched_ms = wall() * 1000
+            for tp, records in batches.items():  # before any yield: a commit between
+                processor = partitions.get(tp)  # two steps must know them
+                if processor is not None and records:
+                    processor.receive(records[-1].offset + 1)
             for tp, records in batches.items():
                 processor = partitions.get(tp)
                 if processor is None or not records:
@@ -439,6 +443,7 @@ class Subscription:
                     feed_wait(steps.began - fetched)
                     if not processor.feed(chunk):
                         processor = assignment.restart(processor, chunk[0].offset)
+                        processor.receive(records[-1].offset + 1)
                         processor.feed(chunk)
                     if processor.needs_pause and not processor.paused:
                         update(processor)

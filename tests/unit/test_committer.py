@@ -131,3 +131,46 @@ async def test_an_idle_partition_is_committed_past_offsets_it_was_never_handed()
     assert consumer.commits == [{busy.tp: 0}]
     held.set()
     await settle()
+
+
+async def test_records_dropped_by_a_draining_partition_are_never_committed_past() -> None:
+    """A revoke races a fetch: the batch the consumer handed out reaches the partition
+    after its revoke, which drops it (the next owner gets it from the last commit). The
+    consumer's position is past those records, so the final commit must stay at the
+    watermark: committing the position would lose them."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    processor = make(process)
+    processor.feed(records([b"a", b"b"]))
+    await settle()
+    processor.revoke()
+    processor.feed(records([b"c", b"d", b"e"], first=2))  # dropped: draining
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    consumer = _SkippingConsumer(high=5, position=5)
+    await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
+    assert consumer.commits == [{processor.tp: 2}]
+
+
+async def test_a_batch_handed_out_but_not_fed_yet_is_never_committed_past() -> None:
+    """The fetch routine notes every batch the consumer handed out before it feeds the
+    first one: a commit that runs between two of its steps (a revoke's final commit, the
+    commit routine) must not move the watermark to the position over records still
+    waiting to be fed; once they are fed and done, it may."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    processor = make(process)
+    processor.feed(records([b"a", b"b"]))
+    await settle()
+    processor.receive(5)  # offsets 2-4 handed out, not fed yet
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    consumer = _SkippingConsumer(high=7, position=6)
+    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    assert consumer.commits == [{processor.tp: 2}]
+    processor.feed(records([b"c", b"d", b"e"], first=2))
+    await settle()
+    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    assert consumer.commits[-1] == {processor.tp: 6}  # offset 5 held no data record
