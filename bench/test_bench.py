@@ -495,6 +495,21 @@ def test_issue_32_targets_pass_on_good_figures_and_fail_on_bad_ones() -> None:
     assert not [n for n in names if "1.5 x every peer" in n or "batch-based" in n]
 
 
+def test_the_latency_comparison_is_not_judged_when_decaton_has_no_rung_under_the_bound() -> None:
+    """Neither side under 50 ms on any rung is no comparison (not a PASS of 0 >= 0); ours
+    without a rung under it against a Decaton with one is a FAIL."""
+    rows = _issue_32_results(good=False)
+    for row in rows:
+        if row.get("event") == "latency":
+            row["best_rate_p99_under_bound"] = None
+    wanted = "ours (--workers auto) >= 1.0 x Decaton VIRTUAL_THREAD's"
+    assert _verdicts(rows)[wanted] is None
+    for row in rows:
+        if row.get("event") == "latency" and row["contender"] == "decaton-virtual":
+            row["best_rate_p99_under_bound"] = 74_429.0
+    assert _verdicts(rows)[wanted] is False
+
+
 def test_issue_32_targets_read_the_rung_nearest_half_and_note_one_process() -> None:
     """The 50% targets read the rung nearest 50% of capacity, also when the shares are
     missing (rate over capacity); the one-process figure is in the note; a target whose
