@@ -300,7 +300,8 @@ class PartitionProcessor:
         batch still being fed, or dropped because the partition is draining) keep
         :meth:`skip_to` from passing them.
 
-        Caller: the fetch routine, for every batch as the consumer returns it.
+        Caller: the fetch routine, for every batch as the consumer returns it (before
+        its first step), and for a fresh partition that replaces one in a batch.
         """
         if end > self._received:
             self._received = end
@@ -390,10 +391,10 @@ class PartitionProcessor:
             (the consumer's position went back: a reset, a seek, a recreated topic): the
             caller replaces this partition's state with a fresh one.
         """
-        last: Any = records[-1]
-        self.receive(last.offset + 1)
         if self.state is not PartitionState.ACTIVE:
-            return True  # draining: dropped (redelivered from the last commit)
+            # Draining: dropped, and redelivered from the last commit (the fetch routine
+            # noted the batch with receive(), so no commit passes it).
+            return True
         expected = self.tracker.next_offset
         if expected is not None and records[0].offset < expected:
             return False

@@ -146,6 +146,7 @@ async def test_records_dropped_by_a_draining_partition_are_never_committed_past(
     processor.feed(records([b"a", b"b"]))
     await settle()
     processor.revoke()
+    processor.receive(5)  # the fetch routine notes the batch, then feeds it
     processor.feed(records([b"c", b"d", b"e"], first=2))  # dropped: draining
     committer: Committer[Any] = Committer("group", store=None, transactions=None)
     consumer = _SkippingConsumer(high=5, position=5)
