@@ -565,9 +565,5 @@ _STARTING: Final = _Starting()
 register_task_source(lambda: _STARTING.ctx)
 
 
-def _type(exc: BaseException | None) -> str:
-    return type(exc).__name__ if exc is not None else "None"
-
-
 def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else ""
