@@ -18,6 +18,7 @@ import ssl
 import struct
 from typing import Final
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
@@ -32,7 +33,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from decaton_aio.errors import BrokerError, SecurityError
 from decaton_aio.security import SecuritySettings
 
-__all__ = ["connect_error", "diagnose", "start_admin"]
+__all__ = ["connect_error", "diagnose", "start_admin", "start_client"]
 
 _PROBE_TIMEOUT_S: Final = 10.0
 # An ApiVersions v0 request (api key 18), correlation id 1, client id "decaton-aio-probe".
@@ -63,12 +64,34 @@ async def start_admin(bootstrap_servers: str, security: SecuritySettings) -> AIO
         BrokerError: the cluster cannot be reached.
     """
     client = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **security.client_kwargs())
+    await start_client(client, bootstrap_servers, security)
+    return client
+
+
+async def start_client(
+    client: AIOKafkaConsumer | AIOKafkaAdminClient,
+    bootstrap_servers: str,
+    security: SecuritySettings,
+) -> None:
+    """Start a consumer or admin client of ``bootstrap_servers``. A start that fails, for
+    whatever reason (a cancellation too), closes the client again: the connections it
+    opened before the failure are not left open.
+
+    Raises:
+        SecurityError: TLS or SASL failed (the message says what to fix).
+        BrokerError: the cluster cannot be reached.
+        BaseException: anything else the start raised, as it was.
+    """
     try:
         await client.start()
-    except KafkaError as exc:
-        await client.close()
-        raise await connect_error(exc, bootstrap_servers, security) from exc
-    return client
+    except BaseException as exc:
+        if isinstance(client, AIOKafkaAdminClient):
+            await client.close()
+        else:
+            await client.stop()
+        if isinstance(exc, KafkaError):
+            raise await connect_error(exc, bootstrap_servers, security) from exc
+        raise
 
 
 async def diagnose(bootstrap_servers: str, security: SecuritySettings) -> SecurityError | None:

@@ -13,9 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from decaton_aio._connect import connect_error, start_admin
+from decaton_aio._connect import start_admin, start_client
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 
@@ -123,11 +122,7 @@ async def partition_extents(
     )
     committed_only = isolation_level == "read_committed"
     end_of = consumer.last_stable_offset if committed_only else consumer.highwater
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise await connect_error(exc, bootstrap_servers, security) from exc
+    await start_client(consumer, bootstrap_servers, security)
     try:
         tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
         consumer.assign(tps)

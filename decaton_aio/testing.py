@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
 
-from decaton_aio._connect import connect_error
+from decaton_aio._connect import start_client
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.client_properties import cluster_settings
@@ -246,11 +245,7 @@ async def read_records(
         auto_offset_reset="earliest",
         **security.client_kwargs(),
     )
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise await connect_error(exc, bootstrap_servers, security) from exc
+    await start_client(consumer, bootstrap_servers, security)
     records: list[ConsumerRecord[bytes, bytes]] = []
     try:
         if partitions is None:

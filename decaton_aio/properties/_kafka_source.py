@@ -23,7 +23,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from decaton_aio._connect import connect_error
+from decaton_aio._connect import start_client
 from decaton_aio._routines import cancel_and_wait, spawn
 from decaton_aio.offsets import topic_partitions
 from decaton_aio.properties._properties import RESET, Properties
@@ -176,11 +176,7 @@ class KafkaPropertySource:
 
     async def _started_consumer(self) -> _Consumer:
         consumer = self._consumer_factory()
-        try:
-            await consumer.start()
-        except KafkaError as exc:
-            await consumer.stop()
-            raise await connect_error(exc, self._bootstrap_servers, self._security) from exc
+        await start_client(consumer, self._bootstrap_servers, self._security)
         return consumer
 
     async def load(self) -> dict[str, object]:
