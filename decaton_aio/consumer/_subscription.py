@@ -423,21 +423,27 @@ class Subscription:
             self.last_fetch_at = fetched = steps.start()
             fetch_latency(fetched - asked)
             fetched_ms = wall() * 1000
-            for tp, records in batches.items():  # before any yield: a commit between
-                processor = partitions.get(tp)  # two steps must know them
-                if processor is not None and records:
-                    processor.receive(records[-1].offset + 1)
+            # A batch belongs to the partition's processor of the moment it is handed out,
+            # which notes it before any yield (a commit between two steps must know it).
+            # A rebalance during the steps may assign the partition again, to a fresh
+            # processor whose position went back to the commit: the batch must not reach
+            # that one, which would commit past the records before it. No processor: a
+            # loading partition (paused, so none is handed out) or one revoked after its
+            # final commit (its next owner fetches the batch again from that commit).
+            handed = []
             for tp, records in batches.items():
                 processor = partitions.get(tp)
-                if processor is None or not records:
-                    continue  # revoked while the batch was in the client
+                if processor is not None and records:
+                    processor.receive(records[-1].offset + 1)
+                    handed.append((tp, processor, records))
+            for tp, processor, records in handed:
                 # Fed _STEP_RECORDS at a time; once a step took its budget, the loop runs
                 # what waits (timers, I/O, completions) before the next: none waits for a
                 # whole batch.
                 for first in range(0, len(records), _STEP_RECORDS):
                     await steps.yield_if_due()
                     if partitions.get(tp) is not processor:
-                        break  # revoked or rewound meanwhile: fetched again
+                        break  # revoked, assigned again or rewound meanwhile: fetched again
                     chunk = records[first : first + _STEP_RECORDS]
                     fetch_wait((fetched_ms - chunk[0].timestamp) * 0.001)
                     feed_wait(steps.began - fetched)
