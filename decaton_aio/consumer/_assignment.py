@@ -5,7 +5,8 @@ one subscription. It makes a fresh one per assignment (:meth:`~Assignment.new`),
 its checkpoint before any record reaches it (:meth:`~Assignment.load`), replaces it when
 its state must start again (:meth:`~Assignment.restart` when the fetch position went back,
 :meth:`~Assignment.rewind` when a transaction failed), stops it when another instance
-took it over (:meth:`~Assignment.fenced`) and closes it (:meth:`~Assignment.close`).
+took it over (:meth:`~Assignment.fenced`) and closes it (:meth:`~Assignment.close`; every
+one for good when the subscription stops, :meth:`~Assignment.close_all`).
 Reloadable settings reach every live partition the moment they change
 (:meth:`~Assignment.follow`).
 
@@ -99,6 +100,7 @@ class Assignment:
         self._loading: dict[TopicPartition, PartitionProcessor] = {}
         self._held: dict[TopicPartition, Hold] = {}  # what the consumer pauses, and why
         self._consumer: AIOKafkaConsumer | None = None
+        self._ended = False  # close_all(): nothing goes live any more
 
     def attach(self, consumer: AIOKafkaConsumer) -> None:
         """Use ``consumer`` for pausing and seeking (once it is started)."""
@@ -175,6 +177,10 @@ class Assignment:
             for processor in fenced:
                 processor.close()  # held as fenced from here on
         for processor in fresh:  # visible (and fed) once ready
+            if self._ended:  # the subscription stopped while they loaded
+                self._held.pop(processor.tp, None)
+                self.close(processor)
+                continue
             self.partitions[processor.tp] = processor
             self.update(processor)
 
@@ -186,6 +192,14 @@ class Assignment:
             del self.partitions[tp]
             self._held.pop(tp, None)  # the consumer forgets a revoked partition's pause
         self._retire(tp)
+
+    def close_all(self) -> None:
+        """End every assignment for good (the subscription stops): the live partitions are
+        closed, and so is each one a rebalance listener is still loading when its load
+        ends, instead of going live (the consumer's stop lets that listener finish)."""
+        self._ended = True
+        for processor in list(self.partitions.values()):
+            self.close(processor)
 
     def restart(self, old: PartitionProcessor, offset: int) -> PartitionProcessor:
         """The fetch position went back (a reset, a seek, a recreated topic): the

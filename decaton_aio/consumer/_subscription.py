@@ -346,8 +346,9 @@ class Subscription:
             if not drained:
                 log.warning("shutdown timeout: tasks still running are left unfinished")
             await self._commit(final=True)
-            for processor in list(self._partitions.values()):
-                self._assignment.close(processor)
+            # Also those a rebalance listener still loads: the consumer's stop below lets it
+            # finish, and what it loads must not go live after this.
+            self._assignment.close_all()
             await self._executor.close(timeout_s=1.0)
             if self._consumer is not None:
                 await self._consumer.stop()

@@ -225,12 +225,13 @@ async def test_state_transitions_are_observable(
     await sub.stop()  # idempotent
 
 
-async def test_a_stop_during_an_assignment_leaves_no_client_open(
+async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
     kafka_broker: BrokerHandle, topic_factory: Any
 ) -> None:
     """A subscription stopped while its rebalance listener still loads the checkpoints of
     the assigned partitions closes the checkpoint store after that listener ended: the
-    store has no client left open (its connections would leak)."""
+    store has no client left open (its connections would leak). The partition whose load
+    ended during the stop is closed, not left live after the stop (its gauges retired)."""
     topic = await topic_factory(partitions=1)
 
     async def process(ctx: ProcessingContext, task: bytes) -> None:
@@ -255,6 +256,14 @@ async def test_a_stop_during_an_assignment_leaves_no_client_open(
 
     store.load = held_load  # type: ignore[method-assign]
     store.close = close_store  # type: ignore[method-assign]
+    made: list[Any] = []
+    new = sub._assignment.new
+
+    def new_partition(tp: Any) -> Any:
+        made.append(new(tp))
+        return made[-1]
+
+    sub._assignment.new = new_partition  # type: ignore[method-assign]
     await sub.start()
     consumer = sub._consumer
     assert consumer is not None
@@ -271,6 +280,10 @@ async def test_a_stop_during_an_assignment_leaves_no_client_open(
             await sub.stop()
         assert store._admin is None
         assert store._producer is None
+        assert sub.partitions == {}
+        assert [p.closed for p in made] == [True]
+        page = sub.metrics.render().decode()
+        assert 'decaton_partition_tasks_pending{partition="0",' not in page
     finally:
         await close()  # what the listener may have opened after the store closed
 

@@ -136,3 +136,63 @@ def test_a_restart_keeps_the_pause_until_the_new_state_decides() -> None:
     assignment.update(old)  # no longer live: ignored
     assert consumer.paused == set()
     assert consumer.calls == [("pause", TPS[0]), ("resume", TPS[0])]
+
+
+class HeldCommitter(FakeCommitter):
+    """Loads checkpoints: each assign waits until the test lets it end."""
+
+    loads = True
+
+    def __init__(self) -> None:
+        self.assigning = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def assign(self, consumer: Any, processors: list[Any]) -> list[Any]:
+        self.assigning.set()
+        await self.release.wait()
+        return []
+
+
+async def test_a_partition_whose_load_ends_after_close_all_is_closed_not_live() -> None:
+    """The subscription stops (close_all) while a rebalance listener loads a partition's
+    checkpoint: when the load ends the partition is closed, never live, its gauges
+    retired, and the consumer holds no pause for it."""
+    committer = HeldCommitter()
+    retired: list[TopicPartition] = []
+    assignment = Assignment(
+        make=FakeProcessor,  # type: ignore[arg-type]
+        committer=committer,  # type: ignore[arg-type]
+        restoring=lambda n: False,
+        retire=retired.append,
+    )
+    consumer = FakeConsumer()
+    assignment.attach(consumer)  # type: ignore[arg-type]
+    live: Any = assignment.new(TPS[0])
+    committer.release.set()
+    await assignment.load([live])
+    committer.release.clear()
+    committer.assigning.clear()
+    loading: Any = assignment.new(TPS[1])
+    load = asyncio.create_task(assignment.load([loading]))
+    await committer.assigning.wait()
+    assert consumer.paused == {TPS[1]}  # held while loading
+    assignment.close_all()
+    assert live.closed
+    assert TPS[0] not in assignment.partitions
+    committer.release.set()
+    await load
+    assert loading.closed
+    assert assignment.partitions == {}
+    assert retired == [TPS[0], TPS[1]]
+    assert assignment.hold(loading) is Hold.FENCED
+
+
+def test_a_partition_assigned_after_close_all_never_goes_live() -> None:
+    """Without checkpoints a listener makes its partitions live at once: after close_all
+    they are closed instead."""
+    assignment, _ = build(set())
+    assignment.close_all()
+    p: Any = assignment.new(TPS[0])
+    asyncio.run(assignment.load([p]))
+    assert p.closed
+    assert assignment.partitions == {}
