@@ -2,6 +2,18 @@
 group, killed and restarted in a loop while each input task emits one output. A
 read_committed reader of the output topic sees every output, each exactly once.
 
+A kill redoes work: the tasks the killed instance processed since its partitions' last
+committed transaction are aborted with it, and their next owner processes them again. How
+many depends on when the kill lands: during a rebalance the instance has committed and
+revoked its partitions (nothing to redo); while it keeps pace with the producer, the few
+tasks since its last commit (one commit interval and the commit's own time at most); while
+it catches up on the backlog a rebalance left (a dead member's partitions wait seconds for
+its session to time out), everything it processed since its last commit, hundreds when it
+dies in the burst before its first commit after the rebalance. Each kill is checked
+against a bound: the tasks the killed instance processed that the group's commits did not
+cover once it was dead, plus the tasks produced in one commit interval (a margin). The
+test prints each kill's redone tasks and bound.
+
 Apache Kafka only (skipped on Tansu). ``make test`` runs the short loop, ``make chaos``
 the longer one too.
 """
@@ -12,15 +24,17 @@ import asyncio
 import json
 import signal
 import textwrap
+import time
 import uuid
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from decaton_aio import BytesSerializer, TaskProducer
-from decaton_aio.testing import BrokerHandle, wait_until
+from decaton_aio.testing import BrokerHandle, committed_offsets, wait_until
 from tests.chaos.test_chaos import Instance, await_commits, run_argv
 from tests.integration.test_exactly_once import needs_transactions, read_committed
 
@@ -33,10 +47,13 @@ APP = textwrap.dedent(
 
     LOG = open(os.environ["CHAOS_LOG"], "a", buffering=1)
     OUT = os.environ["CHAOS_OUT"]
+    # Which incarnation's run of a task was committed: its output says.
+    BY = os.path.basename(os.environ["CHAOS_LOG"]).encode()
 
     async def process(ctx, task):
         LOG.write(f"run {ctx.partition} {ctx.offset}\\n")
-        await ctx.produce(OUT, b"%d:%d" % (ctx.partition, ctx.offset), key=ctx.key)
+        output = b"%d:%d@%s" % (ctx.partition, ctx.offset, BY)
+        await ctx.produce(OUT, output, key=ctx.key)
 
     app = Application(
         process, topics=("unused",), serializer=BytesSerializer(), exactly_once=True
@@ -51,7 +68,93 @@ SCENARIOS = {
     "long": (3000, 9, 1.0),
 }
 
+#: ``run_argv``'s commit interval.
+COMMIT_INTERVAL_S = 0.2
 
+Task = tuple[int, int]  # (partition, offset)
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One SIGKILL: the incarnation killed (its log's name), the group's committed offsets
+    read once it was dead, and the tasks produced in the commit interval before it."""
+
+    victim: str
+    committed: dict[int, int | None]
+    arrived: int
+
+
+def read_runs(logs: list[Path]) -> dict[str, Counter[Task]]:
+    """Each incarnation's runs of each task, by its log's name."""
+    runs: dict[str, Counter[Task]] = {}
+    for log in logs:
+        lines = log.read_text().splitlines() if log.exists() else []
+        parts = [line.split() for line in lines]
+        runs[log.name] = Counter((int(p[1]), int(p[2])) for p in parts if len(p) == 3)
+    return runs
+
+
+def committed_runs(values: list[bytes]) -> tuple[Counter[bytes], dict[Task, str]]:
+    """The committed outputs (``partition:offset``, counted) and the incarnation whose run
+    of each task was committed."""
+    outputs: Counter[bytes] = Counter()
+    by: dict[Task, str] = {}
+    for value in values:
+        task, incarnation = value.split(b"@")
+        outputs[task] += 1
+        partition, offset = task.split(b":")
+        by[(int(partition), int(offset))] = incarnation.decode()
+    return outputs, by
+
+
+def redone(runs: dict[str, Counter[Task]], by: dict[Task, str]) -> dict[str, int]:
+    """Per incarnation, its runs whose output was not the one committed (aborted)."""
+    kept = Counter(by.values())
+    return {name: sum(tasks.values()) - kept[name] for name, tasks in runs.items()}
+
+
+def kill_bounds(
+    kills: list[Kill], runs: dict[str, Counter[Task]], wasted: dict[str, int]
+) -> list[tuple[int, int]]:
+    """Per kill, (tasks redone, bound): the killed incarnation's runs aborted, against
+    the tasks it processed that the group's commits did not cover once it was dead, plus
+    the tasks produced in one commit interval.
+
+    Raises:
+        AssertionError: a kill redid more than its bound.
+    """
+    found = []
+    for kill in kills:
+        uncommitted = [(p, o) for p, o in runs[kill.victim] if o >= (kill.committed.get(p) or 0)]
+        bound = len(uncommitted) + kill.arrived
+        found.append((wasted[kill.victim], bound))
+        assert wasted[kill.victim] <= bound, (
+            f"the kill of {kill.victim} redid {wasted[kill.victim]} tasks: "
+            f"{len(uncommitted)} uncommitted at the kill, {kill.arrived} produced meanwhile"
+        )
+    return found
+
+
+def test_the_kill_accounting_fails_past_the_bound() -> None:
+    """Runs aborted by a kill are counted against the killed incarnation's uncommitted
+    work; an incarnation that redid more than that fails the check."""
+    runs = {
+        "i0-1.log": Counter({(0, 0): 1, (0, 1): 1, (0, 2): 1, (1, 0): 1}),
+        "i1-1.log": Counter({(0, 1): 1, (0, 2): 1, (1, 0): 2}),
+    }
+    values = [b"0:0@i0-1.log", b"0:1@i1-1.log", b"0:2@i1-1.log", b"1:0@i1-1.log"]
+    outputs, by = committed_runs(values)
+    assert set(outputs) == {b"0:0", b"0:1", b"0:2", b"1:0"}
+    wasted = redone(runs, by)
+    assert wasted == {"i0-1.log": 3, "i1-1.log": 1}  # i1 ran 1:0 twice (a rewind)
+    kill = Kill("i0-1.log", {0: 1, 1: None}, arrived=0)
+    assert kill_bounds([kill], runs, wasted) == [(3, 3)]  # 0:1, 0:2 and 1:0 uncommitted
+    with pytest.raises(AssertionError, match="redid 3 tasks: 2 uncommitted"):
+        kill_bounds([Kill("i0-1.log", {0: 1, 1: 1}, arrived=0)], runs, wasted)
+    assert kill_bounds([Kill("i0-1.log", {0: 1, 1: 1}, arrived=1)], runs, wasted) == [(3, 3)]
+
+
+@pytest.mark.timeout(300)  # processes starting, killed and joining again take a while
 @pytest.mark.parametrize(
     "scenario", [pytest.param("short"), pytest.param("long", marks=pytest.mark.chaos_long)]
 )
@@ -62,7 +165,8 @@ async def test_kills_never_duplicate_or_lose_an_output(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each input's output is committed exactly once however often instances die."""
+    """Each input's output is committed exactly once however often instances die, and
+    each kill redoes no more than its bound (see the module's docstring)."""
     needs_transactions(kafka_broker)
     tasks, rounds, period = SCENARIOS[scenario]
     topic = await topic_factory(partitions=4)
@@ -75,6 +179,8 @@ async def test_kills_never_duplicate_or_lose_an_output(
     for instance in instances:
         await instance.start()
     produced: dict[int, int] = defaultdict(int)  # partition -> end offset
+    sent: list[float] = []  # when each task was produced
+    kills: list[Kill] = []
     killing = True
 
     async def produce() -> None:
@@ -87,10 +193,11 @@ async def test_kills_never_duplicate_or_lose_an_output(
             while killing or n < tasks:
                 where = await producer.put(f"k{n % 40}", str(n).encode())
                 produced[where.partition] = max(produced[where.partition], where.offset + 1)
+                sent.append(time.monotonic())
                 n += 1
                 await asyncio.sleep(0.004)
 
-    async def kills() -> None:
+    async def kill() -> None:
         nonlocal killing
         for n in range(rounds):
             victim = instances[n % len(instances)]
@@ -101,37 +208,49 @@ async def test_kills_never_duplicate_or_lose_an_output(
                 what=f"{victim.name} processing",
             )
             await asyncio.sleep(period)
+            at = time.monotonic()
             await victim.stop(signal.SIGKILL)
+            committed = await committed_offsets(
+                kafka_broker.bootstrap_servers, group, topic, range(4)
+            )
+            arrived = sum(1 for t in sent if at - COMMIT_INTERVAL_S < t <= at)
+            kills.append(Kill(victim.logs[-1].name, committed, arrived))
             await victim.start()
         killing = False
 
     try:
-        await asyncio.gather(produce(), kills())
+        await asyncio.gather(produce(), kill())
         await await_commits(kafka_broker.bootstrap_servers, group, topic, produced, 120)
     finally:
         for instance in instances:
             await instance.stop(signal.SIGTERM)
     expected = {b"%d:%d" % (p, o) for p, end in produced.items() for o in range(end)}
     values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=len(expected))
-    counts = Counter(values)
+    counts, by = committed_runs(values)
     assert set(counts) == expected, f"{len(expected - set(counts))} outputs missing"
     twice = sum(1 for n in counts.values() if n > 1)
     assert twice == 0, f"{twice} outputs committed more than once"
-    runs = Counter(
-        line
-        for log in (p for i in instances for p in i.logs)
-        if log.exists()
-        for line in log.read_text().splitlines()
-        if line.startswith("run ")
-    )
-    redone = sum(n - 1 for n in runs.values())
+    runs = read_runs([log for i in instances for log in i.logs])
+    wasted = redone(runs, by)
+    per_kill = kill_bounds(kills, runs, wasted)
+    others = sum(wasted.values()) - sum(r for r, _ in per_kill)  # instances not killed
     report = tmp_path.parent / f"eos-chaos-{scenario}.json"
     report.write_text(
-        json.dumps({"tasks": len(expected), "outputs": len(values), "redone": redone})
+        json.dumps(
+            {
+                "tasks": len(expected),
+                "outputs": len(values),
+                "redone": sum(wasted.values()),
+                "kills": [{"redone": r, "bound": b} for r, b in per_kill],
+                "redone_not_killed": others,
+            }
+        )
     )
     print(
         f"eos chaos {scenario}: {len(expected)} tasks, {len(values)} committed outputs, "
-        f"{redone} tasks processed again after {rounds} kills"
+        f"{sum(wasted.values())} tasks processed again after {rounds} kills; per kill "
+        f"(redone/bound): {', '.join(f'{r}/{b}' for r, b in per_kill)}; by instances not "
+        f"killed: {others}"
     )
 
 
@@ -197,7 +316,7 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
             await instance.stop(signal.SIGTERM)
     expected = {b"%d:%d" % (p, o) for p, end in produced.items() for o in range(end)}
     values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=len(expected))
-    counts = Counter(values)
+    counts, _ = committed_runs(values)
     assert set(counts) == expected, f"{len(expected - set(counts))} outputs missing"
     assert all(n == 1 for n in counts.values()), "an output was committed twice"
     told = zombie.logs[-1].with_suffix(".err").read_text()
