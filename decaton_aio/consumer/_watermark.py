@@ -19,7 +19,8 @@ first virtual position to its first offset, so a jump costs no slots at all.
 
 Storage is one byte per slot in a power-of-two ring (a ``bytearray`` viewed as a numpy
 array): completing is a single byte store, advancing is a numpy scan, and no Python object
-per record stays alive.
+per record stays alive. Registering a fetch step's few records, which continue the last
+ones, is a loop and a slice store; numpy's fixed cost per call is paid for longer batches.
 
 Completions have two forms. :meth:`WatermarkTracker.complete` is a method: it validates
 the offset at once, raises on misuse and says whether the record was pending. The hot path
@@ -50,6 +51,7 @@ MAX_GAP_SLOTS = 128
 """Gaps up to this many offsets take one ring slot per offset; longer ones start a segment."""
 
 _PENDING = 0  # registered, not complete: the only state that holds the watermark back
+# (zero: bytes(n) is n pending slots)
 _DONE = 1  # registered and complete
 _GAP = 2  # never registered (transaction marker, compacted away): counts as done
 
@@ -57,6 +59,9 @@ _SCAN_CHUNK = 1 << 16  # advance scans this many slots per numpy call, so it can
 # Folds of up to this many marks go through complete() one by one: below it, the fixed cost
 # of the numpy calls is higher than a Python call per mark.
 _SMALL_FOLD = 16
+# A list of at most this many offsets that continues the registered ones takes the loop
+# of register_batch's fast path; numpy's fixed cost per call is paid only above it.
+_SMALL_BATCH = 64
 _EMPTY = np.empty(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
 
@@ -186,6 +191,14 @@ class WatermarkTracker:
         """
         if self._marks:
             self._fold()
+        if (
+            type(offsets) is list
+            and len(offsets) <= _SMALL_BATCH
+            and self._preset is None
+            and self._started
+            and self._register_next(offsets)
+        ):
+            return _EMPTY
         arr = np.asarray(offsets, dtype=np.int64)
         if arr.ndim != 1:
             raise ValueError(f"offsets must be one-dimensional, got shape {arr.shape}")
@@ -207,6 +220,34 @@ class WatermarkTracker:
             return self._register_run(arr)
         hits = [self._register_run(run) for run in np.split(arr, cuts)]
         return np.concatenate(hits)
+
+    def _register_next(self, offsets: list[int]) -> bool:
+        # The fast path of register_batch: a short list of offsets that continues the
+        # registered ones with no gap (a fetch step's records, the common case) is
+        # registered by a loop and a slice store, and True returned. Anything else (a gap,
+        # an empty list) returns False having registered nothing: the general path
+        # registers it or raises.
+        n = len(offsets)
+        if not n:
+            return False
+        first = self._end
+        for i in range(n):
+            if offsets[i] != first + i:
+                return False
+        if self._end_v + n - self._wm_v > len(self._buf):
+            self._make_room(n)
+        buf = self._buf
+        lo = self._end_v & self._mask
+        hi = lo + n
+        if hi <= len(buf):
+            buf[lo:hi] = bytes(n)  # _PENDING
+        else:
+            buf[lo:] = bytes(len(buf) - lo)
+            buf[: hi - len(buf)] = bytes(hi - len(buf))
+        self._pending += n
+        self._end_v += n
+        self._end = first + n
+        return True
 
     def _register_run(self, run: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         first, last = int(run[0]), int(run[-1])

@@ -622,11 +622,13 @@ class TrackerMachine(RuleBasedStateMachine):
             min_size=1,
             max_size=40,
         ),
-        batch=st.booleans(),
+        form=st.sampled_from(["array", "list", "single"]),
         first=st.integers(0, 1000),
         premarked=st.integers(0, 3),
     )
-    def fetch(self, gaps: list[int], batch: bool, first: int, premarked: int) -> None:
+    def fetch(self, gaps: list[int], form: str, first: int, premarked: int) -> None:
+        # A list of a few offsets with no gap before them takes register_batch's fast
+        # path; an array, or a list after a gap, the vectorized one.
         offset = first if self.model.end is None else self.model.end
         offsets = []
         for gap in gaps:
@@ -635,8 +637,10 @@ class TrackerMachine(RuleBasedStateMachine):
             offset += 1
         for early in offsets[:premarked]:  # marked before registration: invalid, not applied
             self.mark(early)
-        if batch:
+        if form == "array":
             hits = self.tracker.register_batch(np.array(offsets)).tolist()
+        elif form == "list":
+            hits = self.tracker.register_batch(offsets).tolist()
         else:
             hits = [o for o in offsets if register(self.tracker, o)]
         assert hits == [o for o in offsets if self.model.register(o)]
