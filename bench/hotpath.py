@@ -12,6 +12,11 @@ commit routine would. Nothing waits, so the loop never sleeps.
 resume, as the consumer's back-pressure does; workers, timers and the ready queue then
 count too.
 
+``--feed N`` hands the records to the partition N at a time (the fetch routine's step is
+32) rather than a whole batch of 500 at once, and ``--paced`` (with ``--sleep-ms``) lets
+each lot's tasks end before the next lot comes, as at a paced load, where a fetch brings a
+few records and finds the workers of the last ones idle.
+
 Wall-clock time on a shared machine is noise; instruction counts are not. Run it under
 callgrind twice and subtract, so the pool's construction and the interpreter's start
 cancel out::
@@ -106,7 +111,9 @@ def _pool(tasks: int) -> list[list[Any]]:
     return batches
 
 
-async def _run(pool: list[list[Any]], passes: int, sleep_ms: float) -> int:
+async def _run(
+    pool: list[list[Any]], passes: int, sleep_ms: float, feed: int = 0, paced: bool = False
+) -> int:
     limit, max_pending = (384, 10_000) if sleep_ms else (100, 1 << 30)
     executor = TaskExecutor(
         subscription_id="hotpath",
@@ -116,7 +123,6 @@ async def _run(pool: list[list[Any]], passes: int, sleep_ms: float) -> int:
         properties=Properties({"decaton.partition.concurrency": limit}),
     )
     resumed = asyncio.Event()
-    idle = asyncio.Event()
 
     def resume(partition: PartitionProcessor) -> None:
         partition.set_paused(False)
@@ -133,26 +139,40 @@ async def _run(pool: list[list[Any]], passes: int, sleep_ms: float) -> int:
             stats=stats,
             on_below_max_pending=resume,
         )
-        for batch in pool:
-            partition.feed(batch)
+        for whole in pool:
+            for batch in _chunks(whole, feed):
+                partition.feed(batch)
+                if paced:  # a paced load: the lot's tasks end before the next arrives
+                    await _until_idle(partition, sleep_ms)
             stats.fold()
             partition.committable()
             if partition.needs_pause:
                 partition.set_paused(True)
                 resumed.clear()
                 await resumed.wait()
-        while partition.pending:  # the last tasks still sleep
-            idle.clear()
-            asyncio.get_running_loop().call_later(sleep_ms / 1000, idle.set)
-            await idle.wait()
+        await _until_idle(partition, sleep_ms)  # the last tasks still sleep
         done += stats.processed
     return done
 
 
-def _instructions(passes: int, tasks: int, sleep_ms: float) -> int:
+def _chunks(batch: list[Any], size: int) -> list[list[Any]]:
+    if not size:
+        return [batch]
+    return [batch[i : i + size] for i in range(0, len(batch), size)]
+
+
+async def _until_idle(partition: PartitionProcessor, sleep_ms: float) -> None:
+    idle = asyncio.Event()
+    while partition.pending:
+        idle.clear()
+        asyncio.get_running_loop().call_later(sleep_ms / 1000, idle.set)
+        await idle.wait()
+
+
+def _instructions(passes: int, tasks: int, sleep_ms: float, feed: int, paced: bool) -> int:
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
     argv += ["-m", "bench.hotpath", "--passes", str(passes), "--tasks", str(tasks)]
-    argv += ["--sleep-ms", str(sleep_ms)]
+    argv += ["--sleep-ms", str(sleep_ms), "--feed", str(feed)] + (["--paced"] if paced else [])
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
@@ -161,11 +181,12 @@ def _instructions(passes: int, tasks: int, sleep_ms: float) -> int:
     return int(found.group(1))
 
 
-def measure(tasks: int, sleep_ms: float = 0) -> int:
+def measure(tasks: int, sleep_ms: float = 0, feed: int = 0, paced: bool = False) -> int:
     """Instructions per task: two runs under callgrind, one pass and three passes."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--measure needs valgrind (apt-get install valgrind)")
-    one, three = _instructions(1, tasks, sleep_ms), _instructions(3, tasks, sleep_ms)
+    one = _instructions(1, tasks, sleep_ms, feed, paced)
+    three = _instructions(3, tasks, sleep_ms, feed, paced)
     per_task = (three - one) // (2 * tasks)
     print(f"1 pass: {one} instructions, 3 passes: {three}; per task: {per_task}")
     return per_task
@@ -180,16 +201,24 @@ def main(argv: list[str] | None = None) -> int:
         "--sleep-ms", type=float, default=0, help="each task sleeps this long (S1's shape)"
     )
     parser.add_argument(
+        "--feed", type=int, default=0, metavar="N", help="feed N records at a time (default 500)"
+    )
+    parser.add_argument(
+        "--paced", action="store_true", help="each lot's tasks end before the next is fed"
+    )
+    parser.add_argument(
         "--measure", action="store_true", help="print instructions per task (callgrind)"
     )
     args = parser.parse_args(argv)
     if args.measure:
-        measure(args.tasks, args.sleep_ms)
+        measure(args.tasks, args.sleep_ms, args.feed, args.paced)
         return 0
     gc.set_threshold(50_000, 20, 100)  # as the runtime's tune_gc
     pool = _pool(args.tasks)
     install_event_loop_policy()  # as the runtime's event loop
-    done = asyncio.run(_run(pool, args.passes, args.sleep_ms))
+    if args.paced and not args.sleep_ms:
+        parser.error("--paced needs --sleep-ms (a no-op task ends before the next lot anyway)")
+    done = asyncio.run(_run(pool, args.passes, args.sleep_ms, args.feed, args.paced))
     expected = args.passes * args.tasks
     if done != expected:
         raise SystemExit(f"processed {done} tasks, expected {expected}")

@@ -14,6 +14,12 @@ needed most of the time.
   handed to the worker, which runs it next in the same asyncio task. Under load, where
   every completion starts a waiting record, no task is created per record.
 
+A worker whose report starts nothing parks instead of ending, up to :data:`MAX_PARKED`
+of them: the next coroutine that suspends (or starts in task mode) wakes one rather than
+creating a task. At a paced load, where records arrive a few at a time and each finds no
+worker reporting, this replaces a task's creation and end per record with the resolution
+of a future. :meth:`CoroutineStarter.release` ends the parked workers at shutdown.
+
 For a processor that nearly always waits, the eager first step outside a worker only adds
 the cost of handing the suspended coroutine over. :class:`CoroutineStarter` watches how
 often tasks suspend and, when most do, starts them directly in a new worker; one start in
@@ -49,7 +55,10 @@ from decaton_aio.consumer._steps import (
     work,
 )
 
-__all__ = ["PROBE_EVERY", "CoroutineStarter"]
+__all__ = ["MAX_PARKED", "PROBE_EVERY", "CoroutineStarter"]
+
+#: Workers kept parked, waiting for a coroutine, at most.
+MAX_PARKED: Final = 1024
 
 #: In task mode, one start in this many still runs eagerly to measure suspension.
 PROBE_EVERY: Final = 32
@@ -67,7 +76,7 @@ class CoroutineStarter:
             the workers, and tasks the caller adds.
     """
 
-    __slots__ = ("_count", "_score", "_vacant", "tasks")
+    __slots__ = ("_count", "_parked", "_released", "_score", "_vacant", "tasks")
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -75,6 +84,13 @@ class CoroutineStarter:
         self._count = 0
         # The worker reporting the end of its coroutine right now: the next start is its.
         self._vacant: Worker | None = None
+        self._parked: list[Worker] = []  # the most recently parked last
+        self._released = False
+
+    @property
+    def parked(self) -> int:
+        """Workers parked now, waiting for a coroutine (they are in :attr:`tasks`)."""
+        return len(self._parked)
 
     @property
     def task_mode(self) -> bool:
@@ -124,12 +140,50 @@ class CoroutineStarter:
             self._score = score + 1
         return False
 
+    def release(self) -> None:
+        """End the parked workers, and park none from now on (at shutdown, before waiting
+        for :attr:`tasks`)."""
+        self._released = True
+        parked, self._parked = self._parked, []
+        for worker in parked:
+            wake, worker.wake = worker.wake, None
+            if wake is not None and not wake.done():
+                wake.set_result(None)  # with no first_job: the worker ends
+
+    def _park(self, worker: Worker) -> asyncio.Future[None] | None:
+        # Called by a worker whose report started nothing: the future it waits on, or
+        # None when it should end instead.
+        parked = self._parked
+        if self._released or len(parked) >= MAX_PARKED:
+            return None
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        worker.wake = wake
+        parked.append(worker)
+        return wake
+
+    def _unpark(self, worker: Worker) -> None:
+        # Called by a parked worker that was cancelled or closed.
+        worker.wake = None
+        if worker in self._parked:
+            self._parked.remove(worker)
+
     def _spawn(self, job: Job, yielded: Any = NOT_STARTED) -> None:
-        # A new worker for ``job``: it carries on from ``yielded`` (a first step that
-        # suspended), or takes the first step itself. The worker's own context (where it
-        # reports ends) is a copy of the caller's; each coroutine steps in its own.
+        # A worker for ``job``, parked or new: it carries on from ``yielded`` (a first
+        # step that suspended), or takes the first step itself. A new worker's own context
+        # (where it reports ends) is a copy of the caller's; each coroutine steps in its
+        # own.
+        parked = self._parked
+        while parked:
+            idle = parked.pop()
+            wake, idle.wake = idle.wake, None
+            if wake is not None and not wake.done():
+                idle.first_job = job
+                idle.yielded = yielded
+                wake.set_result(None)
+                return
         worker = Worker(job)
-        task = asyncio.get_running_loop().create_task(as_task(work(self, worker, yielded)))
+        worker.yielded = yielded
+        task = asyncio.get_running_loop().create_task(as_task(work(self, worker)))
         worker.task = task
         self.track(task)
         task.add_done_callback(worker.ended)

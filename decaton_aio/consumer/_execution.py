@@ -547,6 +547,7 @@ class TaskExecutor:
 
     async def close(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for sends and running continuations, then cancel them."""
+        self._starter.release()
         if not self._tasks:
             return
         _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)

@@ -39,16 +39,21 @@ Job = tuple[Coroutine[Any, Any, Any], Done, Any, Any, contextvars.Context]
 
 
 class Worker:
-    """A worker's mailbox (the coroutine handed to it while it reported the last one),
-    and its first coroutine until it runs (a task cancelled before its first step never
-    runs its coroutine: the end is reported when the task ends)."""
+    """A worker's mailbox: the coroutine handed to it while it reported the last one
+    (``next``), and the coroutine it runs first, when it starts or when it wakes from its
+    park, until it runs (``first_job``, with ``yielded``: what that coroutine's first step
+    gave, or :data:`NOT_STARTED`). A task cancelled before it runs ``first_job`` never runs
+    that coroutine: the end is reported when the task ends. ``wake`` is set while the
+    worker is parked, waiting for a coroutine."""
 
-    __slots__ = ("first_job", "next", "task")
+    __slots__ = ("first_job", "next", "task", "wake", "yielded")
 
     def __init__(self, first_job: Job) -> None:
         self.first_job: Job | None = first_job
+        self.yielded: Any = NOT_STARTED
         self.next: Job | None = None
         self.task: asyncio.Task[None] | None = None
+        self.wake: asyncio.Future[None] | None = None
 
     def ended(self, task: asyncio.Task[None]) -> None:
         job = self.first_job
@@ -66,11 +71,16 @@ class _Starter(Protocol):
 
     def _spawn(self, job: Job, yielded: Any = ...) -> None: ...
 
+    def _park(self, worker: Worker) -> asyncio.Future[None] | None: ...
+
+    def _unpark(self, worker: Worker) -> None: ...
+
 
 @types.coroutine
-def work(starter: _Starter, worker: Worker, yielded: Any) -> Generator[Any, Any, None]:
+def work(starter: _Starter, worker: Worker) -> Generator[Any, Any, None]:
     """A worker: runs coroutines one after the other, reporting each end through its
-    ``done``, for as long as each report hands it the next one."""
+    ``done``. When a report hands it no next one, it parks until the starter wakes it with
+    a coroutine (or with none: then it ends), unless the starter has parked enough."""
     # ``second`` names the running coroutine's owner for log lines (register_task_frame
     # below). A coroutine that suspends is driven from here as ``yield from`` would drive
     # it, each step in its own context: the future it yields goes up to the task unchanged
@@ -80,6 +90,7 @@ def work(starter: _Starter, worker: Worker, yielded: Any) -> Generator[Any, Any,
     assert worker.first_job is not None
     coro, done, first, second, context = worker.first_job
     worker.first_job = None
+    yielded, worker.yielded = worker.yielded, NOT_STARTED
     while True:
         exc: BaseException | None = None
         run = context.run
@@ -121,15 +132,32 @@ def work(starter: _Starter, worker: Worker, yielded: Any) -> Generator[Any, Any,
         finally:
             if starter._vacant is worker:
                 starter._vacant = None
-        job = worker.next
-        if job is None:
-            return
-        worker.next = None
+        job, worker.next = worker.next, None
         task = worker.task
         if task is not None and task.cancelling():
-            # This worker was asked to stop: the next coroutine gets a worker of its own.
-            starter._spawn(job)
+            # This worker was asked to stop: it neither parks nor runs more coroutines (the
+            # next one gets a worker of its own).
+            if job is not None:
+                starter._spawn(job)
             return
+        if job is None:
+            # Parked, it holds nothing of the coroutine that ended.
+            del coro, done, first, second, context, run, exc
+            wake = starter._park(worker)
+            if wake is None:
+                return
+            try:
+                yield from wake
+            except BaseException:  # cancelled (or closed) while parked
+                starter._unpark(worker)
+                raise
+            job = worker.first_job
+            if job is None:  # released: the starter parks no more
+                return
+            worker.first_job = None
+            coro, done, first, second, context = job
+            yielded, worker.yielded = worker.yielded, NOT_STARTED
+            continue
         coro, done, first, second, context = job
         yielded = NOT_STARTED
 
