@@ -27,7 +27,16 @@ from typing import Any
 from bench.body import FACTS_ENV_VAR, GC_POLICY
 from bench.contenders import CONTENDERS
 from bench.loopstats import free_port, scrape, window_figures
-from bench.procs import cpu_delta, cpu_times, rss_bytes, start_process, stop_process
+from bench.procs import (
+    MachineTimes,
+    cpu_delta,
+    cpu_times,
+    machine_times,
+    own_cpu,
+    rss_bytes,
+    start_process,
+    stop_process,
+)
 from bench.taskfacts import count_facts, load_facts, pacer_ack_ms, produce_to_done_ms
 from bench.workload import RunSpec, pace_with_librdkafka, security_of
 from decaton_aio.security import SecuritySettings
@@ -256,10 +265,12 @@ class Harness:
                 )
                 await asyncio.sleep(warmup_s)  # the window opens at a time, not an event
                 cpu0 = cpu_times([proc.pid])
+                machine0 = self._machine_sample()
                 opened = await scrape(port) if port is not None else None
                 sent = await pacing
                 t1 = time.time_ns()
                 cpu = cpu_delta(cpu0, cpu_times([proc.pid]))
+                machine = self._machine_use(machine0, cpu, (t1 - t0) / 1e9)
                 rss, _ = rss_bytes([proc.pid])
                 # What the runtime holds when the load ends (the drain empties it).
                 at_end = await scrape(port) if opened is not None else None
@@ -293,6 +304,7 @@ class Harness:
                         "cpu_s_per_1000": round(cpu / ended * 1000, 5) if ended else None,
                         "cpu_util": round(cpu / ((t1 - t0) / 1e9), 3),
                         "rss_bytes": rss,
+                        "machine": machine,
                         **runtime,
                     }
                 )
@@ -302,6 +314,34 @@ class Harness:
         finally:
             await stop_process(proc)
         return rungs
+
+    def _machine_sample(self) -> tuple[MachineTimes, dict[int, float], float]:
+        return machine_times(), cpu_times(self.broker_pids), own_cpu()
+
+    def _machine_use(
+        self,
+        before: tuple[MachineTimes, dict[int, float], float],
+        contender_cpu: float,
+        window_s: float,
+    ) -> dict[str, float]:
+        """Cores busy over a rung's window (CPU seconds per second), by whom: the whole
+        machine, the contender's tree, the broker, this harness (the pacer's thread
+        among it) and everything else; and the cores the hypervisor took (steal). What
+        slows one contender's rung and not another's shows here."""
+        machine0, broker0, own0 = before
+        machine1 = machine_times()
+        busy = (machine1.busy - machine0.busy) / window_s
+        broker = cpu_delta(broker0, cpu_times(self.broker_pids)) / window_s
+        harness = (own_cpu() - own0) / window_s
+        contender = contender_cpu / window_s
+        return {
+            "busy": round(busy, 3),
+            "contender": round(contender, 3),
+            "broker": round(broker, 3),
+            "harness": round(harness, 3),
+            "other": round(max(0.0, busy - contender - broker - harness), 3),
+            "steal": round((machine1.steal - machine0.steal) / window_s, 3),
+        }
 
     async def _pace(
         self,

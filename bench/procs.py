@@ -13,12 +13,15 @@ import os
 import signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 __all__ = [
+    "MachineTimes",
     "cpu_delta",
     "cpu_times",
     "descendants",
+    "machine_times",
+    "own_cpu",
     "rss_bytes",
     "start_process",
     "stop_process",
@@ -35,6 +38,33 @@ def _stat(pid: int) -> list[str] | None:
         return None
     # The command name (field 2) may hold spaces: fields start after its closing paren.
     return raw[raw.rindex(")") + 2 :].split()
+
+
+class MachineTimes(NamedTuple):
+    """The whole machine's CPU seconds since boot, from ``/proc/stat``: busy (user, nice,
+    system, irq, softirq), stolen by the hypervisor, and in all (idle and iowait too)."""
+
+    busy: float
+    steal: float
+    total: float
+
+
+def machine_times() -> MachineTimes:
+    """The machine's CPU seconds so far (all cores; see :class:`MachineTimes`)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return MachineTimes(
+        busy=(user + nice + system + irq + softirq) / _TICK,
+        steal=steal / _TICK,
+        total=sum(fields) / _TICK,
+    )
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process alone (all its threads), not of its children."""
+    times = os.times()
+    return times.user + times.system
 
 
 def descendants(roots: Iterable[int]) -> list[int]:

@@ -545,6 +545,7 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
             lines += [f"| {r['contender']} | not run: {r['error'][:120]} ||||||" for r in failed]
             lines.append("")
             lines += _runtime_rungs([r for r in lat if r["contender"] in OURS])
+            lines += _machine_rungs(lat)
         if flavor != primary:
             continue
         s4 = _results(rows_all, "S4")
@@ -683,6 +684,35 @@ def _runtime_rungs(lat: list[dict[str, Any]]) -> list[str]:
                 f"{_ms(rt.get('step_max_ms'))} | "
                 f"{_fmt(rt.get('gc_pause_count'))}, {_ms(rt.get('gc_pause_max_ms'))} | "
                 f"{waits} |"
+            )
+    lines.append("")
+    return lines
+
+
+def _machine_rungs(lat: list[dict[str, Any]]) -> list[str]:
+    """Who used the machine's cores during each rung (bench/measure.py's ``machine``)."""
+    measured = [r for r in lat if any(g.get("machine") for g in r["rungs"])]
+    if not measured:
+        return []
+    lines = [
+        "The machine during each rung: cores busy over the window, in all and by whom "
+        "(the contender's process tree, the broker, the harness with the pacer's thread, "
+        "anything else), and cores the hypervisor took (steal).",
+        "",
+        "| contender | share | rate /s | p99 ms | busy | contender | broker | harness | other "
+        "| steal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in measured:
+        for rung in sorted(r["rungs"], key=lambda g: g.get("share_of_capacity") or 0):
+            m = rung.get("machine") or {}
+            parts = " | ".join(
+                _fmt(m.get(k), 2)
+                for k in ("busy", "contender", "broker", "harness", "other", "steal")
+            )
+            lines.append(
+                f"| {r['contender']} | {_fmt((rung.get('share_of_capacity') or 0) * 100)}% | "
+                f"{_fmt(rung.get('rate'))} | {_fmt(rung.get('p99_ms'), 1)} | {parts} |"
             )
     lines.append("")
     return lines

@@ -374,6 +374,14 @@ def _ladder_line(contender: str, capacity: float, best: float | None, **half: An
             "p99_ms": 30.0,
             "wait_p99_ms": 1.0,
             "cpu_s_per_1000": 0.01,
+            "machine": {
+                "busy": 1.9,
+                "contender": 0.8,
+                "broker": 0.4,
+                "harness": 0.3,
+                "other": 0.4,
+                "steal": 0.05,
+            },
             **half,
         },
     ]
@@ -556,10 +564,29 @@ def test_report_shows_our_runtime_per_rung_and_the_cost_as_the_work_grows() -> N
         "| ours-auto | 50% | 80,000 | 11.0 / 30.0 | 8.0 / 2.0 | 1.5 | 0.0100 | 1,234 | 1.0 / 10 |"
         in text
     )
+    # Who used the cores during each rung: a rung without the figures shows dashes.
+    assert "| busy | contender | broker | harness | other | steal |" in text
+    assert "| ours-auto | 50% | 80,000 | 30.0 | 1.90 | 0.80 | 0.40 | 0.30 | 0.40 | 0.05 |" in text
+    assert "| ours-auto | 25% | 40,000 | 20.0 | - | - | - | - | - | - |" in text
     assert "## Cost as the work grows (ours)" in text
     assert "| S1-P96: 96 partitions, 10,000 keys | ours-auto | **152,000**" in text
     assert "| S1-K1M: 3 partitions, 1,000,000 keys | ours | **76,000**" in text
     assert "idle for 60.0 s (DAMON pageout" in text
+
+
+def test_the_machines_cpu_is_read_from_proc_stat_and_this_process_counts_apart() -> None:
+    """The machine's busy seconds grow while this process spins, by at least what this
+    process spent, and never pass the machine's total."""
+    from bench.procs import machine_times, own_cpu
+
+    before, mine = machine_times(), own_cpu()
+    while own_cpu() - mine < 0.05:
+        pass
+    after = machine_times()
+    spent = own_cpu() - mine
+    assert after.busy - before.busy >= spent * 0.5  # clock ticks round each figure
+    assert 0 <= after.busy <= after.total
+    assert after.steal >= before.steal
 
 
 def test_loop_figures_give_the_pending_records_at_the_window_end() -> None:
