@@ -18,7 +18,7 @@ import ssl
 import struct
 from typing import Final
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
@@ -33,7 +33,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from decaton_aio.errors import BrokerError, SecurityError
 from decaton_aio.security import SecuritySettings
 
-__all__ = ["connect_error", "diagnose", "start_admin", "start_client"]
+__all__ = ["connect_error", "diagnose", "start_admin", "start_client", "start_or_close"]
 
 _PROBE_TIMEOUT_S: Final = 10.0
 # An ApiVersions v0 request (api key 18), correlation id 1, client id "decaton-aio-probe".
@@ -83,14 +83,23 @@ async def start_client(
         BaseException: anything else the start raised, as it was.
     """
     try:
+        await start_or_close(client)
+    except KafkaError as exc:
+        raise await connect_error(exc, bootstrap_servers, security) from exc
+
+
+async def start_or_close(client: AIOKafkaConsumer | AIOKafkaProducer | AIOKafkaAdminClient) -> None:
+    """Start an aiokafka client; a start that fails, for whatever reason (a cancellation
+    too), closes the client again before the error is raised as it was: the connections
+    it opened before the failure are not left open.
+    """
+    try:
         await client.start()
-    except BaseException as exc:
+    except BaseException:
         if isinstance(client, AIOKafkaAdminClient):
             await client.close()
         else:
             await client.stop()
-        if isinstance(exc, KafkaError):
-            raise await connect_error(exc, bootstrap_servers, security) from exc
         raise
 
 

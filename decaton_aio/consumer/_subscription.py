@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -346,28 +346,38 @@ class Subscription:
             if not drained:
                 log.warning("shutdown timeout: tasks still running are left unfinished")
             await self._commit(final=True)
-            # Also those a rebalance listener still loads: the consumer's stop below lets it
-            # finish, and what it loads must not go live after this.
-            self._assignment.close_all()
-            await self._executor.close(timeout_s=1.0)
-            if self._consumer is not None:
-                await self._consumer.stop()
+        finally:
+            try:
+                await self._close()
+            finally:
+                self._finish_stop()
+
+    async def _close(self) -> None:
+        # Every part is closed, even when an earlier one failed (its connections would
+        # stay open); the first failure is raised after.
+        # Also the partitions a rebalance listener still loads: the consumer's stop below
+        # lets it finish, and what it loads must not go live after this.
+        self._assignment.close_all()
+        consumer, state_store = self._consumer, self.state_store
+        await _close_each(
+            lambda: self._executor.close(timeout_s=1.0),
+            consumer.stop if consumer is not None else None,
             # After the consumer: its stop() lets a rebalance in progress finish, and our
             # listener then still loads checkpoints and starts transactional producers
             # through the committer. Closed first, the committer opened its clients again
             # and nobody closed those connections.
-            await self._committer.close()
-            if self.state_store is not None:
-                await self.state_store.stop()
-            if self._owns_sender:
-                await self._sender.stop()
-        finally:
-            self._loop_watch.stop()
-            self._gc_watch.stop()
-            for unsubscribe in self._unsubscribe:
-                unsubscribe()
-            self._set_state(SubscriptionState.TERMINATED)
-            self._stopped.set()
+            self._committer.close,
+            state_store.stop if state_store is not None else None,
+            self._sender.stop if self._owns_sender else None,
+        )
+
+    def _finish_stop(self) -> None:
+        self._loop_watch.stop()
+        self._gc_watch.stop()
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._set_state(SubscriptionState.TERMINATED)
+        self._stopped.set()
 
     async def wait_stopped(self) -> None:
         """Wait until the subscription terminated; re-raise what made a routine fail."""
@@ -604,6 +614,21 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self._subscription._on_assigned(set(assigned))
+
+
+async def _close_each(*closers: Callable[[], Awaitable[object]] | None) -> None:
+    # Each one runs, whatever the ones before raised; the first failure is raised after.
+    failure: Exception | None = None
+    for close in closers:
+        if close is None:
+            continue
+        try:
+            await close()
+        except Exception as exc:
+            log.error("closing a part of the subscription failed", exc_info=exc)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:

@@ -275,3 +275,37 @@ async def test_a_restore_reads_every_record_of_a_long_changelog(
     history = await run_until(kafka_broker, app, group, lambda: "k49" in seen, "k49 counted")
     assert sorted((h.partition, h.replayed) for h in history) == [(0, 25_000), (1, 0)]
     assert seen == {"k49": 24_999 + 1}
+
+
+async def test_a_failed_changelog_reader_still_closes_every_client(
+    kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path
+) -> None:
+    """When the changelog reader's routine fails, the subscription stops and re-raises
+    that failure, and every client it made is closed all the same: the reader's consumer,
+    the changelog's sender and the subscription's own sender, and the state directory is
+    unlocked (a stop that ended at the first failure left the others' connections open)."""
+    topic = await topic_factory(partitions=1)
+    app = counting_app(topic, StateStoreConfig("counts", directory=tmp_path), {})
+    sub = kafka_broker.subscription(app)
+    await sub.start()
+    store = sub.state_store
+    assert store is not None
+    reader, changelog_sender = store.reader, store._sender
+    assert changelog_sender is not None
+    try:
+        await wait_until(lambda: len(sub.partitions) == 1, what="the assignment", timeout_s=60)
+
+        async def broken(*args: Any) -> None:
+            raise RuntimeError("the changelog reader broke")
+
+        reader._reassign = broken  # type: ignore[method-assign]
+        reader._changed.set()  # the read routine looks at its partitions again
+        with pytest.raises(RuntimeError, match="the changelog reader broke"):
+            async with asyncio.timeout(60):
+                await sub.wait_stopped()
+        assert reader._consumer is None
+        assert changelog_sender._client is None
+        assert sub._sender._client is None
+        assert store._lock is None
+    finally:
+        await sub.stop()

@@ -1,5 +1,7 @@
 """A client whose start fails is closed again, whatever the failure: the connections it
-opened before failing are not left open (a cancelled start, an unexpected error)."""
+opened before failing are not left open (a cancelled start, an unexpected error). The
+checkpoint store's clients start inside a commit, which a final commit or a shutdown may
+cancel."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
 from decaton_aio import _connect, offsets, testing
+from decaton_aio.consumer.commit import _checkpoints
+from decaton_aio.consumer.state import _changelog
 from decaton_aio.errors import BrokerError
 from decaton_aio.properties import KafkaPropertySource, _kafka_source
 from decaton_aio.security import PLAINTEXT
@@ -54,7 +59,30 @@ async def _property_topic() -> None:
     await KafkaPropertySource(SERVERS, "properties").load()
 
 
-#: The starts checked: the module that names the client class, its name, and a call.
+def _store() -> _checkpoints.CheckpointStore:
+    store = _checkpoints.CheckpointStore(SERVERS, "group", "checkpoints")
+    store._topic_ready = True  # no admin client first
+    return store
+
+
+async def _checkpoint_producer() -> None:
+    await _store()._send("checkpoints", 0, b"key", b"value")
+
+
+async def _checkpoint_admin() -> None:
+    await _store()._committed([TopicPartition("topic", 0)])
+
+
+async def _checkpoint_reader() -> None:
+    await _store()._read_at(0, 0, b"key")
+
+
+async def _changelog_reader() -> None:
+    await _changelog.ChangelogReader(SERVERS, "changelog").start()
+
+
+#: The starts that explain a Kafka error (SecurityError or BrokerError): the module that
+#: names the client class, its name, and a call.
 STARTS: dict[str, tuple[Any, str, Callable[[], Awaitable[None]]]] = {
     "read_records": (testing, "AIOKafkaConsumer", _read_records),
     "partition_extents": (offsets, "AIOKafkaConsumer", _partition_extents),
@@ -67,7 +95,16 @@ STARTS: dict[str, tuple[Any, str, Callable[[], Awaitable[None]]]] = {
 }
 
 
-@pytest.mark.parametrize("start", list(STARTS))
+#: The starts that raise what the client raised.
+PLAIN_STARTS: dict[str, tuple[Any, str, Callable[[], Awaitable[None]]]] = {
+    "checkpoint producer": (_checkpoints, "AIOKafkaProducer", _checkpoint_producer),
+    "checkpoint admin client": (_checkpoints, "AIOKafkaAdminClient", _checkpoint_admin),
+    "checkpoint reader": (_checkpoints, "AIOKafkaConsumer", _checkpoint_reader),
+    "changelog reader": (_changelog, "AIOKafkaConsumer", _changelog_reader),
+}
+
+
+@pytest.mark.parametrize("start", [*STARTS, *PLAIN_STARTS])
 @pytest.mark.parametrize(
     "error", [RuntimeError("not a Kafka error"), asyncio.CancelledError()], ids=repr
 )
@@ -75,8 +112,8 @@ async def test_a_start_failing_with_any_error_closes_the_client(
     start: str, error: BaseException, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Given a start that raises something other than a Kafka error (an unexpected error,
-    or the caller's cancellation), the helper raises it as it was and the client is closed."""
-    module, name, call = STARTS[start]
+    or the caller's cancellation), the error is raised as it was and the client is closed."""
+    module, name, call = {**STARTS, **PLAIN_STARTS}[start]
     failing = _FailingStart(error)
     monkeypatch.setattr(module, name, failing.of(getattr(module, name)))
     with pytest.raises(type(error)):

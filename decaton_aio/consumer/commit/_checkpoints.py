@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from decaton_aio._connect import start_or_close
 from decaton_aio.consumer._loopwatch import yield_if_due
 from decaton_aio.consumer.commit._checkpoint_codec import (
     TEXT_PREFIX,
@@ -187,7 +188,7 @@ class CheckpointStore:
                     client_id=f"decaton-aio-checkpoints-{self.group_id}",
                     **self._client_kwargs,
                 )
-                await producer.start()
+                await start_or_close(producer)  # cancelled with the commit: closed
                 self._producer = producer
         sent = await self._producer.send_and_wait(topic, value, key=key, partition=partition)
         return int(sent.offset)
@@ -344,7 +345,7 @@ class CheckpointStore:
                 admin = AIOKafkaAdminClient(
                     bootstrap_servers=self.bootstrap_servers, **self._client_kwargs
                 )
-                await admin.start()
+                await start_or_close(admin)  # cancelled with the commit: closed
                 self._admin = admin
             return self._admin
 
@@ -378,7 +379,7 @@ class _Reader:
         )
 
     async def __aenter__(self) -> AIOKafkaConsumer:
-        await self._consumer.start()
+        await start_or_close(self._consumer)  # __aexit__ does not run when this fails
         return self._consumer
 
     async def __aexit__(self, *exc: object) -> None:

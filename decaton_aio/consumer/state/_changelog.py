@@ -19,7 +19,6 @@ Caller: the subscription's event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio._connect import start_or_close
 from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._records import RAW_RECORDS
 from decaton_aio.consumer.state._store import LocalStore
@@ -166,17 +166,18 @@ class ChangelogReader:
             key_deserializer=RAW_RECORDS,
             **self._client_kwargs,
         )
-        await consumer.start()
+        await start_or_close(consumer)
         self._consumer = consumer
         self._task = asyncio.create_task(self._run(), name="decaton-changelog")
 
     async def stop(self) -> None:
-        """Stop reading; pending restores fail with ``CancelledError``."""
+        """Stop reading; pending restores fail with ``CancelledError``. A read routine that
+        failed does not fail the stop (its failure went to :meth:`on_failure`): the
+        consumer is closed all the same."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])
         for follow in self._follows.values():
             if follow.done is not None and not follow.done.done():
                 follow.done.cancel()
