@@ -5,7 +5,8 @@ one subscription. It makes a fresh one per assignment (:meth:`~Assignment.new`),
 its checkpoint before any record reaches it (:meth:`~Assignment.load`), replaces it when
 its state must start again (:meth:`~Assignment.restart` when the fetch position went back,
 :meth:`~Assignment.rewind` when a transaction failed), stops it when another instance
-took it over (:meth:`~Assignment.fenced`) and closes it (:meth:`~Assignment.close`; every
+took it over (:meth:`~Assignment.fenced`) or its topic is gone (:meth:`~Assignment.gone`)
+and closes it (:meth:`~Assignment.close`; every
 one for good when the subscription stops, :meth:`~Assignment.close_all`).
 Reloadable settings reach every live partition the moment they change
 (:meth:`~Assignment.follow`).
@@ -13,7 +14,8 @@ Reloadable settings reach every live partition the moment they change
 Fetching is decided in one place. A partition is not fetched while one of these holds,
 checked in this order (the first one found is its :class:`Hold`):
 
-- ``FENCED``: another instance owns it now; it waits for the rebalance that takes it away;
+- ``STOPPED``: stopped here (another instance owns it now, or its topic was deleted); it
+  waits for the rebalance that takes it away;
 - ``LOADING``: its checkpoint is being imported (with exactly-once, its previous owner
   fenced first): a record fetched now would run again;
 - ``RESTORING``: its state is being restored;
@@ -61,7 +63,7 @@ log = structlog.get_logger("decaton_aio.consumer")
 class Hold(enum.Enum):
     """Why a partition is not fetched."""
 
-    FENCED = "fenced"
+    STOPPED = "stopped"
     LOADING = "loading"
     RESTORING = "restoring"
     BACK_PRESSURE = "back-pressure"
@@ -112,7 +114,7 @@ class Assignment:
         """Why ``processor``'s partition must not be fetched now (``None``: it may)."""
         tp = processor.tp
         if processor.closed:
-            return Hold.FENCED
+            return Hold.STOPPED
         if self._loading.get(tp) is processor:
             return Hold.LOADING
         if self._restoring(tp.partition):
@@ -175,7 +177,7 @@ class Assignment:
             for processor in fresh:
                 del self._loading[processor.tp]
             for processor in fenced:
-                processor.close()  # held as fenced from here on
+                processor.close()  # held as stopped from here on
         for processor in fresh:  # visible (and fed) once ready
             if self._ended:  # the subscription stopped while they loaded
                 self._held.pop(processor.tp, None)
@@ -234,6 +236,11 @@ class Assignment:
         rebalance takes it away."""
         processor.close()
         self.update(processor)
+
+    def gone(self, processor: PartitionProcessor) -> None:
+        """The partition's topic no longer exists: stop it here (nothing of it is fed or
+        committed any more) and hold it until the rebalance that takes it away."""
+        self.fenced(processor)
 
     def restored(self, number: int) -> None:
         """Partition number ``number``'s state is restored: its topics may be fetched."""

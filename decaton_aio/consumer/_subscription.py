@@ -2,7 +2,7 @@
 
 The :class:`Subscription` owns an aiokafka consumer (auto commit off) and its
 ``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition, their
-lifecycle, and the one place that pauses and resumes fetching. Two routines run on the
+lifecycle, and the one place that pauses and resumes fetching. Three routines run on the
 loop:
 
 - the fetch routine takes record batches and feeds them to their partitions, holding a
@@ -13,12 +13,17 @@ loop:
 - the commit routine commits every partition's watermark (with its checkpoint, or in a
   transaction with exactly-once; see ``commit``) each ``decaton.commit.interval.ms``,
   its preparation in steps of the same budget; a failed commit is logged and tried again
-  next time.
+  next time;
+- the topic routine holds the partitions whose topic is gone (deleted, or assigned from
+  metadata read before its deletion) and asks the group to rebalance (see ``_topics``),
+  after each assignment and whenever a fetched partition seems gone.
 
 Rebalances (aiokafka calls the listener while the fetch routine awaits; a batch still
 being fed stops at its next step when its partition was revoked or replaced): on revoke,
 stop starting the partitions' tasks, drop their queued records, wait up to
-``decaton.group.rebalance.timeout.ms`` for running ones, commit, and close them; on assign,
+``decaton.group.rebalance.timeout.ms`` for running ones, read the cluster's metadata again
+(what the member assigns from if it leads the group), commit (not the partitions of a
+deleted topic), and close them; on assign,
 a fresh processor per partition, paused until its checkpoint is imported (and, with
 exactly-once, its transactional producer started). Shutdown stops fetching, drains up to
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
@@ -53,6 +58,7 @@ from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
 from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.consumer._topics import CHECK_INTERVAL_S, TopicCheck
 from decaton_aio.consumer.commit import CheckpointStore, Committer
 from decaton_aio.consumer.state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
@@ -205,6 +211,9 @@ class Subscription:
         self._partitions = self._assignment.partitions  # the live ones (read here)
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
+        self._topic_task: asyncio.Task[None] | None = None
+        self._topics: TopicCheck | None = None
+        self._assigned = asyncio.Event()  # the topic check runs at once after assignments
         self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
@@ -310,6 +319,7 @@ class Subscription:
                 await self._sender.stop()
             raise
         self._consumer = consumer
+        self._topics = TopicCheck(consumer)
         self._assignment.attach(consumer)
         topics = list(self.app.subscribed_topics)
         consumer.subscribe(topics, listener=_Listener(self))
@@ -324,7 +334,8 @@ class Subscription:
         self._gc_watch.start()
         self._fetch_task = asyncio.create_task(self._fetch_routine(), name="decaton-fetch")
         self._commit_task = asyncio.create_task(self._commit_routine(), name="decaton-commit")
-        for task in (self._fetch_task, self._commit_task):
+        self._topic_task = asyncio.create_task(self._topic_routine(), name="decaton-topics")
+        for task in (self._fetch_task, self._commit_task, self._topic_task):
             task.add_done_callback(self._routine_ended)
         if self.state_store is not None:
             self.state_store.reader.on_failure(self._routine_ended)
@@ -341,6 +352,7 @@ class Subscription:
         try:
             await _cancel(self._fetch_task)
             await _cancel(self._commit_task)
+            await _cancel(self._topic_task)
             timeout_s = self.properties[PROCESSING_SHUTDOWN_TIMEOUT_MS].value / 1000
             drained = await self._drain(list(self._partitions.values()), timeout_s)
             if not drained:
@@ -491,6 +503,39 @@ class Subscription:
             self._stats.fold()  # keeps the observation queues short
             await self._commit()
 
+    async def _topic_routine(self) -> None:
+        # Partitions the cluster no longer has (see _topics): looked for after each
+        # assignment, and each CHECK_INTERVAL_S when a fetched one seems gone.
+        topics = self._topics
+        assert topics is not None
+        assignment = self._assignment
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CHECK_INTERVAL_S):
+                    await self._assigned.wait()
+            if self._assigned.is_set():
+                self._assigned.clear()
+            elif self.state is not SubscriptionState.RUNNING:
+                continue  # a rebalance going on sorts the assignment out
+            else:
+                live = self._partitions.values()
+                if not topics.suspect(p.tp for p in live if assignment.hold(p) is None):
+                    continue
+            if not await topics.refresh():
+                continue
+            gone = [self._partitions[tp] for tp in topics.missing(list(self._partitions))]
+            gone = [p for p in gone if not p.closed]
+            if not gone:
+                continue
+            for processor in gone:
+                assignment.gone(processor)
+            log.warning(
+                "assigned partitions no longer exist (topic deleted); held until the group "
+                "rebalances, asked for now",
+                partitions=sorted(f"{p.tp.topic}-{p.tp.partition}" for p in gone),
+            )
+            topics.rejoin()
+
     async def _commit(
         self, processors: list[PartitionProcessor] | None = None, *, final: bool = False
     ) -> None:
@@ -510,14 +555,22 @@ class Subscription:
         processors = [self._partitions[tp] for tp in revoked if tp in self._partitions]
         if self.state is SubscriptionState.RUNNING:
             self._set_state(SubscriptionState.REBALANCING)
+        # The cluster's metadata, read again as the group rejoins (aiokafka reads it only
+        # every metadata_max_age_ms): the member assigns from it if it leads the group.
+        topics = self._topics
+        assert topics is not None  # set before the consumer subscribes
         if not processors:
+            await topics.refresh()
             return
         for processor in processors:
             processor.revoke()
         timeout_s = self.properties[GROUP_REBALANCE_TIMEOUT_MS].value / 1000
         started = time.monotonic()
         drained = await self._drain(processors, timeout_s)
-        await self._commit(processors, final=True)
+        # A deleted topic (often why the group rebalances) takes no commit: the client
+        # would retry it until given up, holding the rejoin back.
+        gone = set(topics.missing(revoked)) if await topics.refresh() else set()
+        await self._commit([p for p in processors if p.tp not in gone], final=True)
         for processor in processors:
             self._assignment.close(processor)
             if self.state_store is not None:
@@ -554,6 +607,7 @@ class Subscription:
             "partitions assigned",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
         )
+        self._assigned.set()  # the leader may have assigned from a stale view
         if self.state is SubscriptionState.REBALANCING:
             self._set_state(SubscriptionState.RUNNING)
 

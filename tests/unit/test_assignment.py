@@ -113,7 +113,7 @@ def test_a_fenced_partition_stays_held_whatever_else_changes() -> None:
     (p,) = [assignment.new(TPS[0])]
     asyncio.run(assignment.load([p]))
     assignment.fenced(p)
-    assert assignment.hold(p) is Hold.FENCED
+    assert assignment.hold(p) is Hold.STOPPED
     p.needs_pause = False  # type: ignore[misc]
     assignment.update(p)
     assert consumer.paused == {TPS[0]}
@@ -184,7 +184,7 @@ async def test_a_partition_whose_load_ends_after_close_all_is_closed_not_live() 
     assert loading.closed
     assert assignment.partitions == {}
     assert retired == [TPS[0], TPS[1]]
-    assert assignment.hold(loading) is Hold.FENCED
+    assert assignment.hold(loading) is Hold.STOPPED
 
 
 def test_a_partition_assigned_after_close_all_never_goes_live() -> None:

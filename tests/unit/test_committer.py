@@ -175,3 +175,55 @@ async def test_a_batch_handed_out_but_not_fed_yet_is_never_committed_past() -> N
     await settle()
     await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
     assert consumer.commits[-1] == {processor.tp: 6}  # offset 5 held no data record
+
+
+class _RetryingConsumer:
+    """A consumer that retries its first commit until cancelled, writing its offsets
+    again at each try, as the client does while a partition in the commit belongs to a
+    deleted topic; later commits are written once."""
+
+    def __init__(self) -> None:
+        self.written: list[dict[Any, int]] = []  # what the broker was told, in order
+        self.retry = asyncio.Event()
+        self.retrying = False
+
+    def highwater(self, tp: Any) -> int | None:
+        return None  # nothing beyond what was fetched
+
+    async def commit(self, offsets: Any) -> None:
+        sent = {tp: o.offset for tp, o in offsets.items()}
+        self.written.append(sent)
+        if self.retrying:
+            return
+        self.retrying = True
+        while True:
+            await self.retry.wait()
+            self.retry.clear()
+            self.written.append(sent)
+
+
+async def test_a_final_commit_ends_a_periodic_commit_the_client_still_retries() -> None:
+    """A revoke's final commit comes while a periodic commit is still retried by the
+    client: the periodic commit ends before the final one is written, so no retry
+    writes its older offset after the final one (the partition may be another
+    member's by then, which would redo the records in between)."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    processor = make(process)
+    processor.feed(records([b"a", b"b"]))
+    await settle()
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    consumer = _RetryingConsumer()
+    periodic = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
+    await settle()
+    assert consumer.written == [{processor.tp: 2}]  # retried from here on
+    processor.feed(records([b"c", b"d"], first=2))
+    await settle()
+    await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
+    assert periodic.done()
+    await periodic  # ended, not failed
+    consumer.retry.set()
+    await settle()
+    assert consumer.written == [{processor.tp: 2}, {processor.tp: 4}]

@@ -117,6 +117,7 @@ class Committer(Generic[P]):
         self._txn_commits: dict[TopicPartition, asyncio.Task[None]] = {}
         self._saved: dict[TopicPartition, _Saved[P]] = {}
         self._lifecycle: PartitionLifecycle[P] | None = None
+        self._periodic: asyncio.Task[None] | None = None  # a periodic commit going on
 
     def bind(self, lifecycle: PartitionLifecycle[P]) -> None:
         """Tell ``lifecycle`` of the rewinds and fences of transactions from now on."""
@@ -227,7 +228,39 @@ class Committer(Generic[P]):
         steps: StepTimer | None = None,
     ) -> None:
         """Commit every partition whose watermark or checkpoint moved; failures are
-        logged (the next interval tries again). ``steps`` reports the walk's steps."""
+        logged (the next interval tries again). ``steps`` reports the walk's steps.
+
+        A final commit (revoke, shutdown) first ends a periodic one still going on: the
+        client retries a commit until it succeeds (a deleted topic's partition in it:
+        until it is given up), and each retry would write that commit's offsets again,
+        older than the final ones, for partitions another member may own by then.
+        """
+        if final:
+            periodic = self._periodic
+            if periodic is not None and not periodic.done():
+                periodic.cancel()
+                await asyncio.wait([periodic])
+            await self._commit(consumer, processors, final=True, steps=steps)
+            return
+        periodic = self._periodic = asyncio.ensure_future(
+            self._commit(consumer, processors, final=False, steps=steps)
+        )
+        try:
+            await periodic
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not periodic.cancelled() or (current is not None and current.cancelling()):
+                raise  # this commit's caller is cancelled, not only the commit
+            log.info("periodic commit ended for a final one")
+
+    async def _commit(
+        self,
+        consumer: AIOKafkaConsumer,
+        processors: list[P],
+        *,
+        final: bool,
+        steps: StepTimer | None,
+    ) -> None:
         # One walk: metrics, skipped offsets and (at-least-once) what to commit.
         entries: dict[TopicPartition, tuple[P, int, Checkpoint | None]] = {}
         steps = steps or StepTimer(_ignore)
