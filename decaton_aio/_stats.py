@@ -43,9 +43,12 @@ class PartitionStats:
     back-pressure), ``committed_offset`` (last committed, i.e. the next offset a restart
     reads), ``consumed_offset`` (one past the last fetched record) and ``high_watermark``
     (the partition's end offset, for the lag); ``-1`` means unknown and the gauge is not
-    exported. Histograms: ``done_at_once`` (seconds the processor ran, for tasks complete
-    when it returned: their process and completion durations are the same, observed once
-    on the hot path), ``process_duration`` and ``completion_duration`` (the same two
+    exported. ``commit_current_at`` is when the committer last found the partition's
+    commit up to date (it committed, or had nothing new to commit; the assignment to
+    begin with), read as an age through :meth:`commit_age`. Histograms: ``done_at_once``
+    (seconds the processor ran, for tasks complete when it returned: their process and
+    completion durations are the same, observed once on the hot path),
+    ``process_duration`` and ``completion_duration`` (the same two
     durations of the other tasks: deferred, retried, dead-lettered; the completion is
     longer), read together through :meth:`process_total` and :meth:`completion_total`;
     ``delivery_latency`` (record timestamp to processing start), ``scheduling_delay``
@@ -63,9 +66,9 @@ class PartitionStats:
     """
 
     __slots__ = (
-        *_SUMMED, *_HISTOGRAMS, "clock", "committed_offset", "consumed_offset",
-        "high_watermark", "paused", "paused_s", "paused_since", "pending", "starved_s",
-        "starved_since",
+        *_SUMMED, *_HISTOGRAMS, "clock", "commit_current_at", "committed_offset",
+        "consumed_offset", "high_watermark", "paused", "paused_s", "paused_since", "pending",
+        "starved_s", "starved_since",
     )  # fmt: skip
 
     def __init__(
@@ -84,6 +87,7 @@ class PartitionStats:
         self.starved_s = 0.0
         self.starved_since = clock() if starved else -1.0
         self.committed_offset = -1
+        self.commit_current_at = clock()
         self.consumed_offset = -1
         self.high_watermark = -1
         self.process_duration = FastHistogram()
@@ -160,6 +164,15 @@ class PartitionStats:
         for name in _HISTOGRAMS:
             getattr(self, name).fold()
 
+    def commit_current(self) -> None:
+        """Record that the partition's commit is up to date now."""
+        self.commit_current_at = self.clock()
+
+    def commit_age(self) -> float:
+        """Seconds since the partition's commit was last up to date: about a commit
+        interval while commits succeed; it grows while they fail."""
+        return max(0.0, self.clock() - self.commit_current_at)
+
     @property
     def lag(self) -> int:
         """Records between the high watermark and the committed offset, or -1 if unknown.
@@ -193,6 +206,7 @@ class PartitionStats:
         copy.pending, copy.paused = self.pending, self.paused
         copy.committed_offset, copy.consumed_offset = self.committed_offset, self.consumed_offset
         copy.high_watermark = self.high_watermark
+        copy.commit_current_at = self.commit_current_at
         return copy
 
 
@@ -220,11 +234,13 @@ class SubscriptionStats:
             record sampled per step: the first, the oldest of its step).
         feed_wait: seconds from the fetch to the step that fed the records (one
             observation per step).
+        tasks: asyncio tasks alive on the subscription's event loop, counted once per
+            commit interval (``-1`` until first counted).
     """
 
     __slots__ = (
         "feed_wait", "fetch_latency", "fetch_wait", "gc_pause", "longest_step_s", "loop_lag",
-        "state", "states", "step_duration",
+        "state", "states", "step_duration", "tasks",
     )  # fmt: skip
 
     def __init__(self, states: tuple[str, ...]) -> None:
@@ -237,6 +253,7 @@ class SubscriptionStats:
         self.longest_step_s = 0.0
         self.fetch_wait = FastHistogram()
         self.feed_wait = FastHistogram()
+        self.tasks = -1
 
     def step(self, seconds: float) -> None:
         """Observe one step of the runtime's own work of ``seconds``."""

@@ -132,7 +132,7 @@ _HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], .
      "they were fed are not counted; sampled: one offset in 16.", lambda s: s.slot_wait),
 )  # fmt: skip
 # Gauges of live partitions only; a value below 0 means unknown and the sample is left out.
-_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
+_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
     ("decaton_partition_tasks_pending", "Records fetched from the partition and not "
      "completed yet.", lambda s: s.pending),
     ("decaton_partition_paused", "1 while fetching from the partition is paused for "
@@ -143,12 +143,21 @@ _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], int]], ...] = (
      "from the partition; absent until known.", lambda s: s.consumed_offset),
     ("decaton_consumer_lag", "Records between the partition's high watermark and its "
      "committed offset; absent while either is unknown.", lambda s: s.lag),
+    ("decaton_partition_commit_age_seconds", "Seconds since the partition's commit was last "
+     "up to date (committed, or nothing new to commit): about decaton.commit.interval.ms "
+     "while commits succeed; it grows while they fail.", lambda s: s.commit_age()),
 )  # fmt: skip
 _STATE = (
     "decaton_subscription_state",
     "1 for the state the subscription is in (label state), 0 for the others.",
 )
-# Per subscription: (name, help, read).
+# Per subscription: (name, help, read); a value below 0 means unknown, left out.
+_SUBSCRIPTION_GAUGES: tuple[tuple[str, str, Callable[[SubscriptionStats], float]], ...] = (
+    ("decaton_event_loop_tasks", "Asyncio tasks alive on the subscription's event loop "
+     "(the runtime's and the processors'), counted once per commit interval.",
+     lambda s: s.tasks),
+)  # fmt: skip
+
 _SubscriptionHistogram = tuple[str, str, Callable[[SubscriptionStats], FastHistogram]]
 _SUBSCRIPTION_HISTOGRAMS: tuple[_SubscriptionHistogram, ...] = (
     ("decaton_consumer_fetch_latency_seconds", "Seconds each fetch call took to return "
@@ -220,7 +229,7 @@ class DecatonCollector:
             rows = self._snapshot()
             subscriptions = sorted(self._subscriptions())
         families = _Families.new()
-        counters, consumed, histograms, gauges, state, sub_histograms = families
+        counters, consumed, histograms, gauges, state, sub_histograms, sub_gauges = families
         for labels, stats, live in rows:
             values = (labels.subscription, labels.topic, str(labels.partition))
             for counter, (_, _, read) in zip(counters, _COUNTERS, strict=True):
@@ -244,6 +253,10 @@ class DecatonCollector:
             ):
                 hist = read_sub(sub)
                 family.add_metric((subscription,), hist.cumulative(), hist.sum)
+            for gauge, (_, _, read_value) in zip(sub_gauges, _SUBSCRIPTION_GAUGES, strict=True):
+                value = read_value(sub)
+                if value >= 0:
+                    gauge.add_metric((subscription,), float(value))
         yield from families.all()
 
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
@@ -265,6 +278,7 @@ class _Families(NamedTuple):
     gauges: list[GaugeMetricFamily]
     state: GaugeMetricFamily
     subscription_histograms: list[HistogramMetricFamily]
+    subscription_gauges: list[GaugeMetricFamily]
 
     @classmethod
     def new(cls) -> _Families:
@@ -279,6 +293,10 @@ class _Families(NamedTuple):
                 HistogramMetricFamily(n, doc, labels=("subscription",))
                 for n, doc, _ in _SUBSCRIPTION_HISTOGRAMS
             ],
+            [
+                GaugeMetricFamily(n, doc, labels=("subscription",))
+                for n, doc, _ in _SUBSCRIPTION_GAUGES
+            ],
         )
 
     def all(self) -> list[Metric]:
@@ -289,6 +307,7 @@ class _Families(NamedTuple):
             *self.gauges,
             self.state,
             *self.subscription_histograms,
+            *self.subscription_gauges,
         ]
 
 

@@ -105,8 +105,9 @@ class Committable(Protocol):
 
     The committer reads a snapshot (:meth:`committable`, or :meth:`export_completed` with
     checkpoints), lets the watermark pass offsets the consumer skipped
-    (:meth:`skip_to`), records a commit (:meth:`committed`) and, at assignment, imports a
-    checkpoint (:meth:`import_completed`). Nothing else of a partition is its business.
+    (:meth:`skip_to`), records a commit (:meth:`committed`, or :meth:`up_to_date` when
+    there was nothing new) and, at assignment, imports a checkpoint
+    (:meth:`import_completed`). Nothing else of a partition is its business.
     """
 
     tp: TopicPartition
@@ -149,6 +150,10 @@ class Committable(Protocol):
 
     def committed(self, offset: int) -> None:
         """Record that ``offset`` was committed."""
+        ...
+
+    def up_to_date(self) -> None:
+        """Record that a commit round found nothing new to commit."""
         ...
 
     def fold_stats(self) -> None:

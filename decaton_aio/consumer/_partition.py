@@ -332,9 +332,18 @@ class PartitionProcessor:
     def committed(self, offset: int) -> None:
         """Record a successful commit of ``offset``.
 
-        Caller: the committer. Affects: :attr:`last_committed`, the metric.
+        Caller: the committer. Affects: :attr:`last_committed`, the metrics (the
+        committed offset, and the commit is up to date).
         """
         self._last_committed = self.stats.committed_offset = offset
+        self.stats.commit_current()
+
+    def up_to_date(self) -> None:
+        """Record that a commit round found nothing new to commit.
+
+        Caller: the committer. Affects: the commit age metric.
+        """
+        self.stats.commit_current()
 
     def run_again(self, record: Record, attempt: int, delay_s: float) -> None:
         """Run ``record`` again, as run number ``attempt``, after ``delay_s`` in its lane.

@@ -501,6 +501,7 @@ class Subscription:
             if self.state_store is not None:
                 self.state_store.flush()
             self._stats.fold()  # keeps the observation queues short
+            self._stats.tasks = len(asyncio.all_tasks())
             await self._commit()
 
     async def _topic_routine(self) -> None:

@@ -26,11 +26,8 @@ class _StuckConsumer:
         await asyncio.Event().wait()
 
 
-async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A commit stuck in the client is abandoned after the commit timeout: ``commit``
-    returns (a revoke goes on), the offset is not taken as committed, and the next
-    commit tries it again."""
-    monkeypatch.setattr(_committer, "COMMIT_TIMEOUT_S", 0.01)
+async def _two_done() -> Any:
+    """A partition whose first two records are done."""
 
     async def process(ctx: Any, task: Any) -> None:
         return None
@@ -39,6 +36,15 @@ async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPa
     processor.feed(records([b"a", b"b"]))
     await settle()
     assert processor.committable() == 2
+    return processor
+
+
+async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit stuck in the client is abandoned after the commit timeout: ``commit``
+    returns (a revoke goes on), the offset is not taken as committed, and the next
+    commit tries it again."""
+    monkeypatch.setattr(_committer, "COMMIT_TIMEOUT_S", 0.01)
+    processor = await _two_done()
     committer: Committer[Any] = Committer("group", store=None, transactions=None)
     consumer = _StuckConsumer()
     await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
@@ -175,6 +181,27 @@ async def test_a_batch_handed_out_but_not_fed_yet_is_never_committed_past() -> N
     await settle()
     await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
     assert consumer.commits[-1] == {processor.tp: 6}  # offset 5 held no data record
+
+
+async def test_the_commit_age_restarts_when_the_commit_is_up_to_date(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit that succeeds, or a round with nothing new to commit, makes the
+    partition's commit up to date (its age starts again); a commit that fails does not."""
+    monkeypatch.setattr(_committer, "COMMIT_TIMEOUT_S", 0.01)
+    processor = await _two_done()
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    processor.stats.commit_current_at -= 1000
+    await committer.commit(_StuckConsumer(), [processor], final=False)  # type: ignore[arg-type]
+    assert processor.stats.commit_age() >= 1000  # failed: still behind
+    consumer = _SkippingConsumer(high=2, position=2)
+    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    assert consumer.commits == [{processor.tp: 2}]
+    assert processor.stats.commit_age() < 1000
+    processor.stats.commit_current_at -= 1000
+    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    assert len(consumer.commits) == 1  # nothing new: no commit, yet up to date
+    assert processor.stats.commit_age() < 1000
 
 
 class _RetryingConsumer:

@@ -197,7 +197,9 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_partition_committed_offset": "gauge",
         "decaton_partition_consumed_offset": "gauge",
         "decaton_consumer_lag": "gauge",
+        "decaton_partition_commit_age_seconds": "gauge",
         "decaton_subscription_state": "gauge",
+        "decaton_event_loop_tasks": "gauge",
         "decaton_consumer_fetch_latency_seconds": "histogram",
         "decaton_event_loop_lag_seconds": "histogram",
         "decaton_gc_pause_seconds": "histogram",
@@ -234,6 +236,37 @@ def test_lag_is_high_watermark_minus_committed_offset() -> None:
     assert value(metrics, "decaton_consumer_lag", **P0) == 30
     stats.committed_offset = 140  # committed past a stale high watermark
     assert value(metrics, "decaton_consumer_lag", **P0) == 0
+
+
+def test_commit_age_counts_from_the_last_up_to_date_commit() -> None:
+    """The commit age counts from the assignment until a commit round finds the commit up
+    to date, then from there; a copy keeps the moment."""
+    clock = FakeClock()
+    stats = PartitionStats(clock)
+    clock.now += 3
+    assert stats.commit_age() == 3
+    stats.commit_current()
+    clock.now += 0.5
+    assert stats.commit_age() == 0.5
+    frozen = stats.snapshot()
+    clock.now += 10
+    assert (frozen.commit_age(), stats.commit_age()) == (10.5, 10.5)
+    metrics = Metrics(process_metrics=False)
+    live = metrics.register_partition("sub", "t", 0)
+    live.commit_current_at -= 7
+    age = value(metrics, "decaton_partition_commit_age_seconds", **P0)
+    assert age is not None
+    assert age >= 7
+
+
+def test_event_loop_tasks_are_exported_once_counted() -> None:
+    """The asyncio task count is absent until the runtime counted it, then exported per
+    subscription."""
+    metrics = Metrics(process_metrics=False)
+    sub = metrics.register_subscription("sub", ("running",))
+    assert value(metrics, "decaton_event_loop_tasks", subscription="sub") is None
+    sub.tasks = 12
+    assert value(metrics, "decaton_event_loop_tasks", subscription="sub") == 12
 
 
 @pytest.mark.parametrize(("committed", "high"), [(-1, -1), (-1, 10), (10, -1)])

@@ -278,6 +278,8 @@ class Committer(Generic[P]):
                 snapshot = self._snapshot(processor)
                 if snapshot is not None:
                     entries[processor.tp] = (processor, *snapshot)
+                elif not processor.closed:
+                    processor.up_to_date()
         steps.end()
         if self.exactly_once:
             started = []
@@ -413,6 +415,8 @@ class Committer(Generic[P]):
             offset, checkpoint = taken[0]
             processor.committed(offset)
             self._saved[processor.tp] = _Saved(processor, offset, checkpoint)
+        elif not processor.closed:
+            processor.up_to_date()
 
     def _checkpoint_sender(self, txn: PartitionTransaction) -> SendCheckpoint:
         store = self.store
