@@ -57,10 +57,16 @@ from decaton_aio.serializers import unchecked_decode
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record, RecordSender
 
-__all__ = ["TaskExecutor"]
+__all__ = ["META_RENEW_RECORDS", "TaskExecutor"]
 
 
 log = structlog.get_logger("decaton_aio.consumer")
+
+#: Records read into one reusable ``dt_meta`` message before a new one replaces it. The
+#: protobuf runtime's C implementation keeps a parsed message's strings (the source
+#: application and instance ids) in the message's arena, which only grows until the
+#: message is dropped: about 30 bytes per record otherwise, without end.
+META_RENEW_RECORDS: Final = 4096
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the traced executor is one
@@ -109,6 +115,7 @@ class TaskExecutor:
         self._starter = CoroutineStarter()
         self._on_ended = self._ended  # bound once, not per task
         self._meta = new_native_message()  # the hot path's reusable dt_meta message
+        self._meta_left = META_RENEW_RECORDS  # reads until it is renewed
         self._tasks = self._starter.tasks  # workers running processors, and sends
         self._outputs = DurableOutputs(sender) if sender is not None else None
         self._side = SideRecords(sender, self._topics)
@@ -144,6 +151,10 @@ class TaskExecutor:
                         scheduled = meta.scheduled_time_millis
                     except Exception:
                         scheduled = scheduled_time_of(record.headers)
+                    self._meta_left -= 1
+                    if self._meta_left == 0:  # its arena only grows: start a new one
+                        self._meta = new_native_message()
+                        self._meta_left = META_RENEW_RECORDS
                 else:
                     headers = record.headers
                     if self._legacy.value and not has_metadata_header(headers):

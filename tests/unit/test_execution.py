@@ -12,6 +12,7 @@ import pytest
 from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
 from decaton_aio.batching import BatchingProcessor, BatchItem
 from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
+from decaton_aio.consumer._execution import META_RENEW_RECORDS
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.context import ProcessingContext
 from decaton_aio.errors import DecodeError
@@ -553,6 +554,31 @@ async def test_failed_kept_task_of_compaction_is_not_retried_when_policy_says_no
 
 
 # ------------------------------------------------------------------ metrics
+
+
+async def test_the_reusable_dt_meta_message_is_renewed() -> None:
+    """The message each record's dt_meta is read into is replaced every
+    META_RENEW_RECORDS records (the C parser's arena keeps every string read into it), and
+    the records read around a renewal keep their own metadata."""
+    seen: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        seen.append(ctx.metadata.retry_count)
+
+    proc = make(process, limit=10, max_pending=2 * META_RENEW_RECORDS)
+    executor: Any = proc._executor  # type: ignore[attr-defined]
+    first = executor._meta
+    if first is None:
+        pytest.skip("no C implementation of protobuf: nothing is reused")
+    header = meta_header(source_application_id="app", source_instance_id="host", retry_count=2)
+    feed = [FakeRecord(n, b"k%d" % (n % 7), headers=header) for n in range(META_RENEW_RECORDS)]
+    proc.feed(feed[:-1])
+    await until(lambda: len(seen) == META_RENEW_RECORDS - 1)
+    assert executor._meta is first
+    proc.feed(feed[-1:])
+    await until(lambda: len(seen) == META_RENEW_RECORDS)
+    assert executor._meta is not first
+    assert set(seen) == {2}
 
 
 async def test_completion_duration_counts_every_task_and_formats_are_told_apart() -> None:
