@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark,tracing
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos fuzz test test-unit test-unit-pure \
+.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
 	test-spark test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler
 
 help:
@@ -17,6 +17,8 @@ help:
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
 	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
+	@echo "make soak   three instances for 30 minutes at half capacity through restarts (~40 min);"
+	@echo "           bench/results/soak.json and soak.png"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
 	@echo "make bench  every benchmark scenario against the peers (over 3 h); bench/results/"
@@ -158,6 +160,17 @@ bench: kafka $(BENCH_STAMP)
 
 bench-quick: kafka $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
+
+# Three instances at half of their measured capacity for SOAK_MINUTES, through rolling
+# restarts and a broker restart (make test runs 3 minutes of it); the series and figures
+# go to bench/results/soak.json, drawn into soak.png.
+SOAK_MINUTES ?= 30
+
+soak: kafka $(BENCH_STAMP)
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_OUT=bench/results/soak.json \
+	  $(BIN)/python -m pytest -p no:cacheprovider -s -m soak tests/soak; status=$$?; \
+	  $(BIN)/python -m bench.soak_plot bench/results/soak.json bench/results/soak.png; \
+	  exit $$status
 
 # Instructions per task of the runtime's hot path without a broker (callgrind: the same
 # figure on a loaded machine).
