@@ -27,6 +27,7 @@ import textwrap
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,14 @@ SCENARIOS = {
 COMMIT_INTERVAL_S = 0.2
 
 Task = tuple[int, int]  # (partition, offset)
+
+
+async def both(producing: Coroutine[Any, Any, None], events: Coroutine[Any, Any, None]) -> None:
+    """Run the producer and the timeline of events together; when either fails the other
+    is cancelled, within the test (the producer never outlives its topic)."""
+    async with asyncio.TaskGroup() as group:
+        group.create_task(producing)
+        group.create_task(events)
 
 
 @dataclass(frozen=True)
@@ -197,15 +206,20 @@ async def test_kills_never_duplicate_or_lose_an_output(
                 n += 1
                 await asyncio.sleep(0.004)
 
+    def working(victim: Instance) -> bool:
+        # Its current run has processed tasks (one that exited never will).
+        assert victim.proc is not None
+        assert victim.proc.returncode is None, f"{victim.name} exited: {victim.logs[-1]}"
+        log = victim.logs[-1]
+        return log.exists() and log.stat().st_size > 0
+
     async def kill() -> None:
         nonlocal killing
         for n in range(rounds):
             victim = instances[n % len(instances)]
-            # Kill it while it works: its current run has processed tasks.
+            # Kill it while it works.
             await wait_until(
-                lambda v=victim: v.logs[-1].exists() and v.logs[-1].stat().st_size > 0,
-                timeout_s=60,
-                what=f"{victim.name} processing",
+                lambda v=victim: working(v), timeout_s=60, what=f"{victim.name} processing"
             )
             await asyncio.sleep(period)
             at = time.monotonic()
@@ -219,7 +233,7 @@ async def test_kills_never_duplicate_or_lose_an_output(
         killing = False
 
     try:
-        await asyncio.gather(produce(), kill())
+        await both(produce(), kill())
         await await_commits(kafka_broker.bootstrap_servers, group, topic, produced, 120)
     finally:
         for instance in instances:
@@ -297,19 +311,21 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
         )
         zombie.proc.send_signal(signal.SIGSTOP)
         frozen.set()
-        # The other instance takes every partition over once the session timed out.
-        other_log = other.logs[-1]
-        before = other_log.read_text().count("run ")
-        await asyncio.sleep(6 + 4)  # past the session timeout: time is what this tests
-        await wait_until(
-            lambda: other_log.read_text().count("run ") > before + 100,
-            what="the other instance processing the zombie's partitions",
-        )
-        zombie.proc.send_signal(signal.SIGCONT)
-        woken.set()
+        try:
+            # The other instance takes every partition over once the session timed out.
+            other_log = other.logs[-1]
+            before = other_log.read_text().count("run ")
+            await asyncio.sleep(6 + 4)  # past the session timeout: time is what this tests
+            await wait_until(
+                lambda: other_log.read_text().count("run ") > before + 100,
+                what="the other instance processing the zombie's partitions",
+            )
+        finally:  # woken also when the wait fails, and the producer stops
+            zombie.proc.send_signal(signal.SIGCONT)
+            woken.set()
 
     try:
-        await asyncio.gather(produce(), freeze())
+        await both(produce(), freeze())
         await await_commits(kafka_broker.bootstrap_servers, group, topic, produced, 120)
     finally:
         for instance in (zombie, other):
