@@ -236,11 +236,13 @@ class SubscriptionStats:
             observation per step).
         tasks: asyncio tasks alive on the subscription's event loop, counted once per
             commit interval (``-1`` until first counted).
+        parked: those of them that are the runtime's idle workers, parked for the next
+            task (``-1`` until first counted).
     """
 
     __slots__ = (
         "feed_wait", "fetch_latency", "fetch_wait", "gc_pause", "longest_step_s", "loop_lag",
-        "state", "states", "step_duration", "tasks",
+        "parked", "state", "states", "step_duration", "tasks",
     )  # fmt: skip
 
     def __init__(self, states: tuple[str, ...]) -> None:
@@ -254,6 +256,7 @@ class SubscriptionStats:
         self.fetch_wait = FastHistogram()
         self.feed_wait = FastHistogram()
         self.tasks = -1
+        self.parked = -1
 
     def step(self, seconds: float) -> None:
         """Observe one step of the runtime's own work of ``seconds``."""

@@ -156,6 +156,9 @@ _SUBSCRIPTION_GAUGES: tuple[tuple[str, str, Callable[[SubscriptionStats], float]
     ("decaton_event_loop_tasks", "Asyncio tasks alive on the subscription's event loop "
      "(the runtime's and the processors'), counted once per commit interval.",
      lambda s: s.tasks),
+    ("decaton_parked_workers", "Of those tasks, the runtime's idle workers parked for the "
+     "next task (up to 1,024; as many as the highest concurrency seen needed).",
+     lambda s: s.parked),
 )  # fmt: skip
 
 _SubscriptionHistogram = tuple[str, str, Callable[[SubscriptionStats], FastHistogram]]

@@ -120,6 +120,11 @@ class TaskExecutor:
         self._outputs = DurableOutputs(sender) if sender is not None else None
         self._side = SideRecords(sender, self._topics)
 
+    @property
+    def parked_workers(self) -> int:
+        """Idle workers parked now, waiting for a coroutine to run (asyncio tasks)."""
+        return self._starter.parked
+
     # ---------------------------------------------------------------------- start
 
     def start(self, partition: TaskHost, record: Record, attempt: int) -> None:

@@ -502,6 +502,7 @@ class Subscription:
                 self.state_store.flush()
             self._stats.fold()  # keeps the observation queues short
             self._stats.tasks = len(asyncio.all_tasks())
+            self._stats.parked = self._executor.parked_workers
             await self._commit()
 
     async def _topic_routine(self) -> None:

@@ -24,8 +24,7 @@ ROLL_PERIOD_S = 300.0
 #: RSS may grow this much (a fraction) after warm-up.
 RSS_GROWTH_LIMIT = 0.05
 
-#: Late asyncio tasks may exceed the most seen before by this much (a fraction): the
-#: runtime's parked workers (up to 1,024) follow the highest concurrency so far.
+#: Late asyncio tasks may exceed the most seen before by this much (a fraction).
 TASKS_SLACK = 0.05
 
 
@@ -89,6 +88,7 @@ class Reading:
         fds: open file descriptors (``process_open_fds``).
         tasks: asyncio tasks alive on its event loop (``decaton_event_loop_tasks``), -1
             before the runtime first counted them.
+        parked: the runtime's idle workers among them (``decaton_parked_workers``).
         pending: records fetched and not completed, over its partitions.
         commit_age_s: the oldest commit age of its partitions (0 with none).
         lag: the consumer lag of its partitions.
@@ -97,6 +97,7 @@ class Reading:
     rss_mb: float
     fds: float
     tasks: float
+    parked: float
     pending: float
     commit_age_s: float
     lag: float
@@ -117,6 +118,7 @@ def parse_metrics(text: str) -> Reading:
         rss_mb=one("process_resident_memory_bytes") / 2**20,
         fds=one("process_open_fds"),
         tasks=one("decaton_event_loop_tasks"),
+        parked=one("decaton_parked_workers", 0.0),
         pending=sum(values.get("decaton_partition_tasks_pending", [])),
         commit_age_s=max(values.get("decaton_partition_commit_age_seconds", [0.0])),
         lag=sum(values.get("decaton_consumer_lag", [])),
@@ -136,6 +138,12 @@ class Incarnation:
     name: str
     started: float
     readings: list[tuple[float, Reading]] = field(default_factory=list)
+
+
+def _count(reading: Reading, what: str) -> float:
+    if what == "tasks":
+        return reading.tasks - max(reading.parked, 0.0)
+    return reading.fds
 
 
 def steady_window(
@@ -168,9 +176,11 @@ def growth_failures(
     less than :data:`RSS_GROWTH_LIMIT` above the first third's. Descriptors and tasks do
     not grow: the median of the last third is no higher than the most seen before it,
     warm-up included (tasks: :data:`TASKS_SLACK` higher). Both come and go: a broker
-    restart closes connections for a while, tasks run with the load and the runtime keeps
-    up to 1,024 idle workers parked after a burst; a leak lifts the count above anything
-    seen. Fewer than six readings are not judged.
+    restart closes connections for a while, tasks run with the load; a leak lifts the
+    count above anything seen. The tasks counted leave out the runtime's parked workers:
+    up to 1,024 of them wait for the next task, as many as the highest concurrency so far
+    needed, so their number steps up with each new peak. Fewer than six readings are not
+    judged.
 
     Returns:
         The figures (empty when not judged) and the failures.
@@ -196,8 +206,8 @@ def growth_failures(
             f"({rss_first:.1f} -> {rss_last:.1f} MiB)"
         )
     for what, slack in (("fds", 0.0), ("tasks", TASKS_SLACK)):
-        most = max(getattr(r, what) for r in before)
-        late = statistics.median(getattr(r, what) for r in last)
+        most = max(_count(r, what) for r in before)
+        late = statistics.median(_count(r, what) for r in last)
         figures[what] = [most, late]
         if late > most * (1 + slack):
             failures.append(

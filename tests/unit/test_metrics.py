@@ -200,6 +200,7 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_partition_commit_age_seconds": "gauge",
         "decaton_subscription_state": "gauge",
         "decaton_event_loop_tasks": "gauge",
+        "decaton_parked_workers": "gauge",
         "decaton_consumer_fetch_latency_seconds": "histogram",
         "decaton_event_loop_lag_seconds": "histogram",
         "decaton_gc_pause_seconds": "histogram",
@@ -260,13 +261,14 @@ def test_commit_age_counts_from_the_last_up_to_date_commit() -> None:
 
 
 def test_event_loop_tasks_are_exported_once_counted() -> None:
-    """The asyncio task count is absent until the runtime counted it, then exported per
-    subscription."""
+    """The asyncio task count and the parked workers among them are absent until the
+    runtime counted them, then exported per subscription."""
     metrics = Metrics(process_metrics=False)
     sub = metrics.register_subscription("sub", ("running",))
     assert value(metrics, "decaton_event_loop_tasks", subscription="sub") is None
-    sub.tasks = 12
+    sub.tasks, sub.parked = 12, 5
     assert value(metrics, "decaton_event_loop_tasks", subscription="sub") == 12
+    assert value(metrics, "decaton_parked_workers", subscription="sub") == 5
 
 
 @pytest.mark.parametrize(("committed", "high"), [(-1, -1), (-1, 10), (10, -1)])

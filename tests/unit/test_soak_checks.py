@@ -45,8 +45,10 @@ def test_the_steady_window_lies_between_episodes() -> None:
     assert steady_window(135.0, 30, episodes) == (165.0, math.inf)
 
 
-def _reading(rss: float = 100.0, fds: float = 30, tasks: float = 20) -> Reading:
-    return Reading(rss_mb=rss, fds=fds, tasks=tasks, pending=0, commit_age_s=0.5, lag=0)
+def _reading(rss: float = 100.0, fds: float = 30, tasks: float = 20, parked: float = 0) -> Reading:
+    return Reading(
+        rss_mb=rss, fds=fds, tasks=tasks, parked=parked, pending=0, commit_age_s=0.5, lag=0
+    )
 
 
 def _incarnation(readings: list[Reading]) -> Incarnation:
@@ -56,7 +58,7 @@ def _incarnation(readings: list[Reading]) -> Incarnation:
 def test_steady_or_bursty_readings_do_not_count_as_growth() -> None:
     """RSS within 5%, descriptors and tasks that rise and fall back pass, and so do
     descriptors closed for a while early (a broker restart) and open again late, and
-    workers left parked after a burst."""
+    parked workers that step up with a new peak of concurrency."""
     readings = [_reading(100 + t % 3, 30 + 5 * (t % 2), 20 + 40 * (t == 10)) for t in range(12)]
     figures, failures = growth_failures(_incarnation(readings), warm_from=0)
     assert failures == []
@@ -64,7 +66,7 @@ def test_steady_or_bursty_readings_do_not_count_as_growth() -> None:
     assert figures["rss_growth_pct"] < 5
     dip = [_reading(fds=21)] * 3 + [_reading(fds=17)] * 3 + [_reading(fds=21)] * 6
     assert growth_failures(_incarnation(dip), warm_from=3)[1] == []
-    parked = [_reading(tasks=20)] * 4 + [_reading(tasks=300)] + [_reading(tasks=310)] * 7
+    parked = [_reading(tasks=200, parked=180)] * 6 + [_reading(tasks=260, parked=240)] * 6
     assert growth_failures(_incarnation(parked), warm_from=0)[1] == []
 
 
@@ -117,14 +119,15 @@ def test_metrics_pages_are_read_into_readings() -> None:
     """RSS and descriptors from the process metrics, tasks from the subscription, and
     pending records, commit ages and lag over the partitions."""
     metrics = Metrics()
-    metrics.register_subscription("sub", ("running",)).tasks = 17
+    sub = metrics.register_subscription("sub", ("running",))
+    sub.tasks, sub.parked = 17, 9
     for partition, pending in ((0, 5), (1, 7)):
         stats = metrics.register_partition("sub", "t", partition)
         stats.pending, stats.committed_offset, stats.high_watermark = pending, 10, 10 + pending
     reading = parse_metrics(metrics.render().decode())
     assert reading.rss_mb > 1
     assert reading.fds > 2
-    assert (reading.tasks, reading.pending, reading.lag) == (17, 12, 12)
+    assert (reading.tasks, reading.parked, reading.pending, reading.lag) == (17, 9, 12, 12)
     assert 0 <= reading.commit_age_s < 60
 
 
