@@ -64,6 +64,9 @@ INSTANCES = 3
 BACKLOG = 20_000
 #: How long the group may take to commit everything once production stops.
 SETTLE_S = 180.0
+#: How long one question to the cluster may take: a client that started while the broker
+#: was restarting can wait a minute and more for it, and the answer is asked again.
+ASK_TIMEOUT_S = 10.0
 
 _METRICS_URL = re.compile(r"http://[0-9.]+:[0-9]+/metrics")
 
@@ -165,19 +168,21 @@ class Soak:
     async def ends(self) -> Offsets:
         """The end of every partition of the task and retry topics."""
         found: Offsets = {}
-        for topic in self.topics:
-            extents = await partition_extents(self.broker.bootstrap_servers, topic)
-            found.update({(topic, p): e.high_watermark for p, e in extents.items()})
+        async with asyncio.timeout(ASK_TIMEOUT_S):
+            for topic in self.topics:
+                extents = await partition_extents(self.broker.bootstrap_servers, topic)
+                found.update({(topic, p): e.high_watermark for p, e in extents.items()})
         return found
 
     async def committed(self) -> Offsets:
         """The group's committed offset in every partition (0 where none)."""
         found: Offsets = {}
-        for topic in self.topics:
-            offsets = await committed_offsets(
-                self.broker.bootstrap_servers, self.group, topic, range(PARTITIONS)
-            )
-            found.update({(topic, p): o or 0 for p, o in offsets.items()})
+        async with asyncio.timeout(ASK_TIMEOUT_S):
+            for topic in self.topics:
+                offsets = await committed_offsets(
+                    self.broker.bootstrap_servers, self.group, topic, range(PARTITIONS)
+                )
+                found.update({(topic, p): o or 0 for p, o in offsets.items()})
         return found
 
     async def caught_up(self, ends: Offsets) -> bool:
@@ -185,7 +190,7 @@ class Soak:
         not answer)."""
         try:
             committed = await self.committed()
-        except (BrokerError, KafkaError):
+        except (BrokerError, KafkaError, TimeoutError):
             return False
         return all(committed[tp] >= end for tp, end in ends.items())
 
@@ -202,7 +207,7 @@ class Soak:
         """Whether the group committed the end of both topics (nothing left to do)."""
         try:
             ends = await self.ends()
-        except (BrokerError, KafkaError):
+        except (BrokerError, KafkaError, TimeoutError):
             return False
         return await self.caught_up(ends)
 
@@ -220,7 +225,7 @@ class Soak:
             try:
                 ends = await self.ends()
                 break
-            except (BrokerError, KafkaError):
+            except (BrokerError, KafkaError, TimeoutError):
                 await asyncio.sleep(0.5)
         if await self.wait_for(lambda: self.caught_up(ends), PLAN.recovery_limit_s):
             disturbance.recovered = self.now()
@@ -273,7 +278,7 @@ class Soak:
         try:
             ends, committed = await self.ends(), await self.committed()
             self.lag.append((at, sum(max(0, e - committed[tp]) for tp, e in ends.items())))
-        except (BrokerError, KafkaError):
+        except (BrokerError, KafkaError, TimeoutError):
             self.lag.append((at, None))
 
     async def sample(self, until: asyncio.Event) -> None:

@@ -67,6 +67,7 @@ def test_steady_or_bursty_readings_do_not_count_as_growth() -> None:
     dip = [_reading(fds=21)] * 3 + [_reading(fds=17)] * 3 + [_reading(fds=21)] * 6
     assert growth_failures(_incarnation(dip), warm_from=3)[1] == []
     parked = [_reading(tasks=200, parked=180)] * 6 + [_reading(tasks=260, parked=240)] * 6
+    parked[-2] = _reading(tasks=262, parked=91)  # a burst woke the parked workers
     assert growth_failures(_incarnation(parked), warm_from=0)[1] == []
 
 
