@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import ssl
 import struct
-from typing import Final
+from typing import Any, Final
 
+import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
@@ -33,7 +34,16 @@ from aiokafka.protocol.metadata import MetadataRequest
 from decaton_aio.errors import BrokerError, SecurityError
 from decaton_aio.security import SecuritySettings
 
-__all__ = ["connect_error", "diagnose", "start_admin", "start_client", "start_or_close"]
+__all__ = [
+    "connect_error",
+    "diagnose",
+    "start_admin",
+    "start_client",
+    "start_or_close",
+    "stop_member",
+]
+
+log = structlog.get_logger("decaton_aio.consumer")
 
 _PROBE_TIMEOUT_S: Final = 10.0
 # An ApiVersions v0 request (api key 18), correlation id 1, client id "decaton-aio-probe".
@@ -101,6 +111,47 @@ async def start_or_close(client: AIOKafkaConsumer | AIOKafkaProducer | AIOKafkaA
         else:
             await client.stop()
         raise
+
+
+async def stop_member(consumer: AIOKafkaConsumer, *, timeout_s: float) -> None:
+    """Stop a consumer that is a group member, within ``timeout_s``.
+
+    A clean stop leaves the group at once and takes well under a second. When the
+    client's group coordination hangs (it can after the coordinator's broker restarted:
+    its coordinator lookup waits for a metadata update that never comes), its stop would
+    wait for it forever; after ``timeout_s`` the coordination is cancelled and the
+    fetcher and connections closed without leaving the group, which then notices after
+    the session timeout. Nothing is lost either way: what was not committed is fetched
+    again by the partitions' next owner.
+    """
+    stopping = asyncio.ensure_future(consumer.stop())
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.shield(stopping)
+        return
+    except TimeoutError:
+        pass
+    log.warning(
+        "the consumer did not leave its group in time: closing without leaving "
+        "(the group reassigns its partitions after the session timeout)",
+        timeout_s=timeout_s,
+    )
+    stopping.cancel()  # and with it the coordination routine its stop awaits
+    with contextlib.suppress(asyncio.CancelledError):
+        await stopping
+    inner: Any = consumer  # aiokafka's parts, whose own stop did not reach them
+    coordinator = inner._coordinator
+    if coordinator is not None:
+        for task in (
+            coordinator._coordination_task,
+            coordinator._heartbeat_task,
+            coordinator._commit_refresh_task,
+        ):
+            if task is not None:
+                task.cancel()
+    if inner._fetcher is not None:
+        await inner._fetcher.close()
+    await inner._client.close()
 
 
 async def diagnose(bootstrap_servers: str, security: SecuritySettings) -> SecurityError | None:

@@ -49,7 +49,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
 
-from decaton_aio._connect import connect_error
+from decaton_aio._connect import connect_error, stop_member
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignment import Assignment, key_set
@@ -85,6 +85,8 @@ __all__ = ["Subscription", "SubscriptionState"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 _FETCH_TIMEOUT_MS = 100
+#: How long the consumer's stop may take to leave the group before it is closed without.
+LEAVE_TIMEOUT_S = 30.0
 #: Records handed to a partition at a time; the fetch routine yields to the loop between
 #: two of these once its step took ``STEP_BUDGET_S``.
 _STEP_RECORDS = 32
@@ -373,7 +375,9 @@ class Subscription:
         consumer, state_store = self._consumer, self.state_store
         await _close_each(
             lambda: self._executor.close(timeout_s=1.0),
-            consumer.stop if consumer is not None else None,
+            (lambda: stop_member(consumer, timeout_s=LEAVE_TIMEOUT_S))
+            if consumer is not None
+            else None,
             # After the consumer: its stop() lets a rebalance in progress finish, and our
             # listener then still loads checkpoints and starts transactional producers
             # through the committer. Closed first, the committer opened its clients again

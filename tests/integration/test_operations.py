@@ -28,6 +28,7 @@ from decaton_aio import (
     TaskProducer,
 )
 from decaton_aio.consumer import HealthCheck, HealthConfig, RunOptions, run_application
+from decaton_aio.consumer import _subscription as subscription_module
 from decaton_aio.testing import TEST_CONSUMER_SETTINGS, BrokerHandle, wait_until
 from decaton_aio.tracing import OUTCOME_ATTRIBUTE, Tracing
 
@@ -308,3 +309,48 @@ async def test_static_membership_and_fetch_settings_reach_the_broker(
         assert client_id == "orders-service"
         # A static member's id is its group instance id plus a suffix the broker adds.
         assert member_id.startswith("pod-0-")
+
+
+async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The consumer's stop waits for its group coordination, which can hang (after the
+    coordinator's broker restarted). The subscription's stop still ends: after the leave
+    timeout it closes the client without leaving the group, every connection closed; the
+    next member gets the partitions after the session timeout and processes every
+    record not committed, the ones produced meanwhile too."""
+    monkeypatch.setattr(subscription_module, "LEAVE_TIMEOUT_S", 1.0)
+    topic = await topic_factory(partitions=2)
+    group = f"hung-{uuid.uuid4().hex[:8]}"
+    done: set[tuple[int, int]] = set()
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        done.add((ctx.partition, ctx.offset))
+
+    app = Application(process, topics=(topic,), properties={"decaton.commit.interval.ms": 100})
+    producer = await task_producer(topic)
+    for n in range(20):
+        await producer.put(f"k{n}", b"task")
+    first = kafka_broker.subscription(app, group)
+    await first.start()
+    await wait_until(lambda: len(done) == 20, what="the first 20 tasks")
+    consumer: Any = first._consumer
+    hung = asyncio.Event()
+
+    async def hang() -> None:
+        hung.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(consumer._coordinator, "close", hang)
+    async with asyncio.timeout(30):
+        await first.stop()
+    assert hung.is_set()
+    assert not any(conn.connected() for conn in consumer._client._conns.values())
+    assert consumer._coordinator._coordination_task.done()
+    for n in range(20, 30):
+        await producer.put(f"k{n}", b"task")
+    async with kafka_broker.subscription(app, group):
+        await wait_until(lambda: len(done) == 30, what="every task", timeout_s=60)
