@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := embedded,dev,spark,tracing
+EXTRAS := embedded,dev,spark,tracing,docs
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
 .PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
-	test-spark test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler
+	test-spark test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
+	docs docs-serve docs-test chromium install-chromium
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
@@ -21,6 +22,9 @@ help:
 	@echo "           bench/results/soak.json and soak.png"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
 	@echo "make lint   ruff (lint + format check) and mypy strict"
+	@echo "make docs   build the documentation site into site/ (mkdocs --strict)"
+	@echo "make docs-serve  serve the documentation at http://127.0.0.1:8000, rebuilt on edits"
+	@echo "make docs-test   open the built site in headless Chromium (installs chromium)"
 	@echo "make bench  every benchmark scenario against the peers (over 3 h); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (~30 min)"
 	@echo "make bench-test   the benchmark harness's own checks"
@@ -88,6 +92,13 @@ maven: java
 
 install-maven:
 	$(call apt_install,maven,Maven (resolves Apache Kafka from Maven Central))
+
+# The documentation's browser test opens the built site in Debian's headless Chromium.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || $(MAKE) --no-print-directory install-chromium
+
+install-chromium:
+	$(call apt_install,chromium,Chromium (the documentation's browser test))
 
 # Apache Kafka's jars, resolved once into the user's cache directory.
 kafka: maven $(STAMP)
@@ -182,15 +193,33 @@ bench-test: $(BENCH_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider bench/test_bench.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check decaton_aio tests bench spark_jobs examples
-	$(BIN)/ruff format --check decaton_aio tests bench spark_jobs examples
+	$(BIN)/ruff check decaton_aio tests bench spark_jobs examples docs
+	$(BIN)/ruff format --check decaton_aio tests bench spark_jobs examples docs
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff format decaton_aio tests bench spark_jobs examples
-	$(BIN)/ruff check --fix decaton_aio tests bench spark_jobs examples
+	$(BIN)/ruff format decaton_aio tests bench spark_jobs examples docs
+	$(BIN)/ruff check --fix decaton_aio tests bench spark_jobs examples docs
+
+# The documentation site (mkdocs.yml): the reference pages generated from the code
+# (python -m docs.gen; make test fails when the committed ones are stale), then the site,
+# strictly: a broken link, a missing page or an API reference that cannot be found fails.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+
+docs: $(STAMP)
+	$(BIN)/python -m docs.gen
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(BIN)/python -m docs.gen
+	$(DOCS_ENV) $(BIN)/mkdocs serve
+
+# The built site in headless Chromium: the home page, a guide and an API page render with
+# their titles, and search finds "watermark".
+docs-test: docs chromium
+	$(BIN)/python -m pytest -p no:cacheprovider -m browser tests/docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build decaton_aio.egg-info \
-	  $(PURE_TREE)
+	  $(PURE_TREE) site
 	find decaton_aio -name '*.so' -delete

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from bench.run import RESULTS, SECURED, Run, emit_line, fair_scenarios, report_from_log, say
 from bench.scenarios import SWEEPS, plan
+from decaton_aio import environment
 from decaton_aio.embedded import FLAVORS
 
 __all__ = ["main"]
@@ -27,7 +27,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--contenders", default="", help="contenders to run, e.g. ours,gather")
     parser.add_argument(
         "--broker",
-        default=os.environ.get("DECATON_AIO_BROKER") or "apache",
+        default=environment.BROKER.get() or "apache",
         help="embedded broker flavors to run on, in order, e.g. apache,tansu (default "
         "apache; env DECATON_AIO_BROKER); targets are judged on the first",
     )

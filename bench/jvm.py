@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from decaton_aio import environment
 from decaton_aio.embedded._maven import cache_root, find_java, find_mvn, maven_into_cache
 
 __all__ = [
@@ -49,7 +50,7 @@ DECATON_VERSION = "9.5.0"
 
 #: One more Maven repository (a URL) for the build; set, even empty, it replaces
 #: :data:`LOCAL_REPOSITORY`.
-REPOSITORY_ENV_VAR = "DECATON_AIO_MAVEN_REPOSITORY"
+REPOSITORY_ENV_VAR = environment.MAVEN_REPOSITORY.name
 
 #: A local Maven repository beside the project (``../shared/maven``), added when present.
 LOCAL_REPOSITORY = PROJECT_DIR.resolve().parents[2] / "shared" / "maven"

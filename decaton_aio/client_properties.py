@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from decaton_aio import environment
 from decaton_aio.errors import ConfigError
 from decaton_aio.properties import parse_properties_text
 from decaton_aio.security import PLAINTEXT, SecuritySettings, env_security_fields
@@ -47,10 +48,10 @@ __all__ = [
 ]
 
 #: Names the cluster when no ``--bootstrap-servers`` is given (it wins over the file's).
-BOOTSTRAP_ENV_VAR: Final = "DECATON_AIO_BOOTSTRAP_SERVERS"
+BOOTSTRAP_ENV_VAR: Final = environment.BOOTSTRAP_SERVERS.name
 
 #: Names a ``client.properties`` file when no ``--client-properties`` is given.
-CLIENT_PROPERTIES_ENV_VAR: Final = "DECATON_AIO_CLIENT_PROPERTIES"
+CLIENT_PROPERTIES_ENV_VAR: Final = environment.CLIENT_PROPERTIES.name
 
 _LOGIN_MODULES: Final = {
     "org.apache.kafka.common.security.plain.PlainLoginModule": ("PLAIN",),

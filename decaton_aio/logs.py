@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
+from decaton_aio import environment
 from decaton_aio.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ __all__ = [
     "register_task_source",
 ]
 
-LOG_LEVEL_ENV_VAR = "DECATON_AIO_LOG_LEVEL"
+LOG_LEVEL_ENV_VAR = environment.LOG_LEVEL.name
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 #: The fields a log line inside a task carries.

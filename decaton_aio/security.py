@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
+from decaton_aio import environment
 from decaton_aio.errors import ConfigError
 from decaton_aio.typing import TokenProvider
 
@@ -325,17 +326,17 @@ def _as_aiokafka_provider(provider: Any) -> Any:
 
 #: Environment variables read by :func:`security_from_env` (and the CLI), by field.
 SECURITY_ENV_VARS: Final = {
-    "security_protocol": "DECATON_AIO_SECURITY_PROTOCOL",
-    "sasl_mechanism": "DECATON_AIO_SASL_MECHANISM",
-    "sasl_username": "DECATON_AIO_SASL_USERNAME",
-    "sasl_password": "DECATON_AIO_SASL_PASSWORD",
-    "sasl_password_file": "DECATON_AIO_SASL_PASSWORD_FILE",
-    "ssl_cafile": "DECATON_AIO_SSL_CAFILE",
-    "ssl_certfile": "DECATON_AIO_SSL_CERTFILE",
-    "ssl_keyfile": "DECATON_AIO_SSL_KEYFILE",
-    "ssl_key_password": "DECATON_AIO_SSL_KEY_PASSWORD",
-    "ssl_key_password_file": "DECATON_AIO_SSL_KEY_PASSWORD_FILE",
-    "ssl_check_hostname": "DECATON_AIO_SSL_CHECK_HOSTNAME",
+    "security_protocol": environment.SECURITY_PROTOCOL.name,
+    "sasl_mechanism": environment.SASL_MECHANISM.name,
+    "sasl_username": environment.SASL_USERNAME.name,
+    "sasl_password": environment.SASL_PASSWORD.name,
+    "sasl_password_file": environment.SASL_PASSWORD_FILE.name,
+    "ssl_cafile": environment.SSL_CAFILE.name,
+    "ssl_certfile": environment.SSL_CERTFILE.name,
+    "ssl_keyfile": environment.SSL_KEYFILE.name,
+    "ssl_key_password": environment.SSL_KEY_PASSWORD.name,
+    "ssl_key_password_file": environment.SSL_KEY_PASSWORD_FILE.name,
+    "ssl_check_hostname": environment.SSL_CHECK_HOSTNAME.name,
 }
 
 _TRUE: Final = ("1", "true", "yes", "on")

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from decaton_aio import environment
 from decaton_aio._connect import start_client
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.app import Application, ConsumerConfig
@@ -51,17 +52,17 @@ __all__ = [
 ]
 
 #: Set it to run the same tests against an existing cluster instead of the embedded broker.
-BOOTSTRAP_ENV_VAR = "DECATON_AIO_BOOTSTRAP_SERVERS"
+BOOTSTRAP_ENV_VAR = environment.BOOTSTRAP_SERVERS.name
 
 #: The embedded broker's flavor, ``apache`` (default) or ``tansu``.
 BROKER_ENV_VAR = FLAVOR_ENV_VAR
 
 #: Nodes of the embedded Apache Kafka: 1 (default) or 3.
-NODES_ENV_VAR = "DECATON_AIO_BROKER_NODES"
+NODES_ENV_VAR = environment.BROKER_NODES.name
 
 #: Replication factor of the topics tests create (default: 3 on a three-node embedded
 #: cluster, else 1). Set it for a cluster of your own with ``min.insync.replicas`` > 1.
-REPLICATION_ENV_VAR = "DECATON_AIO_REPLICATION_FACTOR"
+REPLICATION_ENV_VAR = environment.REPLICATION_FACTOR.name
 
 #: Consumer group settings for tests: a member that dies is noticed within seconds, and
 #: Tansu completes a new group's join only after half the session timeout, so a short one

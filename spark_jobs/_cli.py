@@ -29,6 +29,7 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from decaton_aio import environment
 from decaton_aio.cli import (
     EXIT_NOPERM,
     TOKEN_PROVIDER_ENV_VAR,
@@ -71,7 +72,7 @@ EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 69
 
 #: Read when ``--bootstrap-servers`` is not given (as by ``python -m decaton_aio``).
-BOOTSTRAP_ENV_VAR: Final = "DECATON_AIO_BOOTSTRAP_SERVERS"
+BOOTSTRAP_ENV_VAR: Final = environment.BOOTSTRAP_SERVERS.name
 
 # Our own errors keep their class name when Spark wraps them (a Python worker's or the
 # data source planner's exception becomes a PySparkException holding its text).

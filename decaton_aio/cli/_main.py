@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from decaton_aio import environment
 from decaton_aio._version import __version__
 from decaton_aio.cli import _commands
 from decaton_aio.cli._common import (
@@ -61,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
 def _add_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-servers",
-        default=os.environ.get(BOOTSTRAP_ENV_VAR),
+        default=environment.BOOTSTRAP_SERVERS.get(),
         metavar="HOST:PORT",
         help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR}; or bootstrap.servers in "
         "--client-properties)",
@@ -89,7 +89,7 @@ def _build_parser() -> _Parser:
     broker.add_argument(
         "--flavor",
         choices=FLAVORS,
-        default=os.environ.get(FLAVOR_ENV_VAR) or "apache",
+        default=environment.BROKER.get() or "apache",
         help=f"apache: Apache Kafka {KAFKA_VERSION} (Java, Maven); tansu: a static binary, "
         f"no JVM (default apache; env {FLAVOR_ENV_VAR})",
     )
@@ -123,14 +123,18 @@ def _build_parser() -> _Parser:
         "Every line is checked before anything is sent.",
     )
     _add_cluster(produce)
-    produce.add_argument("--topic", required=True)
+    produce.add_argument("--topic", required=True, help="the task topic")
     produce.add_argument("--file", type=Path, help="JSON lines file (default: standard input)")
-    produce.add_argument("--application-id", default="decaton-aio-cli")
+    produce.add_argument(
+        "--application-id",
+        default="decaton-aio-cli",
+        help="the source application id in each task's metadata (default decaton-aio-cli)",
+    )
     add_producer_arguments(produce)
     produce.add_argument(
         "--spool-dir",
         type=Path,
-        default=os.environ.get("DECATON_AIO_SPOOL_DIR"),
+        default=environment.SPOOL_DIR.get(),
         help="keep tasks the cluster does not take here (fsynced); a later produce or run "
         "with the same directory delivers them (env DECATON_AIO_SPOOL_DIR)",
     )
@@ -172,12 +176,16 @@ def _build_parser() -> _Parser:
         "(--bootstrap-servers, the environment or --client-properties) an embedded broker "
         "is started.",
     )
-    run.add_argument("target", metavar="MODULE:ATTR")
+    run.add_argument(
+        "target",
+        metavar="MODULE:ATTR",
+        help="the Application to run, or an 'async def process(ctx, task)' function",
+    )
     _add_cluster(run)
     run.add_argument(
         "--workers",
         type=_workers,
-        default=os.environ.get("DECATON_AIO_WORKERS", "1"),  # parsed by argparse
+        default=environment.WORKERS.get(None, "1"),  # parsed by argparse
         metavar="N|auto",
         help="worker processes in the group, run by a supervisor that forwards signals, "
         "restarts a worker that dies and serves one metrics endpoint; auto: chosen at start "
@@ -204,13 +212,13 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--topic",
         action="append",
-        default=_env_list("DECATON_AIO_TOPICS"),
+        default=_env_list(environment.TOPICS),
         help="task topic, repeatable (env DECATON_AIO_TOPICS, comma separated)",
     )
-    run.add_argument("--group", default=os.environ.get("DECATON_AIO_GROUP"), help="consumer group")
+    run.add_argument("--group", default=environment.GROUP.get(), help="consumer group")
     run.add_argument(
         "--subscription-id",
-        default=os.environ.get("DECATON_AIO_SUBSCRIPTION_ID"),
+        default=environment.SUBSCRIPTION_ID.get(),
         help="names the subscription in logs and metrics",
     )
     run.add_argument(
@@ -224,38 +232,38 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--properties-file",
         type=Path,
-        default=os.environ.get("DECATON_AIO_PROPERTIES_FILE"),
+        default=environment.PROPERTIES_FILE.get(),
         help="watched .json or .properties file (env DECATON_AIO_PROPERTIES_FILE)",
     )
     run.add_argument(
         "--properties-topic",
-        default=os.environ.get("DECATON_AIO_PROPERTIES_TOPIC"),
+        default=environment.PROPERTIES_TOPIC.get(),
         help="Kafka topic of property changes (key: name, value: JSON), seen by every "
         "instance (env DECATON_AIO_PROPERTIES_TOPIC)",
     )
     run.add_argument(
         "--metrics-port",
         type=int,
-        default=_env_int("DECATON_AIO_METRICS_PORT"),
+        default=_env_int(environment.METRICS_PORT),
         help="serve Prometheus metrics on this port (env DECATON_AIO_METRICS_PORT)",
     )
     run.add_argument(
         "--metrics-addr",
-        default=os.environ.get("DECATON_AIO_METRICS_ADDR", DEFAULT_METRICS_ADDR),
+        default=environment.METRICS_ADDR.get(None, DEFAULT_METRICS_ADDR),
         help="address of the metrics endpoint (default loopback; 0.0.0.0 for remote scrapes)",
     )
     add_probe_arguments(run)
     run.add_argument(
         "--tracing",
         action="store_true",
-        default=os.environ.get("DECATON_AIO_TRACING", "").lower() in ("1", "true", "yes"),
+        default=environment.TRACING.get(None, "").lower() in ("1", "true", "yes"),
         help="an OpenTelemetry span per task, with the global tracer provider (the tracing "
         "extra; e.g. under opentelemetry-instrument; env DECATON_AIO_TRACING=1)",
     )
     run.add_argument(
         "--exactly-once",
         action="store_true",
-        default=os.environ.get("DECATON_AIO_EXACTLY_ONCE", "").lower() in ("1", "true", "yes"),
+        default=environment.EXACTLY_ONCE.get(None, "").lower() in ("1", "true", "yes"),
         help="commit each interval's outputs, offsets and checkpoints in one transaction per "
         "partition (needs checkpoints and a broker with transactions; also "
         "processing.guarantee=exactly_once_v2 in --client-properties; env "
@@ -265,14 +273,14 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--spool-dir",
         type=Path,
-        default=os.environ.get("DECATON_AIO_SPOOL_DIR"),
+        default=environment.SPOOL_DIR.get(),
         help="keep records the broker cannot take here and deliver them later "
         "(env DECATON_AIO_SPOOL_DIR)",
     )
     run.add_argument(
         "--retry-max-attempts",
         type=int,
-        default=_env_int("DECATON_AIO_RETRY_MAX_ATTEMPTS"),
+        default=_env_int(environment.RETRY_MAX_ATTEMPTS),
         metavar="N",
         help="retry failed tasks: attempts per task, the first one included; after the "
         "last, the dead letter topic (env DECATON_AIO_RETRY_MAX_ATTEMPTS)",
@@ -280,7 +288,7 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--retry-backoff-ms",
         type=int,
-        default=_env_int("DECATON_AIO_RETRY_BACKOFF_MS"),
+        default=_env_int(environment.RETRY_BACKOFF_MS),
         metavar="MS",
         help="backoff before the first retry, doubling after each (env "
         "DECATON_AIO_RETRY_BACKOFF_MS)",
@@ -288,7 +296,7 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--retry-mode",
         choices=("queue", "in-place"),
-        default=os.environ.get("DECATON_AIO_RETRY_MODE") or None,
+        default=environment.RETRY_MODE.get() or None,
         help="queue: through <topic>-retry (default); in-place: in the key's lane, which "
         "waits (env DECATON_AIO_RETRY_MODE)",
     )
@@ -297,7 +305,7 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--side-topic-replication-factor",
         type=int,
-        default=_env_int("DECATON_AIO_SIDE_TOPIC_REPLICATION_FACTOR"),
+        default=_env_int(environment.SIDE_TOPIC_REPLICATION_FACTOR),
         metavar="N",
         help="replicas of the retry/dead letter/shaping topics the subscription creates "
         "(default: 3, or fewer brokers; env DECATON_AIO_SIDE_TOPIC_REPLICATION_FACTOR)",
@@ -314,7 +322,7 @@ def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--idempotence",
         type=_idempotence,
-        default=os.environ.get("DECATON_AIO_IDEMPOTENCE", "auto"),  # parsed by argparse
+        default=environment.IDEMPOTENCE.get(None, "auto"),  # parsed by argparse
         metavar="auto|on|off",
         help="idempotent producer: auto (default) where the cluster grants it, on requires "
         "it, off never (env DECATON_AIO_IDEMPOTENCE)",
@@ -329,7 +337,7 @@ def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compression-type",
         choices=COMPRESSION_TYPES,
-        default=os.environ.get("DECATON_AIO_COMPRESSION_TYPE") or None,
+        default=environment.COMPRESSION_TYPE.get() or None,
         help="compress produced batches (default none; env DECATON_AIO_COMPRESSION_TYPE)",
     )
 
@@ -362,24 +370,26 @@ def _add_isolation_level(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--isolation-level",
         choices=ISOLATION_LEVELS,
-        default=os.environ.get("DECATON_AIO_ISOLATION_LEVEL", "read_uncommitted"),
+        default=environment.ISOLATION_LEVEL.get(None, "read_uncommitted"),
         help=f"{what} (default read_uncommitted; env DECATON_AIO_ISOLATION_LEVEL)",
     )
 
 
-def _env_list(name: str) -> list[str] | None:
-    raw = os.environ.get(name, "")
+def _env_list(variable: environment.EnvironmentVariable) -> list[str] | None:
+    raw = variable.get(None, "")
     return [item.strip() for item in raw.split(",") if item.strip()] or None
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
+def _env_int(variable: environment.EnvironmentVariable) -> int | None:
+    raw = variable.get()
     if raw is None or not raw.strip():
         return None
     try:
         return int(raw)
     except ValueError:
-        raise _UsageError(f"decaton-aio: {name}={raw!r} is not an integer (see --help)") from None
+        raise _UsageError(
+            f"decaton-aio: {variable.name}={raw!r} is not an integer (see --help)"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

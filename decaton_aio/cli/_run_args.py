@@ -10,23 +10,23 @@ classes.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from decaton_aio import environment
 from decaton_aio.app import ConsumerConfig
 from decaton_aio.consumer import HealthConfig
 
 __all__ = ["add_consumer_arguments", "add_probe_arguments", "consumer_config", "health_config"]
 
 # (flag, ConsumerConfig field, type, environment variable or None, help)
-_FLAGS: tuple[tuple[str, str, type, str | None, str], ...] = (
-    ("--group-instance-id", "group_instance_id", str, "DECATON_AIO_GROUP_INSTANCE_ID",
+_FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str], ...] = (
+    ("--group-instance-id", "group_instance_id", str, environment.GROUP_INSTANCE_ID,
      "static membership (group.instance.id): a stable id per instance, e.g. the pod "
      "name; a restart within the session timeout keeps its partitions without a rebalance"),
-    ("--client-id", "client_id", str, "DECATON_AIO_CLIENT_ID",
+    ("--client-id", "client_id", str, environment.CLIENT_ID,
      "the client id the broker sees (client.id; default decaton-aio)"),
-    ("--client-rack", "client_rack", str, "DECATON_AIO_CLIENT_RACK",
+    ("--client-rack", "client_rack", str, environment.CLIENT_RACK,
      "this instance's rack or zone (client.rack): fetch from a replica in the same zone"),
     ("--session-timeout-ms", "session_timeout_ms", int, None,
      "a silent member is evicted after this (session.timeout.ms; default 10000)"),
@@ -56,8 +56,8 @@ def add_consumer_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, field, kind, env, text in _FLAGS:
         default = None
         if env is not None:
-            text += f" (env {env})"
-            default = os.environ.get(env) or None
+            text += f" (env {env.name})"
+            default = env.get() or None
         parser.add_argument(
             flag,
             dest=f"consumer_{field}",

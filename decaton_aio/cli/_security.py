@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from decaton_aio import environment
 from decaton_aio.cli._common import import_object
 from decaton_aio.client_properties import (
     CLIENT_PROPERTIES_ENV_VAR,
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 #: Names the OAUTHBEARER token provider (``MODULE:ATTR``) when no flag does.
-TOKEN_PROVIDER_ENV_VAR = "DECATON_AIO_SASL_OAUTH_TOKEN_PROVIDER"
+TOKEN_PROVIDER_ENV_VAR = environment.SASL_OAUTH_TOKEN_PROVIDER.name
 
 
 def password_on_command_line(argv: Sequence[str]) -> str | None:

@@ -37,6 +37,7 @@ from typing import Final, Literal
 
 import structlog
 
+from decaton_aio import environment
 from decaton_aio.cli._common import EXIT_OK
 from decaton_aio.errors import ConfigError, DecatonError
 
@@ -56,7 +57,7 @@ __all__ = [
 log = structlog.get_logger("decaton_aio.supervisor")
 
 #: Set in a worker's environment: ``index:fd:port_file`` (see :class:`WorkerRole`).
-WORKER_ENV_VAR = "DECATON_AIO_WORKER"
+WORKER_ENV_VAR = environment.WORKER.name
 
 
 #: ``--workers auto``: the count is chosen at start by :func:`choose_workers`.

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from decaton_aio import environment
 from decaton_aio.embedded._apache_kafka import KAFKA_VERSION, KafkaCluster, tail
 from decaton_aio.embedded._kafka_security import (
     BrokerListener,
@@ -60,10 +61,10 @@ __all__ = [
 ]
 
 #: Environment variable naming an explicit Tansu binary; it wins over every other source.
-BINARY_ENV_VAR = "DECATON_AIO_TANSU_BIN"
+BINARY_ENV_VAR = environment.TANSU_BIN.name
 
 #: Environment variable choosing the flavor when none is given: ``apache`` or ``tansu``.
-FLAVOR_ENV_VAR = "DECATON_AIO_BROKER"
+FLAVOR_ENV_VAR = environment.BROKER.name
 
 
 def default_flavor() -> str:

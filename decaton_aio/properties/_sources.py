@@ -33,6 +33,7 @@ from typing import Any, Final, Protocol
 import msgspec
 import structlog
 
+from decaton_aio import environment
 from decaton_aio._routines import cancel_and_wait, spawn
 from decaton_aio.errors import ConfigError
 from decaton_aio.properties._definitions import BUILTIN_DEFINITIONS, PropertyDefinition
@@ -131,7 +132,7 @@ def properties_from_env(
         name = by_var.get(var)
         if name is not None:
             result[name] = value
-        elif var.startswith("DECATON_") and not var.startswith("DECATON_AIO_"):
+        elif var.startswith(environment.PROPERTY_PREFIX) and not var.startswith(environment.PREFIX):
             close = difflib.get_close_matches(var, by_var, n=1, cutoff=0.85)
             if close:
                 _log.warning("ignoring unknown property variable", variable=var, hint=close[0])
