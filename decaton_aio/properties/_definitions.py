@@ -8,7 +8,7 @@ This module owns the static side of the property model:
   ordinary kinds of definition.
 * The built-in definitions, module constants collected in :data:`BUILTIN_DEFINITIONS`
   (names follow Decaton's ``ProcessorProperties`` where one exists).
-* :func:`render_markdown_table` - the README table of definitions.
+* :func:`render_markdown_table` - the documentation's table of definitions.
 
 The live values and their reloads are in :mod:`decaton_aio.properties._properties`.
 """
@@ -402,7 +402,7 @@ BUILTIN_DEFINITIONS: Final[tuple[PropertyDefinition[Any], ...]] = (
 def render_markdown_table(
     definitions: Iterable[PropertyDefinition[Any]] = BUILTIN_DEFINITIONS,
 ) -> str:
-    """Render definitions as a Markdown table for the README.
+    """Render definitions as a Markdown table (the documentation's property reference).
 
     Args:
         definitions: what to document; defaults to :data:`BUILTIN_DEFINITIONS`.

@@ -4,7 +4,7 @@ This module owns the property model:
 
 * :class:`PropertyDefinition` - what a knob is: name, default, parser, validator,
   whether it is reloadable, a one-line doc. Immutable; built-in ones are module constants
-  collected in :data:`BUILTIN_DEFINITIONS`. Defined with the built-ins and the README
+  collected in :data:`BUILTIN_DEFINITIONS`. Defined with the built-ins and the documentation's
   table in :mod:`decaton_aio.properties._definitions`.
 * :class:`Property` - the live value of one definition inside one runtime, with
   listeners that run after each change.
