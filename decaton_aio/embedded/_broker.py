@@ -224,7 +224,8 @@ class EmbeddedBroker:
     Args:
         flavor: ``"apache"`` (Apache Kafka in KRaft mode, from Maven Central; needs Java
             and Maven) or ``"tansu"`` (a single static binary, no JVM, with the gaps listed
-            in the documentation's testing guide). ``None``: ``$DECATON_AIO_BROKER``, else ``"apache"``.
+            in the documentation's testing guide). ``None``: ``$DECATON_AIO_BROKER``, else
+            ``"apache"``.
         nodes: 1, or 3 for an Apache Kafka cluster with replication factor 3,
             ``min.insync.replicas=2`` and no automatic topic creation.
         port: the loopback port clients connect to (the first node's); free ones are
