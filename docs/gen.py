@@ -16,9 +16,15 @@ import argparse
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from prometheus_client import Metric
 
 from decaton_aio import environment
+from decaton_aio.cli._federation import Federation
 from decaton_aio.cli._main import _build_parser
+from decaton_aio.consumer.state import StateCollector
 from decaton_aio.metrics import DecatonCollector
 from decaton_aio.properties import BUILTIN_DEFINITIONS, env_var_name, render_markdown_table
 
@@ -195,30 +201,51 @@ def render_environment() -> str:
 # --- Metrics ------------------------------------------------------------------------------
 
 
-def render_metrics() -> str:
-    """The metric table, from the families the runtime's Prometheus collector exports."""
+def _metric_rows(families: Iterable[Metric]) -> list[tuple[str, str, str, str]]:
     rows = []
-    for family in DecatonCollector(tuple).describe():
+    for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name
         # prometheus_client keeps a family's label names in this attribute only.
         labels = ", ".join(f"`{label}`" for label in getattr(family, "_labelnames", ()))
         rows.append((f"`{name}`", family.type, labels, family.documentation))
-    return (
-        "\n".join(
-            [
-                _GENERATED.format(source="decaton_aio.metrics"),
-                "",
-                "# Metrics reference",
-                "",
-                "The series `run --metrics-port N` serves (Prometheus text format). "
-                "[Operations](../operations.md#metrics) says how to read them, and lists the "
-                "metrics of state stores and of the `run --workers` supervisor.",
-                "",
-                *_table(("Metric", "Type", "Labels", "What"), rows),
-            ]
-        )
-        + "\n"
-    )
+    return rows
+
+
+def render_metrics() -> str:
+    """The metric tables, from the families the runtime's Prometheus collectors export."""
+    header = ("Metric", "Type", "Labels", "What")
+    # A store with no partition yet: its collector yields its families without samples.
+    idle_reader = SimpleNamespace(progress=lambda: (), history=())
+    store = SimpleNamespace(config=SimpleNamespace(name="store"), reader=idle_reader)
+    state = StateCollector("subscription", cast(Any, store)).collect()
+    supervisor = Federation(()).registry.collect()
+    lines = [
+        _GENERATED.format(source="the collectors of decaton_aio.metrics"),
+        "",
+        "# Metrics reference",
+        "",
+        "The series `run --metrics-port N` serves (Prometheus text format), besides "
+        "prometheus_client's process metrics (`process_resident_memory_bytes`, "
+        "`process_open_fds`, ...). [Operations](../operations.md#metrics) says how to "
+        "read them.",
+        "",
+        "## The runtime",
+        "",
+        *_table(header, _metric_rows(DecatonCollector(tuple).describe())),
+        "",
+        "## State stores",
+        "",
+        "With `Application(state=StateStoreConfig(...))`.",
+        "",
+        *_table(header, _metric_rows(state)),
+        "",
+        "## The `run --workers` supervisor",
+        "",
+        "The supervisor serves every worker's series with a `worker` label, and these.",
+        "",
+        *_table(header, _metric_rows(supervisor)),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 PAGES: dict[str, Callable[[], str]] = {

@@ -34,7 +34,13 @@ def test_every_reference_names_what_it_documents() -> None:
 
     assert all(f"`{d.name}`" in gen.render_properties() for d in BUILTIN_DEFINITIONS)
     assert all(f"`{v.name}`" in gen.render_environment() for v in environment.VARIABLES)
-    assert "`decaton_consumer_lag`" in gen.render_metrics()
+    metrics = gen.render_metrics()
+    for name in (
+        "decaton_consumer_lag",
+        "decaton_state_standby",
+        "decaton_supervisor_worker_restarts_total",
+    ):
+        assert f"`{name}`" in metrics
     cli = gen.render_cli()
     assert all(f"## `{command}`" in cli for command in ("broker", "produce", "inspect", "run"))
     assert "`--exactly-once`" in cli
