@@ -173,7 +173,10 @@ def _instructions(passes: int, tasks: int, sleep_ms: float, feed: int, paced: bo
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
     argv += ["-m", "bench.hotpath", "--passes", str(passes), "--tasks", str(tasks)]
     argv += ["--sleep-ms", str(sleep_ms), "--feed", str(feed)] + (["--paced"] if paced else [])
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
+    # The same dict layouts in every run; and no BLAS thread pool: numpy (the histograms'
+    # bucketing) starts one that the runtime never uses, whose idle threads spin for a
+    # while under valgrind and add a few hundred instructions per task, differently each run.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:

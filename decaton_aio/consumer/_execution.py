@@ -40,7 +40,7 @@ from decaton_aio.consumer._contract import StateWriter, TaskHost
 from decaton_aio.consumer._eager import CoroutineStarter
 from decaton_aio.consumer._legacy import has_metadata_header, legacy_hint, unwrap
 from decaton_aio.consumer._outcome import Action, Outcome, decide
-from decaton_aio.consumer._records import QueuedRecord
+from decaton_aio.consumer._records import task_record
 from decaton_aio.consumer._side_records import SideRecords
 from decaton_aio.consumer.commit import DurableOutputs, deliver_outputs
 from decaton_aio.context import ProcessingContext, TaskFunction
@@ -133,20 +133,22 @@ class TaskExecutor:
         task ends). Never raises.
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
-        ctx = ProcessingContext(self._subscription_id, partition, record, attempt)
+        task_rec = task_record(record)  # the partition's own record: fields read natively
+        ctx = ProcessingContext(self._subscription_id, partition, task_rec, attempt)
         # While it starts, log lines find the task here (decaton_aio.logs); a task that
         # started this one synchronously gets its own back after.
         starting = _STARTING
         outer = starting.ctx
         starting.ctx = ctx
         try:
-            # The common case inline: dt_meta is the last header (a queued record keeps its
+            # The common case inline: dt_meta is the only header (the record keeps its
             # value alone), read by the C parser into a message reused for every record.
             # Anything else (no parser, other headers last, a malformed header) takes the
             # general path, which raises DecodeError with the reason.
-            raw = record.packed_headers if type(record) is QueuedRecord else None
-            if type(raw) is not bytes:
-                headers: Sequence[Any] = record.headers  # Kafka allows a null header value
+            packed = task_rec.packed_headers
+            raw: bytes | None = packed if type(packed) is bytes else None
+            if raw is None:
+                headers: Sequence[Any] = task_rec.headers  # Kafka allows a null header value
                 raw = headers[-1][1] if headers and headers[-1][0] == METADATA_HEADER else None
             meta = self._meta
             try:
@@ -155,16 +157,17 @@ class TaskExecutor:
                         meta.ParseFromString(raw)
                         scheduled = meta.scheduled_time_millis
                     except Exception:
-                        scheduled = scheduled_time_of(record.headers)
+                        scheduled = scheduled_time_of(task_rec.headers)
                     self._meta_left -= 1
                     if self._meta_left == 0:  # its arena only grows: start a new one
                         self._meta = new_native_message()
                         self._meta_left = META_RENEW_RECORDS
                 else:
-                    headers = record.headers
+                    headers = task_rec.headers
                     if self._legacy.value and not has_metadata_header(headers):
-                        record = ctx.record = unwrap(record)  # a pre-Decaton-9 record
-                        headers = record.headers
+                        task_rec = unwrap(task_rec)  # a pre-Decaton-9 record
+                        ctx.record = task_rec
+                        headers = task_rec.headers
                     scheduled = scheduled_time_of(headers)
                     if attempt == 1 and (
                         not headers or all(name != METADATA_HEADER for name, _ in headers)
@@ -177,10 +180,10 @@ class TaskExecutor:
             if scheduled and scheduled > now * 1000:
                 delay = scheduled / 1000 - now
                 partition.stats.scheduling_delay.observe(delay)
-                partition.run_again(record, attempt, delay)
+                partition.run_again(task_rec, attempt, delay)
                 return
             try:
-                value = record.value
+                value = task_rec.value
                 if value is None:
                     raise DecodeError("body", "the record has no value (a tombstone)")
                 try:
@@ -190,7 +193,7 @@ class TaskExecutor:
                         raise
                     task = self._decode(value)  # raises the serializer's own DecodeError
             except DecodeError as exc:
-                hint = legacy_hint(record)
+                hint = legacy_hint(task_rec)
                 if hint is not None:
                     exc = DecodeError("body", f"{exc.reason}; {hint}")
                 self._poison_pill(partition, ctx, exc)
@@ -200,7 +203,7 @@ class TaskExecutor:
                 self._poison_pill(partition, ctx, DecodeError("body", reason))
                 return
             stats = partition.stats
-            stats.delivery_latency.observe(now - record.timestamp * 0.001)
+            stats.delivery_latency.observe(now - task_rec.timestamp * 0.001)
             fields: TaskFields = ctx
             fields.started_at = perf_counter()
             try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from decaton_aio.consumer._records import QueuedRecord, new_queued
+from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import (
     METADATA_HEADER,
@@ -92,7 +92,7 @@ def decode_task_request(value: bytes) -> tuple[bytes, bytes]:
     return metadata, task
 
 
-def unwrap(record: Record) -> QueuedRecord:
+def unwrap(record: Record) -> TaskRecord:
     """The record in the current format: the wrapped task as the value, its metadata in
     a ``dt_meta`` header after the record's own headers; offset, timestamp and key kept.
 
@@ -102,8 +102,10 @@ def unwrap(record: Record) -> QueuedRecord:
     """
     metadata, task = decode_task_request(record.value or b"")
     headers = [*record.headers, (METADATA_HEADER, metadata)]
-    fields = (record.offset, record.timestamp, record.key, task, headers, 0.0)
-    return new_queued(QueuedRecord, fields)
+    unwrapped = TaskRecord(record.offset, record.timestamp, record.key, task, headers)
+    if isinstance(record, TaskRecord):
+        unwrapped.size = record.size  # what its partition counts it for
+    return unwrapped
 
 
 def legacy_hint(record: Record) -> str | None:

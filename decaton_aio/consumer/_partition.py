@@ -40,7 +40,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from decaton_aio.consumer._ratelimit import TokenBucket
-from decaton_aio.consumer._records import QueuedRecord, queued
+from decaton_aio.consumer._records import TaskRecord, task_record
 from decaton_aio.consumer._watermark import WatermarkTracker
 from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
@@ -55,7 +55,7 @@ __all__ = ["PartitionProcessor", "PartitionState", "PendingBytes"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 
-_Lane: TypeAlias = list[QueuedRecord] | deque[QueuedRecord]
+_Lane: TypeAlias = list[TaskRecord] | deque[TaskRecord]
 _SHORT_LANE: Final = 32  # a lane turns from a list into a deque at this many waiting records
 # Lane and slot waits are observed for records whose offset has these bits clear: one in
 # 16, so measuring costs nothing noticeable per task.
@@ -107,14 +107,6 @@ class PendingBytes:
         holds it)."""
         for partition in list(self._partitions):
             partition.maybe_resume()
-
-
-def _size(record: Any) -> int:
-    # The bytes a pending record holds, counted by its value (the key and headers are
-    # small next to it, and every record's own size is bounded by the topic's
-    # max.message.bytes): one attribute read on the hot path, at feed and at completion.
-    value: bytes | None = record.value
-    return len(value) if value is not None else 0
 
 
 class PartitionState(enum.Enum):
@@ -194,7 +186,7 @@ class PartitionProcessor:
         # key -> None (busy, nothing queued) or the records waiting behind it: a list while
         # short (a deque costs 632 bytes even for one record), a deque once longer.
         self._lanes: dict[bytes, _Lane | None] = {}
-        self._ready: deque[QueuedRecord] = deque()
+        self._ready: deque[TaskRecord] = deque()
         self._in_flight = 0
         self._awaiting = 0  # released records whose offset completes later
         self._pumping = False
@@ -409,13 +401,14 @@ class PartitionProcessor:
             return False
         if self.first_offset is None:
             self.first_offset = records[0].offset
-        done = self.tracker.register_batch([r.offset for r in records])
+        tasks = [task_record(r) for r in records]  # each field read once, here
+        done = self.tracker.register_batch([t.offset for t in tasks])
         skip = set(done.tolist()) if done.size else None
         stats = self.stats
         stats.fed()
-        stats.consumed += len(records)
-        stats.consumed_offset = records[-1].offset + 1
-        self._pending += len(records) - done.size
+        stats.consumed += len(tasks)
+        stats.consumed_offset = tasks[-1].offset + 1
+        self._pending += len(tasks) - done.size
         if not self._pending:
             stats.starving()  # every record was completed before (a checkpoint)
         lanes = self._lanes
@@ -426,10 +419,10 @@ class PartitionProcessor:
         start = self._executor.start
         now = monotonic()  # when the records that wait start waiting
         total = self._total
-        for record in records:
+        for record in tasks:
             if skip is not None and record.offset in skip:
                 continue  # completed before a restart (checkpoint); never run twice
-            size = _size(record)
+            size = record.size
             if size:
                 self._bytes += size
                 total.used += size
@@ -443,17 +436,20 @@ class PartitionProcessor:
                     self._executor.shape(self, record)  # hands it off: no slot, no lane
                     continue
                 if key in lanes:
+                    record.queued_at = now
                     queue = lanes[key]
                     if queue is None:
-                        lanes[key] = [queued(record, key, now)]
+                        lanes[key] = [record]
                     else:  # waiting records of a key share one key object
-                        queue.append(queued(record, queue[0].key, now))
+                        record.key = queue[0].key
+                        queue.append(record)
                         if len(queue) == _SHORT_LANE and type(queue) is list:
                             lanes[key] = deque(queue)  # long lanes pop in O(1)
                     continue
                 lanes[key] = None
             if ready or bucket is not None or self._in_flight >= self._limit:
-                ready.append(queued(record, key, now))  # waits: compact form
+                record.queued_at = now
+                ready.append(record)
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
@@ -534,12 +530,14 @@ class PartitionProcessor:
             return
         loop = asyncio.get_running_loop()
         handle: asyncio.TimerHandle | None = None
+        again = task_record(record)
 
         def due() -> None:
             self._timers.discard(handle)
             if self.state is PartitionState.ACTIVE:
                 # Its lane waited: it goes first.
-                self._ready.appendleft(queued(record, record.key, monotonic()))
+                again.queued_at = monotonic()
+                self._ready.appendleft(again)
                 self._pump()
 
         handle = loop.call_later(delay_s, due)
@@ -558,11 +556,11 @@ class PartitionProcessor:
         if self.state is PartitionState.CLOSED:
             return
         if record is not None:
+            task = task_record(record)  # what the partition was fed (the executor's record)
             if finish:
                 self._pending -= 1
-                fetched: Any = record  # the offset as it is (compiled, not unboxed and boxed)
-                self._mark(fetched.offset)
-                size = _size(fetched)
+                self._mark(task.offset)
+                size = task.size
                 if size:
                     self._bytes -= size
                     self._total.release(size)
@@ -571,7 +569,7 @@ class PartitionProcessor:
             if slot:
                 self._in_flight -= 1
             if lane:
-                key = record.key
+                key = task.key
                 if key is not None:
                     lanes = self._lanes
                     queue = lanes.get(key)
@@ -582,7 +580,7 @@ class PartitionProcessor:
                         if not waiting.offset & _WAIT_SAMPLE:
                             now = monotonic()
                             self.stats.lane_wait.observe(now - waiting.queued_at)
-                            waiting = queued(waiting, key, now)  # waits for a slot from now
+                            waiting.queued_at = now  # waits for a slot from now
                         self._ready.append(waiting)
                         if not queue:
                             lanes[key] = None

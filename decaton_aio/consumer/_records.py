@@ -14,48 +14,65 @@ identity check per record). If aiokafka's internals ever change shape, nothing i
 and the marker behaves as an identity key deserializer: the runtime then receives
 ``ConsumerRecord`` objects, which carry the same five fields.
 
-A record that has to wait for its key or for a slot is kept as a :class:`QueuedRecord`
-(:func:`queued`), a compact tuple, so a partition with many pending records stays small.
+A partition keeps each record it is fed as a :class:`TaskRecord` (:func:`task_record`):
+its fields read once, compact while it waits for its key or a slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
-from mypy_extensions import mypyc_attr
 
 from decaton_aio.metadata import METADATA_HEADER
 from decaton_aio.typing import Record
 
-__all__ = ["RAW_RECORDS", "QueuedRecord", "install_raw_records", "new_queued", "queued"]
+__all__ = ["RAW_RECORDS", "TaskRecord", "install_raw_records", "task_record"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
 
-class _Fields(NamedTuple):
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    packed_headers: bytes | Sequence[tuple[str, bytes]]
-    queued_at: float = 0.0
+class TaskRecord:
+    """A record as its partition keeps it, from the feed until its offset completes.
 
+    The fetched record's five fields, read once when it is fed (each later read is a
+    plain attribute of a compiled class, where aiokafka's record type answers each one
+    through a descriptor), in about 60% of the memory of aiokafka's record while it
+    waits: most records carry exactly one header, ``dt_meta``, which aiokafka keeps as a
+    list holding a tuple of a new key string and the value (about 230 bytes); this keeps
+    only the value then (``packed_headers`` is the ``bytes``), and any other header list
+    as it is. A partition with 100,000 pending records holds mostly these.
 
-@mypyc_attr(native_class=False)  # compiled, a tuple subclass stays a Python class
-class QueuedRecord(_Fields):
-    """A record waiting for its turn, in about 60% of the memory of aiokafka's record.
-
-    Most records carry exactly one header, ``dt_meta``; aiokafka keeps it as a list
-    holding a tuple of a new key string and the value (about 230 bytes). A queued record
-    keeps only the value then (``packed_headers`` is the ``bytes``), and any other header
-    list as it is. A partition with 100,000 pending records holds mostly these.
-    ``queued_at`` is when it started waiting (``time.monotonic()``), for the lane and slot
-    wait metrics (sampled: see ``consumer/_partition.py``).
+    Attributes:
+        offset, timestamp, key, value: the fetched record's.
+        packed_headers: the ``dt_meta`` header's value when it is the only header, else
+            the header list as fetched.
+        size: the bytes it counts for while pending (``decaton.max.pending.bytes``): its
+            value's length when it was fed.
+        queued_at: when it last started waiting for its key or a slot
+            (``time.monotonic()``), for the lane and slot wait metrics (sampled: see
+            ``consumer/_partition.py``).
     """
 
-    __slots__ = ()
+    __slots__ = ("key", "offset", "packed_headers", "queued_at", "size", "timestamp", "value")
+
+    def __init__(
+        self,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        packed_headers: bytes | Sequence[tuple[str, bytes]],
+        queued_at: float = 0.0,
+    ) -> None:
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.packed_headers = packed_headers
+        self.size = len(value) if value is not None else 0
+        self.queued_at = queued_at
 
     @property
     def headers(self) -> Sequence[tuple[str, bytes]]:
@@ -65,23 +82,14 @@ class QueuedRecord(_Fields):
             return [(METADATA_HEADER, packed)]
         return packed  # type: ignore[return-value]
 
+    def __repr__(self) -> str:
+        return f"TaskRecord(offset={self.offset}, key={self.key!r})"
 
-#: ``new_queued(QueuedRecord, fields)``: skips NamedTuple's Python-level ``__new__``.
-new_queued = tuple.__new__
 
-
-def queued(record: Record, key: bytes | None, now: float) -> QueuedRecord:
-    """The compact form of a record that has to wait (in a key lane or the ready queue),
-    waiting from ``now``.
-
-    Args:
-        record: the fetched record, or a queued one that starts waiting again.
-        key: its key (equal to ``record.key``): pass the key object of the records already
-            waiting for the same key, so they all share one.
-        now: ``time.monotonic()``, when it starts waiting.
-    """
-    if type(record) is QueuedRecord:
-        return new_queued(QueuedRecord, (*record[:5], now))
+def task_record(record: Record) -> TaskRecord:
+    """The record as a partition keeps it (itself when it is one already)."""
+    if isinstance(record, TaskRecord):
+        return record
     fetched: Any = record  # its fields as they are (compiled, no int unboxed and boxed again)
     headers: Sequence[Any] = fetched.headers  # Kafka allows a null header value
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
@@ -89,8 +97,7 @@ def queued(record: Record, key: bytes | None, now: float) -> QueuedRecord:
         header = headers[0]
         if header[0] == METADATA_HEADER and type(header[1]) is bytes:
             packed = header[1]
-    fields = (fetched.offset, fetched.timestamp, key, fetched.value, packed, now)
-    return new_queued(QueuedRecord, fields)
+    return TaskRecord(fetched.offset, fetched.timestamp, fetched.key, fetched.value, packed)
 
 
 def RAW_RECORDS(key: bytes | None) -> bytes | None:

@@ -647,3 +647,31 @@ async def test_timeouts_and_scheduling_delay_are_counted() -> None:
     assert stats.timeouts == 1
     assert stats.scheduling_delay.count == 1
     assert 0.0 < stats.scheduling_delay.sum <= 0.5
+
+
+async def test_pre_decaton_9_records_give_back_the_bytes_they_took() -> None:
+    """A pre-Decaton-9 record is unwrapped before it runs (its value becomes the inner
+    task, shorter than what was fed); when it completes, its partition and the
+    subscription's total give back what it counted for at feed, not the shorter value:
+    pending bytes return to zero (else they grew with every such record, and a total
+    limit paused the subscription for good)."""
+    from decaton_aio.consumer._partition import PendingBytes
+    from tests.unit.test_legacy import _wrapped
+
+    seen: list[bytes] = []
+    go = asyncio.Event()
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        seen.append(task)
+        await go.wait()
+
+    total = PendingBytes(1 << 40)
+    props = {"decaton.legacy.parse.fallback.enabled": True}
+    proc = make(process, properties=props, pending_bytes=total)
+    value = _wrapped(b"inner task", timestamp_millis=1)
+    proc.feed([FakeRecord(n, b"k%d" % n, value=value, headers=[]) for n in range(3)])
+    assert (proc.pending_bytes, total.used) == (3 * len(value), 3 * len(value))
+    assert seen == [b"inner task"] * 3
+    go.set()
+    await settle()
+    assert (proc.pending_bytes, total.used) == (0, 0)

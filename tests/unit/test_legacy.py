@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from decaton_aio.consumer._legacy import decode_task_request, legacy_hint, unwrap
-from decaton_aio.consumer._records import QueuedRecord
+from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
 from tests.unit.protobuf_helpers import decaton_task_request_class
@@ -23,8 +23,8 @@ def _wrapped(task: bytes = b"body", **metadata: Any) -> bytes:
     return bytes(request.SerializeToString())
 
 
-def _record(value: bytes | None, headers: list[tuple[str, bytes]] | None = None) -> QueuedRecord:
-    return QueuedRecord(7, 1_700_000_000_000, b"key", value, headers or [])
+def _record(value: bytes | None, headers: list[tuple[str, bytes]] | None = None) -> TaskRecord:
+    return TaskRecord(7, 1_700_000_000_000, b"key", value, headers or [])
 
 
 def test_decode_splits_metadata_and_task() -> None:

@@ -8,7 +8,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
-from decaton_aio.consumer._records import RAW_RECORDS, QueuedRecord, install_raw_records, queued
+from decaton_aio.consumer._records import RAW_RECORDS, TaskRecord, install_raw_records, task_record
 from tests.unit.test_partition import FakeRecord
 
 TP = TopicPartition("tasks", 2)
@@ -58,23 +58,22 @@ def test_the_marker_is_an_identity_key_deserializer() -> None:
     assert RAW_RECORDS(None) is None
 
 
-def test_queued_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> None:
-    """A waiting record is compact but reads the same: a lone dt_meta header is kept as
-    its value only, other header lists as they are."""
+def test_a_task_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> None:
+    """The partition's form of a record reads the same: a lone dt_meta header is kept as
+    its value only, other header lists as they are; its size is its value's length."""
     install_raw_records()
     (raw, *_) = _fetched(RAW_RECORDS)
-    packed = queued(raw, raw.key, 1.0)  # type: ignore[arg-type, attr-defined]
-    assert isinstance(packed, QueuedRecord)
+    packed = task_record(raw)  # type: ignore[arg-type]
+    assert isinstance(packed, TaskRecord)
     assert packed.packed_headers == b"\x08\x01"
     assert (packed.offset, packed.timestamp, packed.key, packed.value, packed.headers) == (
         raw.offset, raw.timestamp, raw.key, raw.value, [("dt_meta", b"\x08\x01")],  # type: ignore[attr-defined]
     )  # fmt: skip
-    again = queued(packed, packed.key, 2.0)  # waits again, from then: same record
-    assert again[:5] == packed[:5]
-    assert (packed.queued_at, again.queued_at) == (1.0, 2.0)
+    assert packed.size == len(raw.value)  # type: ignore[attr-defined]
+    assert task_record(packed) is packed
     other = FakeRecord(7, b"k", headers=[("trace", b"t"), ("dt_meta", b"\x08\x01")])
-    assert queued(other, b"k", 0.0).headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
-    assert queued(FakeRecord(8, b"k"), b"k", 0.0).headers == ()
-    assert queued(FakeRecord(9, b"k", headers=[("dt_meta", None)]), b"k", 0.0).headers == [  # type: ignore[list-item]
+    assert task_record(other).headers == [("trace", b"t"), ("dt_meta", b"\x08\x01")]
+    assert task_record(FakeRecord(8, b"k")).headers == ()
+    assert task_record(FakeRecord(9, b"k", headers=[("dt_meta", None)])).headers == [  # type: ignore[list-item]
         ("dt_meta", None)
     ]
