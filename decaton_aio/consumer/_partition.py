@@ -46,7 +46,8 @@ from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
 
 if TYPE_CHECKING:
-    from decaton_aio.consumer._contract import OutputSink, TaskRunner
+    from decaton_aio.consumer._contract import OutputSink
+    from decaton_aio.consumer._execution import TaskExecutor
     from decaton_aio.consumer._hotkeys import HotKeyDetector
     from decaton_aio.state import LocalCopy
 
@@ -147,7 +148,7 @@ class PartitionProcessor:
         self,
         tp: TopicPartition,
         *,
-        executor: TaskRunner,
+        executor: TaskExecutor,
         limit: int,
         max_pending: int,
         stats: PartitionStats,
@@ -166,6 +167,8 @@ class PartitionProcessor:
         self.stats = stats
         self._paused = False
         self._last_committed: int | None = None
+        # The executor's class, not the contract's TaskRunner protocol: compiled, a call
+        # through the protocol looks the method up (and binds it) for every record.
         self._executor = executor
         self._limit = limit
         self._max_pending = max_pending
@@ -416,7 +419,7 @@ class PartitionProcessor:
         ignore = self._ignore
         hot_keys = self.hot_keys
         bucket = self._bucket
-        start = self._executor.start
+        executor = self._executor
         now = monotonic()  # when the records that wait start waiting
         total = self._total
         for record in tasks:
@@ -433,7 +436,7 @@ class PartitionProcessor:
                     self._settle(record, True, False, False)
                     continue
                 if hot_keys is not None and hot_keys.observe(key):
-                    self._executor.shape(self, record)  # hands it off: no slot, no lane
+                    executor.shape(self, record)  # hands it off: no slot, no lane
                     continue
                 if key in lanes:
                     record.queued_at = now
@@ -453,7 +456,7 @@ class PartitionProcessor:
             else:
                 # Nothing waits and a slot is free: start it here, skipping the queue.
                 self._in_flight += 1
-                start(self, record, 1)  # only a record run again has a later attempt
+                executor.start(self, record, 1)  # only a record run again has a later attempt
         self._settle(None, False, False, False)
         return True
 
@@ -465,7 +468,7 @@ class PartitionProcessor:
         self._pumping = True
         try:
             ready = self._ready
-            start = self._executor.start
+            executor = self._executor
             bucket = self._bucket
             waited = self.stats.slot_wait.observe
             now = 0.0  # read at the first sampled start
@@ -483,7 +486,7 @@ class PartitionProcessor:
                     now = now or monotonic()
                     waited(now - record.queued_at)
                 attempts = self._attempts
-                start(self, record, attempts.pop(record.offset, 1) if attempts else 1)
+                executor.start(self, record, attempts.pop(record.offset, 1) if attempts else 1)
         finally:
             self._pumping = False
 
