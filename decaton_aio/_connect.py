@@ -41,6 +41,7 @@ __all__ = [
     "start_client",
     "start_or_close",
     "stop_member",
+    "watch_metadata",
 ]
 
 log = structlog.get_logger("decaton_aio.consumer")
@@ -152,6 +153,77 @@ async def stop_member(consumer: AIOKafkaConsumer, *, timeout_s: float) -> None:
     if inner._fetcher is not None:
         await inner._fetcher.close()
     await inner._client.close()
+
+
+#: How often :func:`watch_metadata` looks at a client's metadata synchronizer.
+METADATA_WATCH_S: Final = 1.0
+
+
+async def watch_metadata(
+    consumer: AIOKafkaConsumer, *, every_s: float = METADATA_WATCH_S, stuck_s: float | None = None
+) -> None:
+    """Keep a consumer's metadata synchronizer answering; runs until cancelled.
+
+    aiokafka's group coordination waits for ``client.force_metadata_update()`` (its
+    coordinator lookup, ``ensure_coordinator_known``, after a failed FindCoordinator, and
+    holding ``_coordinator_lookup_lock``, which every ``commit`` then waits for too). Only
+    the client's ``_md_synchronizer`` task resolves that future, and aiokafka 0.14 leaves
+    it pending in three ways: the task ended on an error (nothing restarts it); after an
+    update that began on its own timer and during which the topic set changed, the task
+    waits again on a waiter nobody sets (pending until the next ``metadata_max_age_ms``);
+    or an update hangs. The member then never finds its coordinator again, its commits
+    time out and its stop hangs.
+
+    Every ``every_s``: a synchronizer that ended (not cancelled: the client's own close
+    cancels it) is started again; a pending update gets its waiter set (harmless while an
+    update runs: the synchronizer replaces the waiter after it); one pending longer than
+    ``stuck_s`` (by default two request timeouts plus 5 s) has its synchronizer cancelled
+    and started again. The future it left is resolved (``False``: "not updated"), so its
+    waiters retry.
+    """
+    inner: Any = consumer
+    client = inner._client
+    if not hasattr(client, "_md_update_waiter"):
+        return  # an aiokafka whose synchronizer this does not know
+    loop = asyncio.get_running_loop()
+    if stuck_s is None:
+        stuck_s = 2 * client._request_timeout_ms / 1000 + 5
+    seen: asyncio.Future[Any] | None = None
+    since = 0.0
+    while True:
+        await asyncio.sleep(every_s)
+        task, fut = client._sync_task, client._md_update_fut
+        if task is None or task.cancelled():
+            continue  # not started, or closing
+        if not task.done():
+            if fut is None or fut.done():
+                seen = None
+                continue
+            if not client._md_update_waiter.done():
+                client._md_update_waiter.set_result(None)
+            if fut is not seen:
+                seen, since = fut, loop.time()
+                continue
+            if loop.time() - since < stuck_s:
+                continue
+            log.warning(
+                "metadata update stuck: restarting the client's synchronizer",
+                waited_s=round(loop.time() - since, 1),
+            )
+            task.cancel()
+            await asyncio.wait([task])
+        else:
+            log.warning(
+                "the client's metadata synchronizer ended: starting it again",
+                error=repr(task.exception()),
+            )
+        if client._sync_task is not task:
+            continue  # the client closed (or restarted it) meanwhile
+        client._md_update_fut = None
+        if fut is not None and not fut.done():
+            fut.set_result(False)
+        client._sync_task = loop.create_task(client._md_synchronizer())
+        seen = None
 
 
 async def diagnose(bootstrap_servers: str, security: SecuritySettings) -> SecurityError | None:

@@ -49,7 +49,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
 
-from decaton_aio._connect import connect_error, stop_member
+from decaton_aio._connect import connect_error, stop_member, watch_metadata
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignment import Assignment, key_set
@@ -214,6 +214,7 @@ class Subscription:
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
         self._topic_task: asyncio.Task[None] | None = None
+        self._metadata_task: asyncio.Task[None] | None = None
         self._topics: TopicCheck | None = None
         self._assigned = asyncio.Event()  # the topic check runs at once after assignments
         self._stop_task: asyncio.Task[None] | None = None
@@ -321,6 +322,10 @@ class Subscription:
                 await self._sender.stop()
             raise
         self._consumer = consumer
+        # Until the consumer is closed (also through the final commit and the stop).
+        self._metadata_task = asyncio.create_task(
+            watch_metadata(consumer), name="decaton-metadata-watch"
+        )
         self._topics = TopicCheck(consumer)
         self._assignment.attach(consumer)
         topics = list(self.app.subscribed_topics)
@@ -385,6 +390,7 @@ class Subscription:
             self._committer.close,
             state_store.stop if state_store is not None else None,
             self._sender.stop if self._owns_sender else None,
+            lambda: _cancel(self._metadata_task),
         )
 
     def _finish_stop(self) -> None:
