@@ -161,8 +161,13 @@ class PartitionStats:
     def fold(self) -> None:
         """Sort the histograms' queued observations into buckets (see
         :meth:`FastHistogram.fold`); the runtime calls it once per commit interval."""
-        for name in _HISTOGRAMS:
-            getattr(self, name).fold()
+        for histogram in self.histograms:
+            histogram.fold()
+
+    @property
+    def histograms(self) -> tuple[FastHistogram, ...]:
+        """Every histogram of the partition."""
+        return tuple(getattr(self, name) for name in _HISTOGRAMS)
 
     def commit_current(self) -> None:
         """Record that the partition's commit is up to date now."""

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from aiokafka import TopicPartition
 
+from decaton_aio._histogram import FastHistogram
 from decaton_aio.context import OutputRecord, ProcessingContext, TaskSource
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
@@ -156,6 +157,8 @@ class Committable(Protocol):
         """Record that a commit round found nothing new to commit."""
         ...
 
-    def fold_stats(self) -> None:
-        """Bring the partition's metrics up to date (once per commit round)."""
+    def fold_stats(self) -> Sequence[FastHistogram]:
+        """Bring the partition's gauges up to date (once per commit round); return its
+        histograms, whose queued observations the caller folds (one at a time, so a
+        busy partition's fold does not hold the event loop in one piece)."""
         ...

@@ -57,6 +57,12 @@ from decaton_aio.consumer._steps import (
 
 __all__ = ["MAX_PARKED", "PROBE_EVERY", "CoroutineStarter"]
 
+# What every start uses, as module constants: compiled, a name imported from a Python
+# module (or a builtin) is looked up in a namespace at every use, a constant is not.
+_COPY_CONTEXT: Final = copy_context
+_NEXT: Final = next
+_FINISHED: Final = FINISHED
+
 #: Workers kept parked, waiting for a coroutine, at most.
 MAX_PARKED: Final = 1024
 
@@ -107,7 +113,7 @@ class CoroutineStarter:
             exactly once when the coroutine ends (before this returns if it raised at once).
         """
         # The coroutine steps in a copy of the current context, wherever it runs.
-        context = copy_context()
+        context = _COPY_CONTEXT()
         vacant = self._vacant
         if vacant is not None:
             # Called from inside a worker's report: it runs this coroutine next.
@@ -124,13 +130,13 @@ class CoroutineStarter:
         # without raising StopIteration (when the coroutine returns None, nothing is even
         # created): 130 ns less than send(None).
         try:
-            yielded = context.run(next, coro.__await__(), FINISHED)
+            yielded = context.run(_NEXT, coro.__await__(), _FINISHED)
         except BaseException as exc:  # the processor's own failure is the caller's
             if score:
                 self._score = score - 1
             done(first, second, exc)
             return False
-        if yielded is FINISHED:
+        if yielded is _FINISHED:
             if score:
                 self._score = score - 1
             return True

@@ -62,6 +62,12 @@ __all__ = ["META_RENEW_RECORDS", "TaskExecutor"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
+# What the per-record path calls, as module constants: compiled, a name imported from a
+# Python module is looked up in this module's namespace at every use, a constant is not.
+_CONTEXT: Final = ProcessingContext
+_CLOCK: Final = time
+_TIMER: Final = perf_counter
+
 #: Records read into one reusable ``dt_meta`` message before a new one replaces it. The
 #: protobuf runtime's C implementation keeps a parsed message's strings (the source
 #: application and instance ids) in the message's arena, which only grows until the
@@ -134,7 +140,7 @@ class TaskExecutor:
         """
         # The per-record hot path: keep attribute lookups and calls to a minimum.
         task_rec = task_record(record)  # the partition's own record: fields read natively
-        ctx = ProcessingContext(self._subscription_id, partition, task_rec, attempt)
+        ctx = _CONTEXT(self._subscription_id, partition, task_rec, attempt)
         # While it starts, log lines find the task here (decaton_aio.logs); a task that
         # started this one synchronously gets its own back after.
         starting = _STARTING
@@ -176,7 +182,7 @@ class TaskExecutor:
             except DecodeError as exc:
                 self._poison_pill(partition, ctx, exc)
                 return
-            now = time()
+            now = _CLOCK()
             if scheduled and scheduled > now * 1000:
                 delay = scheduled / 1000 - now
                 partition.stats.scheduling_delay.observe(delay)
@@ -205,7 +211,7 @@ class TaskExecutor:
             stats = partition.stats
             stats.delivery_latency.observe(now - task_rec.timestamp * 0.001)
             fields: TaskFields = ctx
-            fields.started_at = perf_counter()
+            fields.started_at = _TIMER()
             try:
                 coro = self._process(ctx, task)
             except Exception as exc:  # a processor that is not a coroutine function
@@ -240,7 +246,7 @@ class TaskExecutor:
         # comes here: count it, then finish, defer, retry or dead-letter it.
         fields: TaskFields = ctx  # its compiled base: fields read without a lookup
         stats = partition.stats
-        took = perf_counter() - fields.started_at
+        took = _TIMER() - fields.started_at
         stats.processed += 1
         state = fields.key_state  # ctx.state_change without the property call
         if (
@@ -403,7 +409,7 @@ class TaskExecutor:
     def _finish(self, partition: TaskHost, ctx: ProcessingContext) -> None:
         # A task done after its processor returned, off the common path: finish it and
         # count its completion duration.
-        partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
+        partition.stats.completion_duration.observe(_TIMER() - ctx.started_at)
         partition.finish(ctx.record)
 
     def _defer(
@@ -419,7 +425,7 @@ class TaskExecutor:
         def completed() -> None:
             if timer is not None:
                 timer.cancel()
-            partition.stats.completion_duration.observe(perf_counter() - ctx.started_at)
+            partition.stats.completion_duration.observe(_TIMER() - ctx.started_at)
             if ctx.outputs is not None:  # produced after returning: they go out now
                 self._emit(partition, ctx)
             else:

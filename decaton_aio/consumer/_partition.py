@@ -46,6 +46,7 @@ from decaton_aio.metrics import PartitionStats
 from decaton_aio.typing import Record
 
 if TYPE_CHECKING:
+    from decaton_aio._histogram import FastHistogram
     from decaton_aio.consumer._contract import OutputSink
     from decaton_aio.consumer._execution import TaskExecutor
     from decaton_aio.consumer._hotkeys import HotKeyDetector
@@ -279,15 +280,15 @@ class PartitionProcessor:
         """
         self.tracker.import_completed(base, bitmap)
 
-    def fold_stats(self) -> None:
-        """Bring the partition's metrics up to date: the pending gauge, and the
-        histograms' observation queues folded (which keeps them short).
+    def fold_stats(self) -> tuple[FastHistogram, ...]:
+        """Bring the partition's pending gauge up to date; return its histograms, whose
+        observation queues the caller folds (which keeps them short).
 
         Caller: the committer, once per commit round.
         """
         stats = self.stats
         stats.pending = self._pending
-        stats.fold()
+        return stats.histograms
 
     def receive(self, end: int) -> None:
         """Note that the consumer handed out this partition's records up to ``end`` (one

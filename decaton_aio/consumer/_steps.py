@@ -95,10 +95,10 @@ def work(starter: _Starter, worker: Worker) -> Generator[Any, Any, None]:
         exc: BaseException | None = None
         run = context.run
         try:
+            step = coro.__await__()
             if yielded is NOT_STARTED:
-                yielded = run(next, coro.__await__(), FINISHED)
+                yielded = run(next, step, FINISHED)
             if yielded is not FINISHED:
-                step = coro.__await__()
                 while True:
                     try:
                         sent = yield yielded
@@ -142,7 +142,7 @@ def work(starter: _Starter, worker: Worker) -> Generator[Any, Any, None]:
             return
         if job is None:
             # Parked, it holds nothing of the coroutine that ended.
-            del coro, done, first, second, context, run, exc
+            del coro, step, done, first, second, context, run, exc
             wake = starter._park(worker)
             if wake is None:
                 return

@@ -254,3 +254,37 @@ async def test_a_final_commit_ends_a_periodic_commit_the_client_still_retries() 
     consumer.retry.set()
     await settle()
     assert consumer.written == [{processor.tp: 2}, {processor.tp: 4}]
+
+
+async def test_a_commit_round_folds_a_partition_histograms_in_steps() -> None:
+    """A busy partition's histograms queue hundreds of thousands of observations a
+    second; the commit round folds them one histogram at a time and lets the loop run
+    between two once a step took its budget, rather than holding it for the whole fold."""
+    from decaton_aio.consumer._loopwatch import STEP_BUDGET_S, StepTimer
+
+    processor = await _two_done()
+    histograms = processor.stats.histograms
+    for histogram in histograms:
+        histogram.observe(0.001)
+    wall = [0.0]
+
+    def clock() -> float:  # every step is over its budget by the next reading
+        wall[0] += 2 * STEP_BUDGET_S
+        return wall[0]
+
+    steps = StepTimer(lambda cpu_s: None, clock=clock, cpu_clock=lambda: 0.0)
+    loop = asyncio.get_running_loop()
+    unfolded: list[int] = []
+
+    def note() -> None:  # the loop ran: how many histograms still held observations
+        unfolded.append(sum(1 for h in histograms if h._queued))
+        if unfolded[-1]:
+            loop.call_soon(note)
+
+    loop.call_soon(note)
+    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    consumer = _SkippingConsumer(high=2, position=2)
+    await committer.commit(consumer, [processor], final=False, steps=steps)  # type: ignore[arg-type]
+    # The loop ran while some of the histograms were folded and others not yet.
+    assert any(0 < n < len(histograms) for n in unfolded), unfolded
+    assert not any(h._queued for h in histograms)  # every one folded

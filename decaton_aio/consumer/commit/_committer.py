@@ -266,8 +266,9 @@ class Committer(Generic[P]):
         steps = steps or StepTimer(_ignore)
         steps.start()
         for processor in processors:
-            await steps.yield_if_due()  # many partitions: in steps
-            processor.fold_stats()
+            for histogram in processor.fold_stats():
+                await steps.yield_if_due()  # many partitions, busy ones: in steps
+                histogram.fold()
             if processor.pending == 0:
                 offset = processor.committable()
                 if offset is not None:
