@@ -144,7 +144,8 @@ async def _run(
                 partition.feed(batch)
                 if paced:  # a paced load: the lot's tasks end before the next arrives
                     await _until_idle(partition, sleep_ms)
-            stats.fold()
+            for histogram in partition.fold_stats():  # as the committer folds them
+                histogram.fold()
             partition.committable()
             if partition.needs_pause:
                 partition.set_paused(True)

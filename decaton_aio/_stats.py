@@ -158,15 +158,10 @@ class PartitionStats:
         """Seconds from processing start to completion, every task (a new histogram)."""
         return _sum(self.done_at_once, self.completion_duration)
 
-    def fold(self) -> None:
-        """Sort the histograms' queued observations into buckets (see
-        :meth:`FastHistogram.fold`); the runtime calls it once per commit interval."""
-        for histogram in self.histograms:
-            histogram.fold()
-
     @property
     def histograms(self) -> tuple[FastHistogram, ...]:
-        """Every histogram of the partition."""
+        """Every histogram of the partition; the committer folds their queued
+        observations (:meth:`FastHistogram.fold`) once per commit interval."""
         return tuple(getattr(self, name) for name in _HISTOGRAMS)
 
     def commit_current(self) -> None:

@@ -1,8 +1,8 @@
 """The contract between a partition and the executor that runs its tasks.
 
 A :class:`~decaton_aio.consumer._partition.PartitionProcessor` grants a record a slot and
-calls :meth:`TaskRunner.start`; the executor reports the outcome back through
-:class:`TaskHost`, exactly once per record:
+calls its executor's ``start`` (:class:`~decaton_aio.consumer._execution.TaskExecutor`);
+the executor reports the outcome back through :class:`TaskHost`, exactly once per record:
 
 - :meth:`TaskHost.finish`: done; the slot and the key lane are freed and the offset
   completes;
@@ -13,7 +13,7 @@ calls :meth:`TaskRunner.start`; the executor reports the outcome back through
   the slot is freed, the lane stays taken, the record runs again after a delay
   (scheduled tasks, in-place retries).
 
-A record the partition hands to :meth:`TaskRunner.shape` took neither slot nor lane: the
+A record the partition hands to the executor's ``shape`` took neither slot nor lane: the
 executor calls :meth:`TaskHost.hand_off`, then :meth:`TaskHost.finish_released`.
 Once the partition is closed, every call is ignored.
 
@@ -37,7 +37,7 @@ from decaton_aio.context import OutputRecord, ProcessingContext, TaskSource
 from decaton_aio.state import KeyState
 from decaton_aio.typing import Record
 
-__all__ = ["Committable", "OutputSink", "StateWriter", "TaskHost", "TaskRunner"]
+__all__ = ["Committable", "OutputSink", "StateWriter", "TaskHost"]
 
 
 class TaskHost(TaskSource, Protocol):
@@ -63,20 +63,6 @@ class TaskHost(TaskSource, Protocol):
     def finish_released(self, record: Record) -> None: ...
     def postpone(self, record: Record, delay_s: float) -> None: ...
     def run_again(self, record: Record, attempt: int, delay_s: float) -> None: ...
-
-
-class TaskRunner(Protocol):
-    """The executor, as the partition sees it."""
-
-    def start(self, partition: TaskHost, record: Record, attempt: int) -> None:
-        """Run run number ``attempt`` of a record whose slot was granted; the outcome
-        comes back through :class:`TaskHost` (before this returns when the task ends at
-        once)."""
-        ...
-
-    def shape(self, partition: TaskHost, record: Record) -> None:
-        """Take a hot key's record off the partition (it completes once sent)."""
-        ...
 
 
 class OutputSink(Protocol):

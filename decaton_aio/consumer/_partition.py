@@ -168,8 +168,8 @@ class PartitionProcessor:
         self.stats = stats
         self._paused = False
         self._last_committed: int | None = None
-        # The executor's class, not the contract's TaskRunner protocol: compiled, a call
-        # through the protocol looks the method up (and binds it) for every record.
+        # Typed as the executor's class, not a protocol: compiled, a call through a
+        # protocol looks the method up (and binds it) for every record.
         self._executor = executor
         self._limit = limit
         self._max_pending = max_pending
