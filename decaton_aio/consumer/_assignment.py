@@ -4,9 +4,8 @@ An :class:`Assignment` owns the live ``PartitionProcessor`` of every partition a
 one subscription. It makes a fresh one per assignment (:meth:`~Assignment.new`), imports
 its checkpoint before any record reaches it (:meth:`~Assignment.load`), replaces it when
 its state must start again (:meth:`~Assignment.restart` when the fetch position went back,
-:meth:`~Assignment.rewind` when a transaction failed), stops it when another instance
-took it over (:meth:`~Assignment.fenced`) or its topic is gone (:meth:`~Assignment.gone`)
-and closes it (:meth:`~Assignment.close`; every
+:meth:`~Assignment.rewind` when a transaction failed), stops it when its topic is gone
+(:meth:`~Assignment.gone`) and closes it (:meth:`~Assignment.close`; every
 one for good when the subscription stops, :meth:`~Assignment.close_all`).
 Reloadable settings reach every live partition the moment they change
 (:meth:`~Assignment.follow`).
@@ -14,10 +13,10 @@ Reloadable settings reach every live partition the moment they change
 Fetching is decided in one place. A partition is not fetched while one of these holds,
 checked in this order (the first one found is its :class:`Hold`):
 
-- ``STOPPED``: stopped here (another instance owns it now, or its topic was deleted); it
-  waits for the rebalance that takes it away;
-- ``LOADING``: its checkpoint is being imported (with exactly-once, its previous owner
-  fenced first): a record fetched now would run again;
+- ``STOPPED``: stopped here (its topic was deleted); it waits for the rebalance that
+  takes it away;
+- ``LOADING``: its checkpoint is being imported (with exactly-once, once its previous
+  owner's transactions ended): a record fetched now would run again;
 - ``RESTORING``: its state is being restored;
 - ``BACK_PRESSURE``: its pending records reached ``decaton.max.pending.records``, or its
   rate is 0.
@@ -166,7 +165,7 @@ class Assignment:
                 self._loading[processor.tp] = processor
                 self.update(processor)
             try:
-                fenced = await self._committer.assign(consumer, fresh)
+                await self._committer.assign(consumer, fresh)
             except BaseException:
                 for processor in fresh:
                     del self._loading[processor.tp]
@@ -176,8 +175,6 @@ class Assignment:
                 raise
             for processor in fresh:
                 del self._loading[processor.tp]
-            for processor in fenced:
-                processor.close()  # held as stopped from here on
         for processor in fresh:  # visible (and fed) once ready
             if self._ended:  # the subscription stopped while they loaded
                 self._held.pop(processor.tp, None)
@@ -231,16 +228,11 @@ class Assignment:
         if offset is not None:
             self._consumer.seek(old.tp, offset)
 
-    def fenced(self, processor: PartitionProcessor) -> None:
-        """Another instance took the partition over: stop it here and hold it until the
-        rebalance takes it away."""
-        processor.close()
-        self.update(processor)
-
     def gone(self, processor: PartitionProcessor) -> None:
         """The partition's topic no longer exists: stop it here (nothing of it is fed or
         committed any more) and hold it until the rebalance that takes it away."""
-        self.fenced(processor)
+        processor.close()
+        self.update(processor)
 
     def restored(self, number: int) -> None:
         """Partition number ``number``'s state is restored: its topics may be fetched."""

@@ -59,7 +59,13 @@ from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
 from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
 from decaton_aio.consumer._topics import CHECK_INTERVAL_S, TopicCheck
-from decaton_aio.consumer.commit import CheckpointStore, Committer
+from decaton_aio.consumer.commit import (
+    CheckpointStore,
+    Committer,
+    Transaction,
+    group_metadata,
+    transaction_timeout_ms,
+)
 from decaton_aio.consumer.state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics, SubscriptionStats
@@ -186,10 +192,21 @@ class Subscription:
                 metadata_max_bytes=consumer.commit_metadata_max_bytes,
                 security=consumer.security,
             )
+        transaction = None
+        if app.exactly_once:
+            assert store is not None  # the application requires checkpoints
+            interval_ms = self.properties[COMMIT_INTERVAL_MS].value
+            transaction = Transaction(
+                consumer.group_id,
+                self.producer_config,
+                lambda: group_metadata(self._consumer),
+                timeout_ms=transaction_timeout_ms(interval_ms),
+            )
+            # A previous owner's open transaction ends at its timeout at the latest (ours,
+            # unless it runs with other settings: then loading fails and says so).
+            store.stable_timeout_s = transaction.timeout_ms / 1000 + 30.0
         self._committer: Committer[PartitionProcessor] = Committer(
-            consumer.group_id,
-            store=store,
-            transactions=self.producer_config if app.exactly_once else None,
+            consumer.group_id, store=store, transaction=transaction
         )
         state_store = self.state_store
         self._assignment = Assignment(
@@ -596,25 +613,26 @@ class Subscription:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        fenced: asyncio.Future[None] | None = None
+        loaded: asyncio.Future[None] | None = None
         if self.state_store is not None:
-            if self.app.exactly_once:  # restores read to the end once no one else writes
-                fenced = asyncio.get_running_loop().create_future()
+            if self.app.exactly_once:  # restores read to the end once the offsets are stable
+                loaded = asyncio.get_running_loop().create_future()
             self.state_store.assigned(
-                {tp.partition for tp in assigned}, self._assignment.restored, fenced
+                {tp.partition for tp in assigned}, self._assignment.restored, loaded
             )
         fresh = [self._assignment.new(tp) for tp in assigned if tp not in self._partitions]
         try:
             await self._assignment.load(fresh)
         except Exception as exc:
-            # Without its producer a partition cannot be processed exactly once.
+            # Without its producer, or offsets no transaction holds any more, a partition
+            # cannot be processed exactly once.
             self._failure = exc
             log.error("cannot take over the assigned partitions; stopping", exc_info=exc)
             self._stop_task = asyncio.get_running_loop().create_task(self.stop())
             return
         finally:
-            if fenced is not None:
-                fenced.set_result(None)
+            if loaded is not None:
+                loaded.set_result(None)
         log.info(
             "partitions assigned",
             partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),

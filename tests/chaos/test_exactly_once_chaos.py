@@ -1,6 +1,8 @@
-"""Exactly-once under SIGKILL: three instances of an ``exactly_once`` application in one
-group, killed and restarted in a loop while each input task emits one output. A
-read_committed reader of the output topic sees every output, each exactly once.
+"""Exactly-once under SIGKILL and rolling restarts: three instances of an ``exactly_once``
+application in one group share 12 partitions, each instance with one transactional
+producer; they are killed (or stopped) and restarted in a loop while each input task emits
+one output. A read_committed reader of the output topic sees every output, each exactly
+once.
 
 A kill redoes work: the tasks the killed instance processed since its partitions' last
 committed transaction are aborted with it, and their next owner processes them again. How
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import textwrap
 import time
@@ -63,11 +66,19 @@ APP = textwrap.dedent(
 )
 
 SCENARIOS = {
-    # name: (at least this many tasks, kill rounds, seconds an instance works before its
-    # SIGKILL; the instances are killed in turn and restarted at once)
-    "short": (1000, 3, 1.0),
-    "long": (3000, 9, 1.0),
+    # name: (at least this many tasks, stop rounds, seconds an instance works before it is
+    # stopped, the signal; the instances are stopped in turn and restarted at once)
+    "short": (1000, 3, 1.0, signal.SIGKILL),
+    "long": (3000, 9, 1.0, signal.SIGKILL),
+    "rolling": (3000, 6, 1.0, signal.SIGTERM),  # a rolling restart
 }
+
+#: Partitions of the input topic: several per instance, so each instance's one
+#: transactional producer serves many.
+PARTITIONS = 12
+
+#: An instance's log line naming its transactional producer's id.
+TRANSACTIONAL_ID = re.compile(r'"transactional_id": "([^"]+)"')
 
 #: ``run_argv``'s commit interval.
 COMMIT_INTERVAL_S = 0.2
@@ -85,7 +96,7 @@ async def both(producing: Coroutine[Any, Any, None], events: Coroutine[Any, Any,
 
 @dataclass(frozen=True)
 class Kill:
-    """One SIGKILL: the incarnation killed (its log's name), the group's committed offsets
+    """One stop: the incarnation killed (its log's name), the group's committed offsets
     read once it was dead, and the tasks produced in the commit interval before it."""
 
     victim: str
@@ -165,7 +176,12 @@ def test_the_kill_accounting_fails_past_the_bound() -> None:
 
 @pytest.mark.timeout(300)  # processes starting, killed and joining again take a while
 @pytest.mark.parametrize(
-    "scenario", [pytest.param("short"), pytest.param("long", marks=pytest.mark.chaos_long)]
+    "scenario",
+    [
+        pytest.param("short"),
+        pytest.param("long", marks=pytest.mark.chaos_long),
+        pytest.param("rolling", marks=pytest.mark.chaos_long),
+    ],
 )
 async def test_kills_never_duplicate_or_lose_an_output(
     scenario: str,
@@ -177,8 +193,8 @@ async def test_kills_never_duplicate_or_lose_an_output(
     """Each input's output is committed exactly once however often instances die, and
     each kill redoes no more than its bound (see the module's docstring)."""
     needs_transactions(kafka_broker)
-    tasks, rounds, period = SCENARIOS[scenario]
-    topic = await topic_factory(partitions=4)
+    tasks, rounds, period, sig = SCENARIOS[scenario]
+    topic = await topic_factory(partitions=PARTITIONS)
     out = await topic_factory(partitions=2)
     group = f"eos-chaos-{uuid.uuid4().hex[:8]}"
     (tmp_path / "eos_app.py").write_text(APP)
@@ -200,7 +216,7 @@ async def test_kills_never_duplicate_or_lose_an_output(
         async with producer:
             n = 0
             while killing or n < tasks:
-                where = await producer.put(f"k{n % 40}", str(n).encode())
+                where = await producer.put(f"k{n % 120}", str(n).encode())
                 produced[where.partition] = max(produced[where.partition], where.offset + 1)
                 sent.append(time.monotonic())
                 n += 1
@@ -223,9 +239,9 @@ async def test_kills_never_duplicate_or_lose_an_output(
             )
             await asyncio.sleep(period)
             at = time.monotonic()
-            await victim.stop(signal.SIGKILL)
+            await victim.stop(sig)
             committed = await committed_offsets(
-                kafka_broker.bootstrap_servers, group, topic, range(4)
+                kafka_broker.bootstrap_servers, group, topic, range(PARTITIONS)
             )
             arrived = sum(1 for t in sent if at - COMMIT_INTERVAL_S < t <= at)
             kills.append(Kill(victim.logs[-1].name, committed, arrived))
@@ -244,6 +260,9 @@ async def test_kills_never_duplicate_or_lose_an_output(
     assert set(counts) == expected, f"{len(expected - set(counts))} outputs missing"
     twice = sum(1 for n in counts.values() if n > 1)
     assert twice == 0, f"{twice} outputs committed more than once"
+    for log in (log for i in instances for log in i.logs):
+        ids = set(TRANSACTIONAL_ID.findall(log.with_suffix(".err").read_text()))
+        assert len(ids) == 1, f"{log.name}: transactional producers {ids}"
     runs = read_runs([log for i in instances for log in i.logs])
     wasted = redone(runs, by)
     per_kill = kill_bounds(kills, runs, wasted)
@@ -272,16 +291,19 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
     kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A zombie: one of two instances is frozen (SIGSTOP) past its session timeout while it
-    holds open transactions; the other takes its partitions over. Woken (SIGCONT), the
-    frozen one is fenced: its transactions abort, it says so, and every output is
-    committed exactly once."""
+    holds an open transaction; the other takes its partitions over. Woken (SIGCONT), the
+    frozen one cannot commit: the group coordinator refuses the offsets of its generation
+    (the transaction timeout is longer than the freeze, so the broker has not aborted the
+    transaction for it), its transaction aborts, it says so, and every output is committed
+    exactly once."""
     needs_transactions(kafka_broker)
     topic = await topic_factory(partitions=4)
     out = await topic_factory(partitions=2)
     group = f"eos-zombie-{uuid.uuid4().hex[:8]}"
     (tmp_path / "eos_app.py").write_text(APP)
-    # A long interval keeps a transaction open while the instance is frozen.
-    argv = run_argv("eos_app:app", kafka_broker, topic, group, commit_interval_ms=3000)
+    # A long interval keeps a transaction open while the instance is frozen, and makes
+    # the transaction timeout (three intervals) outlast the freeze.
+    argv = run_argv("eos_app:app", kafka_broker, topic, group, commit_interval_ms=8000)
     monkeypatch.setenv("CHAOS_OUT", out)
     zombie, other = (Instance(f"i{n}", tmp_path, argv) for n in range(2))
     for instance in (zombie, other):
@@ -336,4 +358,7 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
     assert set(counts) == expected, f"{len(expected - set(counts))} outputs missing"
     assert all(n == 1 for n in counts.values()), "an output was committed twice"
     told = zombie.logs[-1].with_suffix(".err").read_text()
-    assert "another instance owns this partition's transactions now" in told
+    assert "transaction failed" in told
+    assert "GenerationOverError" in told  # the group's check, not the timeout
+    assert "ProducerFenced" not in told
+    assert "never retrieved" not in told

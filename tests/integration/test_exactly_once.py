@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from decaton_aio import Application, ProcessingContext, RetryConfig, RetryPolicy
+from decaton_aio.consumer.commit._group_txn import TxnOffsetCommitRequest
 from decaton_aio.offsets import group_positions
 from decaton_aio.testing import BrokerHandle, wait_until
 
@@ -139,12 +140,13 @@ async def test_a_rebalance_in_the_middle_of_a_transaction(
     await first.start()
     try:
         await wait_until(lambda: len(set(seen_a)) == 200, timeout_s=60, what="first member")
-        txns = first._committer._txns
+        txn = first._committer.txn
+        assert txn is not None
         await wait_until(
             lambda: all(p.pending == 0 for p in first.partitions.values()),
-            what="outputs in the transactions",
+            what="outputs in the transaction",
         )
-        assert all(t.open for t in txns.values())  # outputs wait in open transactions
+        assert txn.open  # outputs wait in the open transaction
         second = kafka_broker.subscription(echo_app(topic, out, seen_b), group)
         async with second:
             await wait_until(
@@ -201,7 +203,7 @@ async def test_a_restart_redoes_only_what_was_in_flight(
         await wait_until(lambda: len(first_run) == 99, what="99 tasks")
         processor = next(iter(sub.partitions.values()))
         await wait_until(
-            lambda: processor.last_committed == 3 and not sub._committer._txns[processor.tp].open,
+            lambda: processor.last_committed == 3 and not sub._committer.txn.open,  # type: ignore[union-attr]
             what="a commit covering them",
         )
     stuck.set()
@@ -282,3 +284,42 @@ async def wait_for_commits(broker: BrokerHandle, group: str, topic: str) -> list
         if sum(p.lag for p in found) == 0 or loop.time() > deadline:
             return found
         await asyncio.sleep(0.2)
+
+
+async def test_each_commit_carries_the_offsets_of_every_partition(
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    task_producer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One transaction for the instance, and each of its offset commits names every
+    partition the instance holds, the ones without new work too (as last committed), so
+    the group's generation check covers every partition whose records it holds."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=3)
+    out = await topic_factory(partitions=1)
+    await produce_inputs(task_producer, topic, 60, keys=60)  # every partition gets some
+    sent: list[dict[int, int]] = []
+    real = TxnOffsetCommitRequest.__init__
+
+    def record(self: Any, *args: Any) -> None:
+        real(self, *args)
+        sent.append({tp.partition: o.offset for tp, o in args[-1].items()})
+
+    monkeypatch.setattr(TxnOffsetCommitRequest, "__init__", record)
+    seen: list[int] = []
+    sub = kafka_broker.subscription(echo_app(topic, out, seen))
+    async with sub:
+        await wait_until(lambda: len(seen) == 60, what="60 tasks")
+        positions = await wait_for_commits(kafka_broker, sub.consumer_config.group_id, topic)
+        assert sum(p.lag for p in positions) == 0
+        before = {p.partition: p.committed for p in positions}
+        sent.clear()
+        await produce_inputs(task_producer, topic, 20, keys=1, first=60)  # one partition
+        await wait_until(lambda: len(seen) == 80, what="20 more tasks")
+        positions = await wait_for_commits(kafka_broker, sub.consumer_config.group_id, topic)
+    assert sum(p.lag for p in positions) == 0
+    assert sent, "no offsets were committed in a transaction"
+    assert all(set(offsets) == {0, 1, 2} for offsets in sent), sent
+    moved = {p for offsets in sent for p, o in offsets.items() if o != before[p]}
+    assert len(moved) == 1  # only the partition with new tasks moved

@@ -101,18 +101,18 @@ def test_the_consumer_pauses_exactly_what_is_held(steps: list[tuple[str, int]]) 
             restoring.discard(n)
             assignment.restored(n)
         else:
-            assignment.fenced(p)
+            assignment.gone(p)
         held = {tp for tp, q in assignment.partitions.items() if assignment.hold(q) is not None}
         assert consumer.paused == held
         for q in assignment.partitions.values():
             assert q.paused == (assignment.hold(q) is Hold.BACK_PRESSURE)
 
 
-def test_a_fenced_partition_stays_held_whatever_else_changes() -> None:
+def test_a_stopped_partition_stays_held_whatever_else_changes() -> None:
     assignment, consumer = build(set())
     (p,) = [assignment.new(TPS[0])]
     asyncio.run(assignment.load([p]))
-    assignment.fenced(p)
+    assignment.gone(p)
     assert assignment.hold(p) is Hold.STOPPED
     p.needs_pause = False  # type: ignore[misc]
     assignment.update(p)

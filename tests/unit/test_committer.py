@@ -45,7 +45,7 @@ async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPa
     commit tries it again."""
     monkeypatch.setattr(_committer, "COMMIT_TIMEOUT_S", 0.01)
     processor = await _two_done()
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _StuckConsumer()
     await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
     await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
@@ -79,7 +79,7 @@ async def test_a_cancellation_that_arrives_as_the_commit_ends_is_not_lost() -> N
     processor = make(process)
     processor.feed(records([b"a"]))
     await settle()
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _AnsweringConsumer()
     task = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
     await consumer.called.wait()
@@ -119,7 +119,7 @@ async def test_an_idle_partition_is_committed_past_offsets_it_was_never_handed()
     idle = make(process)
     idle.feed(records([b"a", b"b"]))
     await settle()
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=6, position=5)
     await committer.commit(consumer, [idle], final=False)  # type: ignore[arg-type]
     assert consumer.commits == [{idle.tp: 5}]
@@ -154,7 +154,7 @@ async def test_records_dropped_by_a_draining_partition_are_never_committed_past(
     processor.revoke()
     processor.receive(5)  # the fetch routine notes the batch, then feeds it
     processor.feed(records([b"c", b"d", b"e"], first=2))  # dropped: draining
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=5, position=5)
     await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
     assert consumer.commits == [{processor.tp: 2}]
@@ -173,7 +173,7 @@ async def test_a_batch_handed_out_but_not_fed_yet_is_never_committed_past() -> N
     processor.feed(records([b"a", b"b"]))
     await settle()
     processor.receive(5)  # offsets 2-4 handed out, not fed yet
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=7, position=6)
     await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
     assert consumer.commits == [{processor.tp: 2}]
@@ -190,7 +190,7 @@ async def test_the_commit_age_restarts_when_the_commit_is_up_to_date(
     partition's commit up to date (its age starts again); a commit that fails does not."""
     monkeypatch.setattr(_committer, "COMMIT_TIMEOUT_S", 0.01)
     processor = await _two_done()
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     processor.stats.commit_current_at -= 1000
     await committer.commit(_StuckConsumer(), [processor], final=False)  # type: ignore[arg-type]
     assert processor.stats.commit_age() >= 1000  # failed: still behind
@@ -241,7 +241,7 @@ async def test_a_final_commit_ends_a_periodic_commit_the_client_still_retries() 
     processor = make(process)
     processor.feed(records([b"a", b"b"]))
     await settle()
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _RetryingConsumer()
     periodic = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
     await settle()
@@ -282,7 +282,7 @@ async def test_a_commit_round_folds_a_partition_histograms_in_steps() -> None:
             loop.call_soon(note)
 
     loop.call_soon(note)
-    committer: Committer[Any] = Committer("group", store=None, transactions=None)
+    committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=2, position=2)
     await committer.commit(consumer, [processor], final=False, steps=steps)  # type: ignore[arg-type]
     # The loop ran while some of the histograms were folded and others not yet.

@@ -4,16 +4,18 @@ delivery of tasks' outputs that a commit must cover.
 :class:`Committer` is the subscription's commit and assignment machinery: it commits each
 partition's watermark with its :class:`Checkpoint` (the completed offsets past it, kept by
 a :class:`CheckpointStore` in the commit metadata or a checkpoint topic) and imports the
-checkpoint again at assignment, so finished records are not redone. With exactly-once each
-partition has a :class:`PartitionTransaction` holding its outputs, offset and checkpoint
-(and, through its listeners, the state store's changes); a partition another instance took
-over raises :class:`FencedError`. :func:`deliver_outputs` hands a task's ``ctx.produce``
+checkpoint again at assignment, so finished records are not redone. With exactly-once the
+subscription has one :class:`Transaction` holding its partitions' outputs, offsets and
+checkpoints (and, through its listeners, the state store's changes), committed with the
+consumer's group metadata so a member whose generation is over cannot commit
+(:func:`group_metadata`). :func:`deliver_outputs` hands a task's ``ctx.produce``
 records to its partition's sink (:class:`DurableOutputs`, or the transaction) before the
 task's offset completes.
 
 Inside (private): ``_committer`` (commit, load at assignment, rewind, fencing),
 ``_checkpoint_codec`` (the checkpoint's encoding and trust rule), ``_checkpoints`` (where
-checkpoints are stored), ``_transactions`` (one transactional producer per partition),
+checkpoints are stored), ``_transactions`` (the transactional producer), ``_group_txn``
+(the offset commit and fetch versions that carry and respect the group's metadata),
 ``_outputs`` (output delivery).
 """
 
@@ -22,15 +24,22 @@ from __future__ import annotations
 from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore
 from decaton_aio.consumer.commit._committer import Committer
+from decaton_aio.consumer.commit._group_txn import group_metadata
 from decaton_aio.consumer.commit._outputs import DurableOutputs, deliver_outputs
-from decaton_aio.consumer.commit._transactions import FencedError, PartitionTransaction
+from decaton_aio.consumer.commit._transactions import (
+    Transaction,
+    TransactionFailedError,
+    transaction_timeout_ms,
+)
 
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "Committer",
     "DurableOutputs",
-    "FencedError",
-    "PartitionTransaction",
+    "Transaction",
+    "TransactionFailedError",
     "deliver_outputs",
+    "group_metadata",
+    "transaction_timeout_ms",
 ]

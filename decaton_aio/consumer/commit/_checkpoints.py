@@ -14,10 +14,11 @@ string committed with its offset, and reads them back when partitions are assign
   reading the topic for the partition's key.
 
 Loading (:meth:`CheckpointStore.load`) reads the group's committed offsets with their
-metadata; a checkpoint that cannot be read, is corrupt, or does not belong to the
-committed offset is ignored with a warning (its records are processed again: at-least-once
-still holds). Writes to the topic can go through a caller's producer (the partition's
-transactional producer, so the record commits with the offset) or the store's own.
+metadata (with exactly-once, once no open transaction holds them: see ``_group_txn``); a
+checkpoint that cannot be read, is corrupt, or does not belong to the committed offset is
+ignored with a warning (its records are processed again: at-least-once still holds).
+Writes to the topic can go through a caller's producer (the transactional producer, so
+the record commits with the offset) or the store's own.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from decaton_aio.consumer.commit._checkpoint_codec import (
     to_text,
     untrusted_reason,
 )
+from decaton_aio.consumer.commit._group_txn import read_stable_offsets
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 
 __all__ = ["DEFAULT_METADATA_MAX_BYTES", "CheckpointStore", "Loaded", "SendCheckpoint"]
@@ -68,10 +70,12 @@ class Loaded:
     Attributes:
         committed: the committed offset, ``None`` when the group has none.
         checkpoint: the checkpoint to import, only when it belongs to ``committed``.
+        metadata: the commit metadata that holds ``checkpoint`` (``""`` without one).
     """
 
     committed: int | None
     checkpoint: Checkpoint | None
+    metadata: str = ""
 
 
 class CheckpointStore:
@@ -104,6 +108,9 @@ class CheckpointStore:
         self.topic = topic
         self.metadata_max_bytes = metadata_max_bytes
         self._replication_factor = replication_factor
+        #: With exactly-once, how long loading waits for a transaction that holds offsets
+        #: (a previous owner's, still committing); ``None``: offsets are read as they are.
+        self.stable_timeout_s: float | None = None
         #: Whether the broker keeps commit metadata (``None`` until a commit tells).
         self.metadata_kept: bool | None = None
         self._topic_ready = False
@@ -232,7 +239,7 @@ class CheckpointStore:
                 checkpoint = await self._read_text(tp, text)
             elif committed is not None and self.metadata_kept is not True:
                 scan.append(tp)  # metadata dropped (or never written): try the topic
-            loaded[tp] = Loaded(committed, checkpoint)
+            loaded[tp] = Loaded(committed, checkpoint, text if checkpoint is not None else "")
         if scan:
             latest = await self._scan(scan)
             for tp in scan:
@@ -255,7 +262,12 @@ class CheckpointStore:
         self, tps: list[TopicPartition]
     ) -> dict[TopicPartition, tuple[int | None, str]]:
         admin = await self._admin_client()
-        found = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        if self.stable_timeout_s is not None:
+            found = await read_stable_offsets(
+                admin, self.group_id, tps, timeout_s=self.stable_timeout_s
+            )
+        else:
+            found = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
         return {
             tp: (meta.offset if meta.offset >= 0 else None, meta.metadata or "")
             for tp, meta in found.items()

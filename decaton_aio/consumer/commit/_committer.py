@@ -2,23 +2,23 @@
 
 The :class:`Committer` is the subscription's commit and assignment machinery:
 
-- at assignment (:meth:`Committer.assign`): with exactly-once, start each partition's
-  transactional producer first (fencing the previous owner); then read the committed
-  offsets and checkpoints, import each usable checkpoint into the partition's tracker
-  and move the consumer to the committed offset, so finished records are skipped;
+- at assignment (:meth:`Committer.assign`): with exactly-once, start the subscription's
+  transactional producer first; then read the committed offsets and checkpoints (with
+  exactly-once, once no transaction of a previous owner holds them), import each usable
+  checkpoint into the partition's tracker and move the consumer to the committed offset,
+  so finished records are skipped;
 - at commit (:meth:`Committer.commit`), one walk over the partitions: their metrics are
   brought up to date, an idle one whose fetch position passed its watermark (offsets the
   consumer skipped) moves past them, and a partition whose watermark or checkpoint
   changed is committed, with its checkpoint as metadata (see ``_checkpoints``).
-  At-least-once, one ``OffsetCommit`` for all of them; exactly-once, one transaction per
-  partition;
-- a transaction that fails rewinds its partition to the last commit (its records and
-  outputs come again; the aborted outputs were never visible); a fenced partition is
-  closed and waits for the rebalance that takes it away. The committer says so to the
-  partitions' owner (a :class:`PartitionLifecycle`) at once, in the same step as the
-  failure: no task of the partition may deliver into the next transaction before it.
-  A partition fenced while its transaction starts at assignment comes back from
-  :meth:`Committer.assign` instead.
+  At-least-once, one ``OffsetCommit`` for all of them; exactly-once, one transaction for
+  all of them (with every live partition's offset, see ``_transactions``);
+- a transaction that fails rewinds every partition to its last commit (their records and
+  outputs come again; the aborted outputs were never visible). The committer says so to
+  the partitions' owner (a :class:`PartitionLifecycle`) at once, in the same step as the
+  failure: no task may deliver into the next transaction before it. A final commit
+  (revoke, shutdown) that fails rewinds nothing: the partitions leave, and their next
+  owner starts from the last commit.
 
 The committer sees a partition through :class:`~decaton_aio.consumer._contract.Committable`
 only.
@@ -43,11 +43,9 @@ from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore, SendCheckpoint
 from decaton_aio.consumer.commit._transactions import (
     CommitPlan,
-    FencedError,
-    PartitionTransaction,
+    Transaction,
     TransactionFailedError,
 )
-from decaton_aio.producer import ProducerConfig
 
 __all__ = ["Committer", "PartitionLifecycle"]
 
@@ -77,10 +75,6 @@ class PartitionLifecycle(Protocol[P_contra]):
         ``checkpoint`` (its last commit)."""
         ...
 
-    def fenced(self, processor: P_contra) -> None:
-        """Another instance owns the partition's transactions now: stop it here."""
-        ...
-
 
 @dataclass(frozen=True, slots=True)
 class _Saved(Generic[P]):
@@ -89,6 +83,7 @@ class _Saved(Generic[P]):
     processor: P
     offset: int | None
     checkpoint: Checkpoint | None
+    metadata: str = ""  # as committed
 
 
 class Committer(Generic[P]):
@@ -97,8 +92,8 @@ class Committer(Generic[P]):
     Args:
         group_id: the consumer group.
         store: where checkpoints go; ``None`` without checkpoints.
-        transactions: producer settings for the per-partition transactions;
-            ``None`` without exactly-once.
+        transaction: the subscription's transactional producer; ``None`` without
+            exactly-once.
     """
 
     def __init__(
@@ -106,15 +101,15 @@ class Committer(Generic[P]):
         group_id: str,
         *,
         store: CheckpointStore | None,
-        transactions: ProducerConfig | None,
+        transaction: Transaction | None,
     ) -> None:
         self.group_id = group_id
         self.store = store
-        self._txn_config = transactions
-        self._txns: dict[TopicPartition, PartitionTransaction] = {}
-        # Exactly-once: each partition's commit runs on its own, so a slow one does not hold
-        # the others back to its pace; a partition whose commit still runs is skipped.
-        self._txn_commits: dict[TopicPartition, asyncio.Task[None]] = {}
+        self.txn = transaction
+        # Exactly-once: the live partitions (each commit carries all of them), and the
+        # transaction's commit still running (a periodic commit skips a round meanwhile).
+        self._members: dict[TopicPartition, P] = {}
+        self._txn_commit: asyncio.Task[None] | None = None
         self._saved: dict[TopicPartition, _Saved[P]] = {}
         self._lifecycle: PartitionLifecycle[P] | None = None
         self._periodic: asyncio.Task[None] | None = None  # a periodic commit going on
@@ -126,59 +121,48 @@ class Committer(Generic[P]):
     @property
     def exactly_once(self) -> bool:
         """Whether commits are transactions."""
-        return self._txn_config is not None
+        return self.txn is not None
 
     @property
     def loads(self) -> bool:
         """Whether assignment needs :meth:`assign` (checkpoints or transactions)."""
-        return self.store is not None or self._txn_config is not None
+        return self.store is not None or self.txn is not None
 
     # ------------------------------------------------------------------ assignment
 
     def transaction(self, tp: TopicPartition) -> OutputSink | None:
-        """Where the outputs of ``tp``'s tasks go: its transaction (exactly-once, not
-        started yet), or ``None`` (the executor's default)."""
-        if self._txn_config is None:
-            return None
-        txn = self._txns.get(tp)
-        if txn is None:
-            txn = self._txns[tp] = PartitionTransaction(tp, self.group_id, self._txn_config)
-        return txn
+        """Where the outputs of ``tp``'s tasks go: the transaction (exactly-once), or
+        ``None`` (the executor's default)."""
+        return self.txn
 
-    async def assign(self, consumer: AIOKafkaConsumer, processors: list[P]) -> list[P]:
-        """Start transactions, then import checkpoints and move to the committed offsets.
-
-        Returns:
-            The partitions whose transactions another instance owns now (fenced): their
-            owner stops them.
+    async def assign(self, consumer: AIOKafkaConsumer, processors: list[P]) -> None:
+        """Start the transaction, then import checkpoints and move to the committed
+        offsets.
 
         Raises:
-            KafkaError: a transactional producer could not start (exactly-once).
+            KafkaError: the transactional producer could not start, or (exactly-once) the
+                committed offsets could not be read.
         """
-        fenced: list[P] = []
-        txns = [self._txns[p.tp] for p in processors if p.tp in self._txns]
-        results = await asyncio.gather(*(t.start() for t in txns), return_exceptions=True)
-        for txn, result in zip(txns, results, strict=True):
-            if isinstance(result, FencedError):
-                processor = next(p for p in processors if p.tp == txn.tp)
-                self._say_fenced(processor)
-                fenced.append(processor)
-            elif isinstance(result, BaseException):
-                raise result
+        if self.txn is not None:
+            await self.txn.start()
+            for processor in processors:
+                self._members[processor.tp] = processor
         if self.store is None:
-            return fenced
+            return
         try:
             loaded = await self.store.load([p.tp for p in processors])
-        except KafkaError as exc:
+        except (KafkaError, TimeoutError) as exc:
             if self.exactly_once:
                 raise
             log.warning("cannot read checkpoints; finished records may run again", error=repr(exc))
-            return fenced
+            return
         for processor in processors:
             entry = loaded.get(processor.tp)
             if entry is None or processor.closed:
                 continue
-            self._saved[processor.tp] = _Saved(processor, entry.committed, entry.checkpoint)
+            self._saved[processor.tp] = _Saved(
+                processor, entry.committed, entry.checkpoint, entry.metadata
+            )
             checkpoint = entry.checkpoint
             if checkpoint is not None and not checkpoint.empty:
                 processor.import_completed(checkpoint.base, checkpoint.bitmap)
@@ -192,30 +176,23 @@ class Committer(Generic[P]):
                 # The position aiokafka fetched may predate the previous owner's last
                 # transaction; the checkpoint belongs to this offset exactly.
                 consumer.seek(processor.tp, entry.committed)
-        return fenced
 
     async def release(self, tps: list[TopicPartition]) -> None:
-        """Forget revoked partitions and stop their transactional producers."""
-        txns = [self._txns.pop(tp) for tp in tps if tp in self._txns]
-        commits = [self._txn_commits.pop(tp) for tp in tps if tp in self._txn_commits]
-        await asyncio.gather(*commits, return_exceptions=True)  # they end before the stop
+        """Forget revoked partitions (the transactional producer stays for the next)."""
         for tp in tps:
             self._saved.pop(tp, None)
-        await asyncio.gather(*(t.stop() for t in txns))
+            self._members.pop(tp, None)
 
     async def close(self) -> None:
-        """Stop every transactional producer and the checkpoint store."""
-        await self.release(list(self._txns))
+        """Stop the transactional producer and the checkpoint store."""
+        running = self._txn_commit
+        if running is not None:
+            await asyncio.wait([running])
+        await self.release(list(self._members))
+        if self.txn is not None:
+            await self.txn.stop()
         if self.store is not None:
             await self.store.close()
-
-    @staticmethod
-    def _say_fenced(processor: P) -> None:
-        tp = processor.tp
-        log.error(
-            "another instance owns this partition's transactions now; leaving it to them",
-            partition=f"{tp.topic}-{tp.partition}",
-        )
 
     # --------------------------------------------------------------------- commits
 
@@ -283,21 +260,14 @@ class Committer(Generic[P]):
                     processor.up_to_date()
         steps.end()
         if self.exactly_once:
-            started = []
-            for processor in processors:
-                running = self._txn_commits.get(processor.tp)
-                if running is not None and not running.done():
-                    if final:
-                        started.append(running)  # the final commit waits for it, then runs
-                    continue
-                task = asyncio.get_running_loop().create_task(self._commit_transaction(processor))
-                self._txn_commits[processor.tp] = task
-                started.append(task)
-            if final:
-                await asyncio.gather(*started)
-                await asyncio.gather(
-                    *(self._commit_transaction(p) for p in processors if p.tp in self._txns)
-                )
+            running = self._txn_commit
+            if running is not None and not running.done():
+                if not final:
+                    return  # one transaction at a time: the next interval commits
+                await asyncio.wait([running])  # the final commit waits for it, then runs
+            # Its own task: a periodic commit cancelled for a final one lets it finish.
+            task = self._txn_commit = asyncio.ensure_future(self._commit_transaction(final))
+            await asyncio.shield(task)
             return
         if not entries:
             return
@@ -327,7 +297,7 @@ class Committer(Generic[P]):
             return
         for tp, (processor, offset, checkpoint) in entries.items():
             processor.committed(offset)
-            self._saved[tp] = _Saved(processor, offset, checkpoint)
+            self._saved[tp] = _Saved(processor, offset, checkpoint, offsets[tp].metadata)
         if self.store is not None and self.store.metadata_kept is None:
             inline = next((tp for tp, o in offsets.items() if o.metadata), None)
             if inline is not None:
@@ -376,50 +346,58 @@ class Committer(Generic[P]):
             return None
         return offset, checkpoint
 
-    async def _commit_transaction(self, processor: P) -> None:
-        txn = self._txns.get(processor.tp)
-        if txn is None or txn.fenced or processor.closed:
-            return
-        taken: list[tuple[int, Checkpoint | None]] = []
+    async def _commit_transaction(self, final: bool) -> None:
+        txn = self.txn
+        assert txn is not None
+        live: list[P] = []
+        taken: dict[TopicPartition, tuple[P, int, Checkpoint | None, str]] = {}
 
         async def plan() -> CommitPlan:
-            snapshot = self._snapshot(processor)
-            if snapshot is None:
-                return None
-            taken.append(snapshot)
-            offset, checkpoint = snapshot
-            metadata = ""
-            if self.store is not None and checkpoint is not None:
-                found = await self.store.metadata(
-                    {processor.tp: checkpoint}, send=self._checkpoint_sender(txn)
-                )
-                metadata = found[processor.tp]
-            return offset, metadata
+            # Read while no delivery is inside: the partitions as the transaction has them.
+            live.extend(p for p in self._members.values() if not p.closed)
+            snapshots = {}
+            for processor in live:
+                snapshot = self._snapshot(processor)
+                if snapshot is not None:
+                    snapshots[processor.tp] = (processor, *snapshot)
+            metadata: dict[TopicPartition, str] = {}
+            if self.store is not None:
+                checkpoints = {tp: c for tp, (_, _, c) in snapshots.items() if c is not None}
+                if checkpoints:
+                    send = self._checkpoint_sender(txn)
+                    metadata = await self.store.metadata(checkpoints, send=send)
+            for tp, (processor, offset, checkpoint) in snapshots.items():
+                taken[tp] = (processor, offset, checkpoint, metadata.get(tp, ""))
+            return {tp: (offset, text) for tp, (_, offset, _, text) in taken.items()}
+
+        def unchanged() -> CommitPlan:
+            return {
+                tp: (saved.offset, saved.metadata)
+                for tp, saved in self._saved.items()
+                if tp not in taken and saved.offset is not None and not saved.processor.closed
+            }
 
         try:
-            await txn.commit(plan)
-        except FencedError:
-            self._say_fenced(processor)
-            if self._lifecycle is not None:
-                self._lifecycle.fenced(processor)
-            return
+            await txn.commit(plan, unchanged)
         except TransactionFailedError:
-            saved = self._saved.get(processor.tp)
-            offset = saved.offset if saved is not None else None
-            checkpoint = saved.checkpoint if saved is not None else None
-            if offset is None:
-                offset = processor.first_offset
-            if self._lifecycle is not None:
+            if final or self._lifecycle is None:
+                return  # the partitions leave: their next owner starts from the last commit
+            for processor in live:
+                saved = self._saved.get(processor.tp)
+                offset = saved.offset if saved is not None else None
+                if offset is None:
+                    offset = processor.first_offset
+                checkpoint = saved.checkpoint if saved is not None else None
                 self._lifecycle.rewind(processor, offset, checkpoint)
             return
-        if taken:
-            offset, checkpoint = taken[0]
+        for tp, (processor, offset, checkpoint, text) in taken.items():
             processor.committed(offset)
-            self._saved[processor.tp] = _Saved(processor, offset, checkpoint)
-        elif not processor.closed:
-            processor.up_to_date()
+            self._saved[tp] = _Saved(processor, offset, checkpoint, text)
+        for processor in live:
+            if processor.tp not in taken and not processor.closed:
+                processor.up_to_date()
 
-    def _checkpoint_sender(self, txn: PartitionTransaction) -> SendCheckpoint:
+    def _checkpoint_sender(self, txn: Transaction) -> SendCheckpoint:
         store = self.store
         assert store is not None
 
@@ -431,6 +409,8 @@ class Committer(Generic[P]):
 
     def adopt(self, old: P, new: P) -> None:
         """A rewound partition's new processor takes the old one's place."""
+        if self._members.get(new.tp) is old:
+            self._members[new.tp] = new
         saved = self._saved.get(new.tp)
         if saved is not None and saved.processor is old:
-            self._saved[new.tp] = _Saved(new, saved.offset, saved.checkpoint)
+            self._saved[new.tp] = _Saved(new, saved.offset, saved.checkpoint, saved.metadata)

@@ -7,7 +7,7 @@ they are safe:
 - :class:`DurableOutputs` (the default, at-least-once): the records are sent through the
   subscription's durable sender and the offset completes once all are acknowledged (or
   spooled). A crash in between produces them again on redelivery.
-- with exactly-once, the partition's ``PartitionTransaction``: the records join the open
+- with exactly-once, the subscription's ``Transaction``: the records join the open
   transaction and the offset completes in the same step, so the next commit covers both.
 
 A delivery that fails is tried again with backoff until it works or the partition is
@@ -23,7 +23,6 @@ import structlog
 
 from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import OutputSink, TaskHost
-from decaton_aio.consumer.commit._transactions import FencedError
 from decaton_aio.context import OutputRecord
 from decaton_aio.typing import Record, RecordSender
 
@@ -50,8 +49,8 @@ async def deliver_outputs(
     sink: OutputSink, partition: TaskHost, record: Record, outputs: Sequence[OutputRecord]
 ) -> None:
     """Deliver a released task's outputs with ``sink``, trying again with backoff while
-    the partition is open. Never raises (a fenced partition gives up: its next owner
-    processes the record)."""
+    the partition is open. Never raises (a closed partition gives up: its next owner, or
+    its rewound self, processes the record again)."""
     attempt = 0
     while not partition.closed:
         try:
@@ -60,8 +59,6 @@ async def deliver_outputs(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, FencedError):
-                return
             attempt += 1
             delay = send_retry_delay(attempt)
             log.error(

@@ -1,33 +1,36 @@
-"""Exactly-once: one transactional producer per assigned partition.
+"""Exactly-once: one transactional producer per consumer (per subscription instance).
 
-With ``Application(exactly_once=True)`` each assigned partition gets a
-:class:`PartitionTransaction`: an aiokafka producer whose transactional id is
-``<group>.<topic>.<partition>``. Each commit interval, the outputs of the partition's
-tasks (``ctx.produce``), its offset and its checkpoint are committed in one transaction.
+With ``Application(exactly_once=True)`` a subscription has one :class:`Transaction`: an
+aiokafka producer whose transactional id is its own (``<group>.<random>``). Each commit
+interval, the outputs of every assigned partition's tasks (``ctx.produce``, retry and
+dead-letter records), their offsets and their checkpoints are committed in one
+transaction.
 
-Why one id per partition, not one per instance with the group's metadata (KIP-447):
-aiokafka 0.14 sends ``TxnOffsetCommit`` version 0, without the member id and generation,
-so the group coordinator cannot fence a zombie by its generation. Instead a partition's id
-is the same wherever it runs: a new owner starting its producer (``InitProducerId``) bumps
-the epoch, which aborts the old owner's open transaction, waits for one being committed,
-and makes every later request of the old owner fail (``ProducerFenced``). The new owner
-reads the committed offset and checkpoint only after that, so it never reads a state a
-transaction is still changing. The price is a producer (and its connections) per assigned
-partition.
+Zombie fencing follows Kafka's ``exactly_once_v2`` (KIP-447), not the transactional id:
+the offsets go with the consumer's group metadata (``TxnOffsetCommit`` version 3, see
+``_group_txn``), so the group coordinator refuses the commit of a member whose generation
+is over and its transaction aborts; and a new owner reads the committed offsets with
+``require_stable``, waiting for a transaction that holds offsets of its partitions. Every
+commit carries the offsets of every live partition (the unchanged ones as they were), so
+a transaction never commits without that check, nor holds a partition's records that a
+new owner would not wait for.
+
+A producer error (the broker aborted a transaction that ran past its timeout, a commit
+that failed) fails the transaction: the producer is restarted (which aborts what it had
+open) and every partition goes back to its last commit.
 
 Whoever puts more than outputs into a transaction (the state store's changes) registers
 a :class:`TransactionListener`: told when the open transaction commits, and when it is
-dropped (aborted, fenced, stopped).
+dropped (aborted, stopped).
 
-Ordering inside a partition: an output delivery (:meth:`PartitionTransaction.deliver`)
-sends the task's records into the open transaction *and* completes the task's offset
-inside :meth:`PartitionTransaction.delivery`; a commit (:meth:`PartitionTransaction.commit`)
-reads the watermark and checkpoint and commits while no delivery is inside. So a
-transaction holds a task's outputs exactly when its checkpoint (or offset) covers the
-task. Deliveries of different tasks run together (a key's next task starts only after the
-previous one completed); a commit waits only for those already inside, and new ones wait
-for the commit, so a steady load of outputs does not keep commits out.
-Tasks without outputs complete without entering.
+Ordering: an output delivery (:meth:`Transaction.deliver`) sends the task's records into
+the open transaction *and* completes the task's offset inside
+:meth:`Transaction.delivery`; a commit (:meth:`Transaction.commit`) reads the watermarks
+and checkpoints and commits while no delivery is inside. So a transaction holds a task's
+outputs exactly when its partition's checkpoint (or offset) covers the task. Deliveries
+run together; a commit waits only for those already inside, and new ones wait for the
+commit, so a steady load of outputs does not keep commits out. Tasks without outputs
+complete without entering.
 
 Caller: the subscription's event loop.
 """
@@ -36,89 +39,93 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import (
-    InvalidProducerEpoch,
-    KafkaError,
-    ProducerFenced,
-    TransactionalIdAuthorizationFailed,
-)
+from aiokafka.errors import KafkaError
+from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.structs import OffsetAndMetadata
 
 from decaton_aio.consumer._contract import TaskHost
+from decaton_aio.consumer.commit._group_txn import GroupMetadata, send_group_metadata
 from decaton_aio.context import OutputRecord
 from decaton_aio.errors import DecatonError
 from decaton_aio.producer import ProducerConfig
 from decaton_aio.typing import Record
 
 __all__ = [
-    "FencedError",
-    "PartitionTransaction",
+    "CommitPlan",
+    "Transaction",
     "TransactionFailedError",
     "TransactionListener",
-    "transactional_id",
+    "transaction_timeout_ms",
 ]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
-_FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
+#: What a commit writes: the offset and metadata of each partition that changed.
+CommitPlan = dict[TopicPartition, tuple[int, str]]
 
-#: What a commit writes: ``(offset, metadata)``, or ``None`` when nothing changed.
-CommitPlan = tuple[int, str] | None
+#: The shortest transaction timeout: the broker aborts a transaction open longer (an
+#: instance killed with one open holds read_committed readers back until then).
+MIN_TRANSACTION_TIMEOUT_MS = 10_000
 
 
-class FencedError(DecatonError):
-    """Raised when another instance took the partition's transactional id over."""
+def transaction_timeout_ms(commit_interval_ms: int) -> int:
+    """The transaction timeout for a commit interval: a transaction lives one interval
+    and its commit, so three intervals, and never under ten seconds."""
+    return max(MIN_TRANSACTION_TIMEOUT_MS, 3 * commit_interval_ms)
 
 
 class TransactionFailedError(DecatonError):
-    """Raised when a transaction could not commit: it was aborted, and the partition must
-    go back to its last committed state."""
+    """Raised when a transaction could not commit: it was aborted, and the partitions must
+    go back to their last committed state."""
 
     retriable = True
 
 
 class TransactionListener(Protocol):
-    """Told how the open transaction of a partition ended."""
+    """Told how the open transaction ended."""
 
     def committed(self) -> None:
         """It committed (called inside the commit, before another record can enter)."""
         ...
 
     def dropped(self) -> None:
-        """It was aborted or will be (a failed commit, a fence, a stop)."""
+        """It was aborted or will be (a failed commit, a stop)."""
         ...
 
 
-def transactional_id(group_id: str, tp: TopicPartition) -> str:
-    """The transactional id of a partition for a group: the same on every instance."""
-    return f"{group_id}.{tp.topic}.{tp.partition}"
-
-
-class PartitionTransaction:
-    """The transactional producer of one assigned partition.
+class Transaction:
+    """The transactional producer of one consumer, shared by its partitions.
 
     Args:
-        tp: the partition.
         group_id: the consumer group the offsets are committed for.
         config: connection and batching settings (idempotence is always on).
+        member: the consumer's group metadata, read at each commit.
+        timeout_ms: the transaction timeout (see :func:`transaction_timeout_ms`).
     """
 
-    def __init__(self, tp: TopicPartition, group_id: str, config: ProducerConfig) -> None:
-        self.tp = tp
+    def __init__(
+        self,
+        group_id: str,
+        config: ProducerConfig,
+        member: Callable[[], GroupMetadata],
+        *,
+        timeout_ms: int = MIN_TRANSACTION_TIMEOUT_MS,
+    ) -> None:
         self.group_id = group_id
-        self.transactional_id = transactional_id(group_id, tp)
+        self.transactional_id = f"{group_id}.{uuid.uuid4().hex[:16]}"
         self._config = config
+        self._member = member
+        self.timeout_ms = timeout_ms
         self._producer: Any = None
         self._open = False
-        self.fenced = False
         self._broken = False  # a restart after a failure did not work: try at next commit
-        self._starting = False
-        self._dropped = False  # stopped while starting: the start closes what it opened
+        self._starting: asyncio.Task[None] | None = None
         # Deliveries inside now, and whether they may enter (no commit waiting or running).
         self._inside = 0
         self._empty = asyncio.Event()
@@ -128,6 +135,8 @@ class PartitionTransaction:
         self._committing = asyncio.Lock()  # one commit at a time
         self._beginning = asyncio.Lock()  # one begin_transaction for concurrent deliveries
         self.listeners: list[TransactionListener] = []
+        #: Transactions committed since the start.
+        self.commits = 0
 
     @property
     def open(self) -> bool:
@@ -135,17 +144,23 @@ class PartitionTransaction:
         return self._open
 
     async def start(self) -> None:
-        """Start the producer: fences the partition's previous owner and waits until its
-        transaction, if any, is finished.
+        """Start the producer (once; concurrent callers wait for the same start).
 
         Raises:
-            FencedError: another instance started the same id meanwhile.
             KafkaError: the cluster cannot be reached or refuses transactions.
         """
+        if self._producer is not None:
+            return
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         config = self._config
         producer = AIOKafkaProducer(
             bootstrap_servers=config.bootstrap_servers,
             transactional_id=self.transactional_id,
+            transaction_timeout_ms=self.timeout_ms,
             enable_idempotence=True,
             acks="all",
             compression_type=config.compression_type,
@@ -155,40 +170,43 @@ class PartitionTransaction:
             client_id=f"decaton-aio-txn-{self.transactional_id}",
             **config.security.client_kwargs(),
         )
-        self._starting, self._dropped = True, False
+        send_group_metadata(producer, self._member)
         try:
             await producer.start()
-        except _FENCED as exc:
-            await producer.stop()
-            self.fenced = True
-            raise FencedError(f"{self.transactional_id} is used by another instance") from exc
         except BaseException:
             await producer.stop()
             raise
-        finally:
-            self._starting = False
-        if self._dropped:  # stop() was called meanwhile (a revoke, a shutdown)
-            await producer.stop()
-            return
         self._producer = producer
         self._open = False
         self._broken = False
+        log.info("transactional producer started", transactional_id=self.transactional_id)
 
     async def restart(self) -> None:
-        """Throw the producer away and start a new one (aborting what it had open)."""
-        await self.stop()
+        """Throw the producer away and start a new one with the same transactional id
+        (which aborts what the old one had open)."""
+        await self.stop(abort=False)
         await self.start()
 
-    async def stop(self) -> None:
-        """Stop the producer; an open transaction is aborted by the broker (or by the next
-        owner's start)."""
+    async def stop(self, *, abort: bool = True) -> None:
+        """Stop the producer, aborting its open transaction (``abort=False``: leave that to
+        the broker, at once when a producer with the same id starts, else at its
+        timeout)."""
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.wait([starting])
         producer, self._producer = self._producer, None
         self._open = False
         self._dropped_all()
-        self._dropped = self._starting
         if producer is not None:
+            # The failure that ended the transaction was handled: not left unretrieved.
+            waiter = producer._txn_manager._transaction_waiter
+            if waiter is not None and waiter.done() and not waiter.cancelled():
+                waiter.exception()
             try:
                 async with asyncio.timeout(10.0):
+                    if abort and _abortable(producer):
+                        await producer.abort_transaction()
                     await producer.stop()
             except (KafkaError, TimeoutError) as exc:
                 log.warning("transactional producer did not stop cleanly", error=repr(exc))
@@ -244,11 +262,11 @@ class PartitionTransaction:
         redelivered.
 
         Raises:
-            FencedError: another instance owns the partition now.
             KafkaError: the client refused a record (the task stays pending).
+            TransactionFailedError: the producer is not running.
         """
         async with self.delivery():
-            if partition.closed or self.fenced:
+            if partition.closed:
                 return
             for out in outputs:
                 await self.send(out.topic, out.value, key=out.key, headers=out.headers)
@@ -268,22 +286,14 @@ class PartitionTransaction:
         metadata, with its offset).
 
         Raises:
-            FencedError: another instance owns the partition now.
             KafkaError: the client refused the record.
+            TransactionFailedError: the producer is not running.
         """
-        try:
-            producer = await self._begin()
-            sent: asyncio.Future[Any] = await producer.send(
-                topic, value, key=key, headers=headers, partition=partition
-            )
-        except _FENCED as exc:
-            self._fence()
-            raise FencedError(f"{self.transactional_id} was fenced") from exc
+        producer = await self._begin()
+        sent: asyncio.Future[Any] = await producer.send(
+            topic, value, key=key, headers=headers, partition=partition
+        )
         return sent
-
-    def _fence(self) -> None:
-        self.fenced = True
-        self._dropped_all()
 
     async def send_checkpoint(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         """Write a checkpoint record in the open transaction; its offset. Call it only
@@ -294,23 +304,26 @@ class PartitionTransaction:
 
     # ------------------------------------------------------------------ committing
 
-    async def commit(self, plan: Callable[[], Awaitable[CommitPlan]]) -> int | None:
-        """Commit the open transaction with the offset and metadata ``plan`` returns.
+    async def commit(
+        self,
+        plan: Callable[[], Awaitable[CommitPlan]],
+        unchanged: Callable[[], CommitPlan],
+    ) -> CommitPlan | None:
+        """Commit the open transaction with the offsets and metadata ``plan`` returns
+        (the partitions that changed) and ``unchanged()`` (every other live partition, as
+        last committed: the group's check covers each commit).
 
         ``plan`` runs while no delivery is inside, so no output enters the transaction
-        between the snapshot of the watermark and the commit.
+        between the snapshot of the watermarks and the commit.
 
         Returns:
-            The offset committed, or ``None`` when there was nothing to commit.
+            What ``plan`` returned, or ``None`` when there was nothing to commit.
 
         Raises:
-            FencedError: another instance owns the partition now.
             TransactionFailedError: the transaction was aborted (or its outcome is
-                unknown); the caller rewinds the partition to its last commit.
+                unknown); the caller rewinds the partitions to their last commit.
         """
         async with self._alone():
-            if self.fenced:
-                return None
             if self._producer is None:
                 if not self._broken:
                     return None  # not started yet (or stopped)
@@ -320,21 +333,21 @@ class PartitionTransaction:
                     raise TransactionFailedError(f"cannot restart: {exc!r}") from exc
             try:
                 planned = await plan()
-                if planned is None and not self._open:
+                if not planned and not self._open:
                     return None
                 producer = await self._begin()
-                if planned is not None:
-                    offset, metadata = planned
-                    offsets = {self.tp: OffsetAndMetadata(offset, metadata)}
+                offsets = {
+                    tp: OffsetAndMetadata(offset, metadata)
+                    for tp, (offset, metadata) in (unchanged() | planned).items()
+                }
+                if offsets:
                     await producer.send_offsets_to_transaction(offsets, self.group_id)
                 await producer.commit_transaction()
                 self._open = False
+                self.commits += 1
                 for listener in self.listeners:
                     listener.committed()
-                return planned[0] if planned is not None else None
-            except _FENCED as exc:
-                self._fence()
-                raise FencedError(f"{self.transactional_id} was fenced") from exc
+                return planned
             except (KafkaError, OSError) as exc:
                 await self._abandon(exc)
                 raise TransactionFailedError(
@@ -343,7 +356,7 @@ class PartitionTransaction:
 
     async def _abandon(self, cause: BaseException) -> None:
         # A failed commit leaves the client in a state only a fresh producer gets out of;
-        # starting one aborts the transaction on the broker.
+        # starting one with the same id aborts the transaction on the broker.
         log.warning(
             "transaction failed; aborting it and going back to the last commit",
             transactional_id=self.transactional_id,
@@ -351,8 +364,15 @@ class PartitionTransaction:
         )
         try:
             await self.restart()
-        except FencedError:
-            raise
         except (KafkaError, OSError) as exc:
             self._broken = True
             log.error("cannot restart the transactional producer", error=repr(exc))
+
+
+def _abortable(producer: Any) -> bool:
+    # A transaction is open (or failed short of fatally) and the client still runs.
+    state = producer._txn_manager.state
+    return state in _ABORTABLE and not producer._sender.sender_task.done()
+
+
+_ABORTABLE = (TransactionState.IN_TRANSACTION, TransactionState.ABORTABLE_ERROR)

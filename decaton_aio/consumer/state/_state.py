@@ -14,8 +14,8 @@ owns
 
 On assignment the subscription calls :meth:`StateStore.assigned` and keeps the partitions'
 topics paused until their restores resolve (with exactly-once a restore starts only once
-the partitions' previous owners are fenced: a transaction of theirs still committing
-would land past the end it reads to); standbys come from the
+the partitions' committed offsets are stable: a previous owner's transaction still
+committing would land past the end it reads to); standbys come from the
 assignment (:meth:`StateStore.set_standbys`). Copies neither owned nor standby are closed
 (their files stay for a later assignment).
 

@@ -1,18 +1,18 @@
-"""State changes under exactly-once: in the partition's transaction, with the task's
+"""State changes under exactly-once: in the subscription's transaction, with the task's
 completion.
 
 With ``Application(exactly_once=True)`` the store's writer is a
 :class:`TransactionalChangelog`. A task's change is sent to the changelog (key, value or
-tombstone, partition = the task's partition number) by the partition's transactional
+tombstone, partition = the task's partition number) by the subscription's transactional
 producer, and in the same step inside the transaction's delivery the task's outputs are sent
 and its offset completes. So a transaction holds a task's change exactly when it covers
 the task: a commit makes both visible, an abort (after which the partition goes back to
-its last commit and the task runs again) drops both.
+their last commit and the task runs again) drops both.
 
 Until the transaction commits the change waits in the local copy's overlay (see
 ``_overlay``): the key's next task reads it; the commit applies it to the copy with its
-changelog offset, so the copy's checkpoint only ever covers committed changes; an abort,
-a fence or a stop discards it.
+changelog offset, so the copy's checkpoint only ever covers committed changes; an abort
+or a stop discards it.
 
 A task whose completion is deferred, or that asks for a retry, completes later than its
 change is sent: its change commits with the transaction it was sent in (as without
@@ -31,7 +31,7 @@ import structlog
 
 from decaton_aio.backoff import send_retry_delay
 from decaton_aio.consumer._contract import TaskHost
-from decaton_aio.consumer.commit import FencedError, PartitionTransaction
+from decaton_aio.consumer.commit import Transaction
 from decaton_aio.consumer.state._overlay import Overlay, Staged
 from decaton_aio.consumer.state._store import LocalStore
 from decaton_aio.context import ProcessingContext
@@ -43,8 +43,8 @@ log = structlog.get_logger("decaton_aio.state")
 
 
 class _Pending:
-    """The changes one partition's transaction holds for one local copy: their owner in
-    the copy's overlay, and the transaction's listener."""
+    """The changes the transaction holds for one local copy: their owner in the copy's
+    overlay, and the transaction's listener."""
 
     def __init__(self, store: LocalStore) -> None:
         self.store = store
@@ -76,7 +76,7 @@ def _offset_of(staged: Staged, future: asyncio.Future[Any]) -> None:
 
 
 class TransactionalChangelog:
-    """Writes tasks' state changes into their partitions' transactions.
+    """Writes tasks' state changes into the subscription's transaction.
 
     Args:
         topic: the store's changelog topic.
@@ -90,19 +90,19 @@ class TransactionalChangelog:
     ) -> None:
         """Send the task's change (and its outputs, when it completes now) in the open
         transaction, then call ``then()`` (which completes the task) inside the same delivery.
-        Tried again with backoff while the partition is open; a fenced partition gives up
-        (its next owner processes the record)."""
+        Tried again with backoff while the partition is open; a closed partition gives up
+        (its next owner, or its rewound self, processes the record again)."""
         txn = partition.outputs
-        assert isinstance(txn, PartitionTransaction), "exactly-once gives each partition one"
+        assert isinstance(txn, Transaction), "exactly-once gives the partitions one"
         outputs = None
         if ctx.completion is None and ctx.retry_delay_s is None:
             outputs, ctx.outputs = ctx.outputs, None  # they go out with the change
         store, key, value = state.store, state.key, state.encoded_change()
         assert isinstance(store, LocalStore), "a task's state reads the runtime's copy"
         attempt = 0
-        while not partition.closed and not txn.fenced:
+        while not partition.closed:
             async with txn.delivery():
-                if partition.closed or txn.fenced or store.closed:
+                if partition.closed or store.closed:
                     return
                 try:
                     number = partition.tp.partition
@@ -110,8 +110,6 @@ class TransactionalChangelog:
                     _pending(txn, store).stage(key, value, sent)
                     for out in outputs or ():
                         await txn.send(out.topic, out.value, key=out.key, headers=out.headers)
-                except FencedError:
-                    return
                 except Exception as exc:
                     failure: Exception | None = exc
                 else:
@@ -129,7 +127,7 @@ class TransactionalChangelog:
             await asyncio.sleep(delay)
 
 
-def _pending(txn: PartitionTransaction, store: LocalStore) -> _Pending:
+def _pending(txn: Transaction, store: LocalStore) -> _Pending:
     # The transaction's listener for this copy (a copy closed since is forgotten).
     found = None
     for listener in list(txn.listeners):
