@@ -7,7 +7,7 @@ EXTRAS := embedded,dev,spark,tracing,docs
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
 .PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
-	test-spark test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
+	test-spark spark-cluster spark-dist test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
 	docs docs-serve docs-test chromium install-chromium
 
 help:
@@ -17,6 +17,8 @@ help:
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
+	@echo "make spark-cluster  a Spark standalone master and 2 workers on loopback, until Ctrl-C"
+	@echo "make spark-dist  the wheel, and the --py-files zip and main file spark-submit needs, in dist/"
 	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
 	@echo "make soak   three instances for 30 minutes at half capacity through restarts (~40 min);"
 	@echo "           bench/results/soak.json and soak.png"
@@ -160,6 +162,17 @@ test-unit-pure: $(STAMP)
 test-spark: kafka
 	$(BIN)/python -m pytest -m spark
 
+# A Spark standalone master and 2 workers on loopback, from PySpark's own launch classes,
+# until Ctrl-C; run a job on it with --master and the URL it prints.
+spark-cluster: $(STAMP)
+	$(BIN)/python -m spark_jobs.standalone --workers 2
+
+# What a user's cluster needs: the wheel (decaton_aio and the jobs as decaton_aio_spark),
+# and for spark-submit the --py-files zip and the main file, in dist/.
+spark-dist: $(STAMP)
+	rm -rf dist && $(BIN)/python -m pip wheel --quiet --no-deps -w dist .
+	$(BIN)/python -m spark_jobs._bundle dist/spark
+
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
@@ -221,5 +234,5 @@ docs-test: docs chromium
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build decaton_aio.egg-info \
-	  $(PURE_TREE) site
+	  $(PURE_TREE) site dist
 	find decaton_aio -name '*.so' -delete

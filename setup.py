@@ -1,6 +1,7 @@
 """Build: the package, with the modules of the per-task hot path compiled by mypyc.
 
-Every other setting is in pyproject.toml. ``DECATON_AIO_PURE=1`` at build time skips the
+The packages are listed here too (the Spark jobs install under a name of their own); every
+other setting is in pyproject.toml. ``DECATON_AIO_PURE=1`` at build time skips the
 compilation: the same package in pure Python, which passes the same tests. An editable
 install (``pip install -e .``, ``make install``) builds the extensions in place, beside
 their sources; Python imports an extension module before a ``.py`` file of the same name.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 #: The compiled modules, by what they cost per task (bench/hotpath.py).
 COMPILED = [
@@ -43,4 +44,12 @@ def extensions() -> list[object]:
     return list(mypycify([*options, *COMPILED], opt_level="3", group_name="decaton_aio._hot"))
 
 
-setup(ext_modules=extensions())
+# The Spark jobs live in spark_jobs/ and install as decaton_aio_spark: a name of this
+# project's own, which no other distribution's package takes.
+SPARK_PACKAGE = "decaton_aio_spark"
+
+setup(
+    packages=[*find_packages(include=["decaton_aio", "decaton_aio.*"]), SPARK_PACKAGE],
+    package_dir={SPARK_PACKAGE: "spark_jobs"},
+    ext_modules=extensions(),
+)

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from pyspark.sql import Row
 
-from spark_jobs._cli import table
+from ._cli import table
 
 __all__ = ["OUTCOMES", "BackfillReport", "tally"]
 

@@ -32,7 +32,6 @@ from pyspark.sql import SparkSession
 from decaton_aio import environment
 from decaton_aio.cli import (
     EXIT_NOPERM,
-    TOKEN_PROVIDER_ENV_VAR,
     add_producer_arguments,
     add_security_arguments,
     cluster_from_args,
@@ -45,7 +44,9 @@ from decaton_aio.errors import (
     ProducerError,
     SecurityError,
 )
-from spark_jobs._session import job_session
+from decaton_aio.properties import parse_properties_text
+
+from ._session import job_session
 
 __all__ = [
     "BOOTSTRAP_ENV_VAR",
@@ -57,6 +58,7 @@ __all__ = [
     "UsageError",
     "add_common_arguments",
     "parse_instant",
+    "read_kafka_properties",
     "require_bootstrap",
     "run_job",
     "table",
@@ -107,6 +109,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the Kafka cluster (env {BOOTSTRAP_ENV_VAR})",
     )
     add_security_arguments(parser)
+    parser.add_argument(
+        "--kafka-properties",
+        type=Path,
+        metavar="PATH",
+        help="Kafka client properties (key=value lines) handed to Spark's Kafka connector as "
+        "kafka.<key> options; they win over the flags (e.g. Kafka's own OAUTHBEARER settings)",
+    )
     add_producer_arguments(parser)
     parser.add_argument(
         "--master",
@@ -195,14 +204,33 @@ def _code_of(name: str) -> int:
 
 
 def _resolve_cluster(args: argparse.Namespace) -> None:
-    """Set ``args.bootstrap_servers``, ``args.security`` and ``args.oauth_token_provider``
-    from the flags, the environment and ``--client-properties``."""
+    """Set ``args.bootstrap_servers``, ``args.security`` and ``args.kafka_extra`` from the
+    flags, the environment, ``--client-properties`` and ``--kafka-properties``."""
     cluster = cluster_from_args(args)
     args.bootstrap_servers = cluster.bootstrap_servers
     args.security = cluster.security
-    args.oauth_token_provider = args.sasl_oauth_token_provider or (
-        os.environ.get(TOKEN_PROVIDER_ENV_VAR, "").strip() or None
+    args.kafka_extra = (
+        {} if args.kafka_properties is None else read_kafka_properties(args.kafka_properties)
     )
+
+
+def read_kafka_properties(path: Path) -> dict[str, str]:
+    """The entries of a Kafka client properties file (Java properties: ``key=value``
+    lines, ``#`` and ``!`` comments); a ``kafka.`` prefix is dropped.
+
+    Raises:
+        ConfigError: when the file cannot be read or a line is not ``key=value``; the
+            message names the line number, never its text (it may hold a secret).
+    """
+    try:
+        entries = parse_properties_text(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"--kafka-properties {path}: {reason}") from None
+    except ConfigError as exc:
+        line = str(exc).split(":", 1)[0]
+        raise ConfigError(f"--kafka-properties {path}: {line} is not key=value") from None
+    return {key.removeprefix("kafka."): value for key, value in entries.items()}
 
 
 def _execute(

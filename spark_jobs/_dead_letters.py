@@ -17,7 +17,7 @@ for a line that could not be parsed), ``entry_topic`` (the topic the record was 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -26,7 +26,8 @@ from pyspark.sql import functions as F
 
 from decaton_aio.retry import SideTopics
 from decaton_aio.security import PLAINTEXT, SecuritySettings
-from spark_jobs.kafka_source import high_watermarks, read_topic
+
+from .kafka_io import pinned_ends, read_topic
 
 __all__ = ["NO_ERROR_TYPE", "decode_failures", "header", "read_dead_letters"]
 
@@ -48,7 +49,7 @@ def read_dead_letters(
     *,
     isolation_level: str = "read_uncommitted",
     security: SecuritySettings = PLAINTEXT,
-    oauth_token_provider: str | None = None,
+    kafka_extra: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """The dead letter topic's records, and the spools' lines, as rows of one shape.
 
@@ -60,7 +61,7 @@ def read_dead_letters(
         BrokerError: when the cluster cannot be reached.
     """
     records = _read_topic(
-        spark, bootstrap_servers, dlq_topic, isolation_level, security, oauth_token_provider
+        spark, bootstrap_servers, dlq_topic, isolation_level, security, kafka_extra
     )
     spooled = _read_spools(spark, spool_dirs)
     return records if spooled is None else records.unionByName(spooled)
@@ -72,10 +73,10 @@ def _read_topic(
     dlq_topic: str,
     isolation_level: str,
     security: SecuritySettings,
-    oauth_token_provider: str | None,
+    kafka_extra: Mapping[str, str] | None,
 ) -> DataFrame:
     # Pin the end offsets once: every action of the run then sees the same records.
-    ends = high_watermarks(
+    ends = pinned_ends(
         bootstrap_servers, dlq_topic, isolation_level=isolation_level, security=security
     )
     df = read_topic(
@@ -83,9 +84,9 @@ def _read_topic(
         bootstrap_servers,
         dlq_topic,
         ending_offsets=ends,
+        isolation_level=isolation_level,
         security=security,
-        oauth_token_provider=oauth_token_provider,
-        isolationLevel=isolation_level,
+        extra=kafka_extra,
     )
     return df.select(
         F.lit("dlq").alias("source"),
@@ -95,7 +96,7 @@ def _read_topic(
         "key",
         "value",
         "headers",
-        "timestamp",
+        F.unix_millis("timestamp").alias("timestamp"),
     )
 
 

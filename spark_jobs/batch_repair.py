@@ -38,12 +38,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Final
-
-if __package__ in (None, ""):  # spark-submit spark_jobs/batch_repair.py: find the project
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -53,15 +50,16 @@ from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, encode_metadata
 from decaton_aio.producer import Idempotence
 from decaton_aio.security import PLAINTEXT, SecuritySettings
-from spark_jobs._cli import (
+
+from ._cli import (
     JobParser,
     UsageError,
     add_common_arguments,
     require_bootstrap,
     run_job,
 )
-from spark_jobs._repair_inputs import load_parquet, load_sqlite
-from spark_jobs.kafka_sink import write_topic
+from ._repair_inputs import load_parquet, load_sqlite
+from .kafka_io import write_topic
 
 __all__ = [
     "RepairOptions",
@@ -94,7 +92,7 @@ class RepairOptions:
         compression_type: the codec of produced batches, or ``None``.
         show: how many inconsistent users the report lists.
         security: TLS and SASL settings of every Kafka client of the run.
-        oauth_token_provider: ``MODULE:ATTR`` of the OAUTHBEARER token provider, if any.
+        kafka_extra: Kafka client properties for Spark's connector (``--kafka-properties``).
     """
 
     bootstrap_servers: str | None
@@ -107,7 +105,7 @@ class RepairOptions:
     compression_type: str | None = None
     show: int = 10
     security: SecuritySettings = PLAINTEXT
-    oauth_token_provider: str | None = None
+    kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -307,7 +305,7 @@ def run_repair(spark: SparkSession, options: RepairOptions) -> RepairReport:
                 idempotence=options.idempotence,
                 compression_type=options.compression_type,
                 security=options.security,
-                oauth_token_provider=options.oauth_token_provider,
+                extra=options.kafka_extra,
             )
             report.repair_tasks_sent = written.records
             report.per_partition = written.per_partition
@@ -366,7 +364,7 @@ def _run(spark: SparkSession, args: argparse.Namespace) -> RepairReport:
         compression_type=args.compression_type,
         show=args.show,
         security=args.security,
-        oauth_token_provider=args.oauth_token_provider,
+        kafka_extra=args.kafka_extra,
     )
     return run_repair(spark, options)
 

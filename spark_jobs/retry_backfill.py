@@ -37,12 +37,9 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final, Literal
-
-if __package__ in (None, ""):  # spark-submit spark_jobs/retry_backfill.py: find the project
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 from pyspark import StorageLevel
@@ -56,8 +53,9 @@ from decaton_aio.offsets import ISOLATION_LEVELS
 from decaton_aio.producer import Idempotence
 from decaton_aio.retry import DLQ_HEADERS, ORIGIN_HEADERS, SideTopics
 from decaton_aio.security import PLAINTEXT, SecuritySettings
-from spark_jobs._backfill_report import BackfillReport, tally
-from spark_jobs._cli import (
+
+from ._backfill_report import BackfillReport, tally
+from ._cli import (
     JobParser,
     UsageError,
     add_common_arguments,
@@ -67,11 +65,11 @@ from spark_jobs._cli import (
 )
 
 # NO_ERROR_TYPE and LEDGER_SCHEMA are re-exported: they were defined here before the split.
-from spark_jobs._dead_letters import NO_ERROR_TYPE as NO_ERROR_TYPE
-from spark_jobs._dead_letters import decode_failures, header, read_dead_letters
-from spark_jobs._ledger import LEDGER_SCHEMA as LEDGER_SCHEMA
-from spark_jobs._ledger import append_run, known_ids
-from spark_jobs.kafka_sink import write_topic
+from ._dead_letters import NO_ERROR_TYPE as NO_ERROR_TYPE
+from ._dead_letters import decode_failures, header, read_dead_letters
+from ._ledger import LEDGER_SCHEMA as LEDGER_SCHEMA
+from ._ledger import append_run, known_ids
+from .kafka_io import write_topic
 
 __all__ = [
     "BACKFILL_RUN_HEADER",
@@ -156,7 +154,7 @@ class BackfillOptions:
         isolation_level: how the dead letter topic is read (``read_committed`` skips
             records of aborted transactions).
         security: TLS and SASL settings of every Kafka client of the run.
-        oauth_token_provider: ``MODULE:ATTR`` of the OAUTHBEARER token provider, if any.
+        kafka_extra: Kafka client properties for Spark's connector (``--kafka-properties``).
     """
 
     bootstrap_servers: str
@@ -173,7 +171,7 @@ class BackfillOptions:
     show: int = 5
     isolation_level: str = "read_uncommitted"
     security: SecuritySettings = PLAINTEXT
-    oauth_token_provider: str | None = None
+    kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def reset_metadata(raw: bytes | None, timestamp_ms: int | None) -> bytes:
@@ -275,7 +273,7 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
         options.spool_dirs,
         isolation_level=options.isolation_level,
         security=options.security,
-        oauth_token_provider=options.oauth_token_provider,
+        kafka_extra=options.kafka_extra,
     )
     decoded = decode_failures(records, options.dlq_topic, options.side_topics)
     classified = _classify(spark, options, decoded)
@@ -303,7 +301,7 @@ def run_backfill(spark: SparkSession, options: BackfillOptions) -> BackfillRepor
                 idempotence=options.idempotence,
                 compression_type=options.compression_type,
                 security=options.security,
-                oauth_token_provider=options.oauth_token_provider,
+                extra=options.kafka_extra,
             )
             report.sent, report.per_partition = written.records, written.per_partition
             # Only after every record was acknowledged: a crash before this line re-sends
@@ -398,7 +396,7 @@ def _options(args: argparse.Namespace) -> BackfillOptions:
         show=args.show,
         isolation_level=args.isolation_level,
         security=args.security,
-        oauth_token_provider=args.oauth_token_provider,
+        kafka_extra=args.kafka_extra,
     )
 
 
