@@ -179,6 +179,8 @@ class StandaloneCluster:
                 process.wait()
             # An executor outliving its worker is in the worker's group.
             _signal_group(process.pid, signal.SIGKILL)
+        for process in self._processes:
+            _wait_for_group(process.pid, deadline + _STOP_GRACE_S)
         self._processes.clear()
 
     def __enter__(self) -> StandaloneCluster:
@@ -196,6 +198,27 @@ class StandaloneCluster:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that are not zombies (Linux's /proc)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # pid (comm) state ppid pgrp ...: comm may hold spaces.
+                state, _ppid, pgrp = stat.read().rsplit(")", 1)[1].split()[:3]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z" and int(pgrp) == pgid:
+            found.append(int(entry))
+    return found
+
+
+def _wait_for_group(pgid: int, deadline: float) -> None:
+    """Wait until the processes killed in group ``pgid`` are gone (or the deadline)."""
+    while _live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ reason; ``make install`` provides both.
 from __future__ import annotations
 
 import importlib.util
-import os
+import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -82,16 +82,13 @@ def spark_cluster() -> Iterator[StandaloneCluster]:
         assert not left, f"processes of the Spark cluster outlived it: {left}"
 
 
-def _running_in(groups: list[int]) -> list[int]:
-    """The live (not zombie) processes of the given process groups."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after ")".
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if state != "Z" and int(pgrp) in groups:
-            found.append(int(entry))
-    return found
+def _running_in(groups: list[int]) -> list[str]:
+    """The live (not zombie) processes of the given process groups, as ps lists them."""
+    listing = subprocess.run(
+        ["ps", "-e", "-o", "pid=,pgid=,stat=,comm="], capture_output=True, text=True, check=True
+    ).stdout
+    return [
+        line.strip()
+        for line in listing.splitlines()
+        if int(line.split()[1]) in groups and not line.split()[2].startswith("Z")
+    ]
