@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import structlog
+from mypy_extensions import i64
 
 from decaton_aio.metadata import METADATA_HEADER
 from decaton_aio.typing import Record
 
-__all__ = ["RAW_RECORDS", "TaskRecord", "install_raw_records", "task_record"]
+__all__ = ["RAW_RECORDS", "TaskRecord", "install_raw_records", "scheduled_time_in", "task_record"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -98,6 +99,56 @@ def task_record(record: Record) -> TaskRecord:
         if header[0] == METADATA_HEADER and type(header[1]) is bytes:
             packed = header[1]
     return TaskRecord(fetched.offset, fetched.timestamp, fetched.key, fetched.value, packed)
+
+
+def scheduled_time_in(raw: bytes) -> int | None:
+    """The scheduled time (epoch ms, 0 for none) in a ``dt_meta`` header's value, read
+    without a protobuf message; ``None`` when the header is not in the plain shape read here.
+
+    The plain shape is what producers write: the five fields of ``TaskMetadataProto`` in
+    any order, each with its declared wire type, integers shorter than 10 bytes (not
+    negative), ids of ASCII shorter than 128 bytes. Every header in that shape is valid,
+    and the value read is the one protobuf reads (the last of repeated fields). For
+    anything else (an unknown field, a negative or truncated integer, an id in UTF-8
+    beyond ASCII), ``None`` says to parse the header with protobuf, which accepts it or
+    says what is wrong. Compiled, this costs a fraction of a protobuf parse.
+    """
+    # Native 64-bit integers, compiled: plain machine arithmetic.
+    end: i64 = len(raw)
+    pos: i64 = 0
+    scheduled: i64 = 0
+    while pos < end:
+        tag: i64 = raw[pos]
+        pos += 1
+        if tag == 0x12 or tag == 0x1A:  # an id (fields 2 and 3): length, then ASCII
+            if pos >= end:
+                return None
+            length: i64 = raw[pos]
+            stop = pos + 1 + length
+            if length >= 0x80 or stop > end:
+                return None
+            pos += 1
+            while pos < stop:
+                if raw[pos] >= 0x80:
+                    return None
+                pos += 1
+        elif tag == 0x08 or tag == 0x20 or tag == 0x28:  # an int64 (fields 1, 4 and 5)
+            value: i64 = 0
+            shift: i64 = 0
+            while True:
+                if pos >= end or shift == 63:  # truncated, or 10 bytes long: protobuf's
+                    return None
+                byte: i64 = raw[pos]
+                pos += 1
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if byte < 0x80:
+                    break
+            if tag == 0x28:
+                scheduled = value
+        else:
+            return None
+    return scheduled
 
 
 def RAW_RECORDS(key: bytes | None) -> bytes | None:

@@ -570,7 +570,8 @@ async def test_the_reusable_dt_meta_message_is_renewed() -> None:
     first = executor._meta
     if first is None:
         pytest.skip("no C implementation of protobuf: nothing is reused")
-    header = meta_header(source_application_id="app", source_instance_id="host", retry_count=2)
+    # An id beyond ASCII: the header is not of the plain shape the runtime reads itself.
+    header = meta_header(source_application_id="app", source_instance_id="hôst", retry_count=2)
     feed = [FakeRecord(n, b"k%d" % (n % 7), headers=header) for n in range(META_RENEW_RECORDS)]
     proc.feed(feed[:-1])
     await until(lambda: len(seen) == META_RENEW_RECORDS - 1)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from decaton_aio.consumer._records import scheduled_time_in
 from decaton_aio.errors import DecodeError
 from decaton_aio.metadata import (
     METADATA_HEADER,
@@ -366,6 +367,46 @@ def test_decode_agrees_with_protobuf_on_any_input(wire: bytes) -> None:
     else:
         assert metadata_from_headers(headers, 0) == ours
         assert scheduled_time_of(headers) == ours.scheduled_time_ms
+
+
+@given(st.one_of(st.binary(max_size=64), _fields))
+@example(b"\x12\x01\xff")  # an id that is not UTF-8
+@example(b"\x28" + b"\xff" * 9 + b"\x01")  # a negative scheduled time
+@example(b"\x28\x05\x28\x07")  # repeated: the last one counts
+def test_plain_header_read_agrees_with_protobuf(wire: bytes) -> None:
+    """The consume path's read of a plain header: whatever it reads, protobuf accepts
+    with the same scheduled time; what it leaves to protobuf (``None``) is all it says."""
+    plain = scheduled_time_in(wire)
+    if plain is not None:
+        reading = _protobuf_reading(wire)
+        assert reading is not None
+        assert plain == reading.scheduled_time_ms
+
+
+ascii_ids = st.text(st.characters(max_codepoint=0x7F), max_size=127)
+plain_ints = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+# The known fields, each with its wire type: integers (0) and ids (2).
+plain_fields = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from([1 << 3, 4 << 3, 5 << 3]), plain_ints.map(_varint)),
+        st.tuples(
+            st.sampled_from([2 << 3 | 2, 3 << 3 | 2]),
+            ascii_ids.map(lambda text: _varint(len(text)) + text.encode()),
+        ),
+    ),
+    max_size=8,
+).map(lambda fields: b"".join(bytes([tag]) + value for tag, value in fields))
+
+
+@given(plain_fields)
+def test_plain_header_is_read_without_protobuf(wire: bytes) -> None:
+    """What producers write (known fields in any order, repeated or not, non-negative
+    integers, ASCII ids) is read without protobuf, to the value protobuf reads."""
+    reading = _protobuf_reading(wire)
+    assert reading is not None
+    assert scheduled_time_in(wire) == reading.scheduled_time_ms
 
 
 # --------------------------------------------------------------------------- cross-checks
