@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from spark_jobs import __main__ as command
 from spark_jobs._bundle import MAIN_FILE, ZIP_FILE, build
 from spark_jobs._cli import read_kafka_properties
+from spark_jobs._connector import connector_jars, package
 from spark_jobs.kafka_io import (
     choose_partition,
     kafka_options,
@@ -232,3 +233,16 @@ def test_the_spark_submit_bundle_holds_the_jobs_under_their_installed_name(
     assert "decaton_aio/metadata.py" in names
     assert not [n for n in names if n.startswith("spark_jobs/") or n.endswith((".so", ".pyc"))]
     assert "from decaton_aio_spark.__main__ import main" in (tmp_path / MAIN_FILE).read_text()
+
+
+def test_the_connector_is_pysparks_version_and_cached() -> None:
+    """The cached jars are the connector of the installed PySpark's version, its token
+    provider, kafka-clients and commons-pool2: nothing PySpark already ships."""
+    import pyspark
+
+    names = sorted(Path(jar).name for jar in connector_jars())
+
+    assert f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar" in names
+    assert f"spark-token-provider-kafka-0-10_2.13-{pyspark.__version__}.jar" in names
+    assert [n.split("-")[0] for n in names] == ["commons", "kafka", "spark", "spark"]
+    assert package() == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
