@@ -56,10 +56,10 @@ async def measure(broker: BrokerHandle, partitions: int, tasks: int, exactly_onc
     topic = f"eos-cost-{uuid.uuid4().hex[:8]}"
     out = f"{topic}-out"
     try:
-        await admin.create(topic, partitions=partitions)
-        await admin.create(out, partitions=partitions)
+        await admin.create(partitions, name=topic)
+        await admin.create(partitions, name=out)
     finally:
-        await admin.close()
+        await admin.close(delete=False)  # the runs read and write them
     producer: TaskProducer[bytes] = TaskProducer(broker.producer_config(), topic, BytesSerializer())
     async with producer:
         for n in range(tasks):

@@ -133,7 +133,9 @@ class Transaction:
         self._open_to_deliveries = asyncio.Event()
         self._open_to_deliveries.set()
         self._committing = asyncio.Lock()  # one commit at a time
-        self._beginning = asyncio.Lock()  # one begin_transaction for concurrent deliveries
+        # The one begin_transaction concurrent deliveries wait for (a future, not a lock:
+        # thousands of waiters wake together instead of one loop iteration each).
+        self._beginning: asyncio.Future[None] | None = None
         self.listeners: list[TransactionListener] = []
         #: Transactions committed since the start.
         self.commits = 0
@@ -220,11 +222,15 @@ class Transaction:
         if producer is None:
             raise TransactionFailedError(f"{self.transactional_id} is not started")
         if not self._open:
-            async with self._beginning:
-                if not self._open:
-                    await producer.begin_transaction()
-                    self._open = True
+            if self._beginning is None or self._beginning.done():
+                self._beginning = asyncio.ensure_future(self._begin_with(producer))
+            await asyncio.shield(self._beginning)
         return producer
+
+    async def _begin_with(self, producer: Any) -> None:
+        await producer.begin_transaction()
+        if producer is self._producer:
+            self._open = True
 
     @contextlib.asynccontextmanager
     async def delivery(self) -> AsyncIterator[None]:
