@@ -92,9 +92,20 @@ def task_record(record: Record) -> TaskRecord:
     if isinstance(record, TaskRecord):
         return record
     fetched: Any = record  # its fields as they are (compiled, no int unboxed and boxed again)
-    headers: Sequence[Any] = fetched.headers  # Kafka allows a null header value
+    headers: Any = fetched.headers  # Kafka allows a null header value
     packed: bytes | Sequence[tuple[str, bytes]] = headers or ()
-    if len(headers) == 1:
+    # A list of one (name, value) pair, as aiokafka fetches it: read as typed values,
+    # compiled, without a generic item lookup or comparison.
+    if type(headers) is list:
+        listed: list[Any] = headers
+        if len(listed) == 1:
+            header = listed[0]
+            if type(header) is tuple and len(header) == 2:
+                pair: tuple[Any, Any] = header
+                name, value = pair
+                if isinstance(name, str) and name == METADATA_HEADER and type(value) is bytes:
+                    packed = value
+    elif len(headers) == 1:  # another sequence (a ConsumerRecord's)
         header = headers[0]
         if header[0] == METADATA_HEADER and type(header[1]) is bytes:
             packed = header[1]

@@ -77,3 +77,8 @@ def test_a_task_record_keeps_every_field_and_packs_a_lone_dt_meta_header() -> No
     assert task_record(FakeRecord(9, b"k", headers=[("dt_meta", None)])).headers == [  # type: ignore[list-item]
         ("dt_meta", None)
     ]
+    # A tuple of headers (a ConsumerRecord's) packs alike; a lone other header does not.
+    consumer_record = FakeRecord(10, b"k", headers=(("dt_meta", b"\x08\x02"),))  # type: ignore[arg-type]
+    assert task_record(consumer_record).packed_headers == b"\x08\x02"
+    lone_other = task_record(FakeRecord(11, b"k", headers=[("trace", b"\x08\x01")]))
+    assert lone_other.headers == [("trace", b"\x08\x01")]
