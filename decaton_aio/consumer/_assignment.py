@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
+from decaton_aio.consumer._partition import PartitionProcessor, PartitionState, PendingBytes
 from decaton_aio.consumer.commit import Checkpoint, Committer
 from decaton_aio.properties import (
     IGNORE_KEYS,
@@ -218,8 +218,13 @@ class Assignment:
         self, old: PartitionProcessor, offset: int | None, checkpoint: Checkpoint | None
     ) -> None:
         """A transaction failed: what it held is gone, so the partition starts again at its
-        last commit (the records and outputs since then come again)."""
+        last commit (the records and outputs since then come again). A partition being
+        revoked is closed instead: it leaves, its final commit must not cover what the
+        transaction lost, and its next owner starts from the last commit."""
         if self.partitions.get(old.tp) is not old or self._consumer is None:
+            return
+        if old.state is PartitionState.DRAINING:
+            old.close()
             return
         processor = self._replace(old)
         self._committer.adopt(old, processor)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decaton_aio.consumer._assignment import Assignment, Hold
+from decaton_aio.consumer._partition import PartitionState
 
 
 class FakeProcessor:
@@ -21,6 +22,7 @@ class FakeProcessor:
         self.closed = False
         self.needs_pause = False
         self.paused = False
+        self.state = PartitionState.ACTIVE
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
@@ -46,12 +48,18 @@ class FakeConsumer:
             self.paused.discard(tp)
             self.calls.append(("resume", tp))
 
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.calls.append(("seek", tp))
+
 
 class FakeCommitter:
     loads = False
 
     def transaction(self, tp: Any) -> None:
         return None
+
+    def adopt(self, old: Any, new: Any) -> None:
+        pass
 
 
 TPS = [TopicPartition("t", n) for n in range(3)]
@@ -196,3 +204,20 @@ def test_a_partition_assigned_after_close_all_never_goes_live() -> None:
     asyncio.run(assignment.load([p]))
     assert p.closed
     assert assignment.partitions == {}
+
+
+def test_a_failed_transaction_rewinds_a_live_partition_and_closes_a_revoked_one() -> None:
+    """A rewind replaces a live partition's processor; one being revoked (the commit
+    failed while the rebalance drained it) is closed and stays the one the revoke closes,
+    so no fresh processor outlives the revoke."""
+    assignment, consumer = build(set())
+    live, revoked = (assignment.new(tp) for tp in TPS[:2])
+    asyncio.run(assignment.load([live, revoked]))
+    revoked.state = PartitionState.DRAINING  # type: ignore[attr-defined]
+    assignment.rewind(live, 0, None)
+    assignment.rewind(revoked, 0, None)
+    assert live.closed
+    assert assignment.partitions[TPS[0]] is not live
+    assert revoked.closed
+    assert assignment.partitions[TPS[1]] is revoked
+    assert [c for c in consumer.calls if c[0] == "seek"] == [("seek", TPS[0])]
