@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
 from pathlib import Path
 from typing import Any
 
+import aiokafka
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -39,6 +41,20 @@ from spark_jobs.standalone import StandaloneCluster
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
+# What a copy of the tree for building the wheel leaves out.
+_NOT_SOURCES = (
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "site",
+    ".pure",
+    ".fuzz",
+    ".hypothesis",
+    ".*cache",
+    "__pycache__",
+    "*.so",
+)
 DEAD_LETTERS = 30
 # user 2 has 2 followers, not 5; user 4 has a counts row but no edge
 EDGES = {"follower": [1, 3, 2], "followee": [2, 2, 1]}
@@ -156,44 +172,37 @@ async def test_both_jobs_run_on_the_standalone_cluster(
     assert "decaton-aio-batch_repair" in ran, ran
 
 
+def _check(argv: list[Any], **kwargs: Any) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
+    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
 def installed_venv(tmp_path: Path) -> Path:
-    """A fresh virtualenv with the wheel built from this tree installed (pure Python, to
-    build quickly); the third-party packages come from this interpreter's site-packages
-    (a path file), so PySpark is not downloaded again."""
+    """A fresh virtualenv with the wheel built from a copy of this tree (pure Python, to
+    build quickly, and away from the tree's own build directory) installed; the
+    third-party packages come from this interpreter's site-packages (a path file), so
+    PySpark is not downloaded again."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "-w",
-            str(wheels),
-            str(ROOT),
-        ],
+    _check(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), "."],
+        cwd=source,
         env={**os.environ, "DECATON_AIO_PURE": "1"},
-        check=True,
-        capture_output=True,
     )
     (wheel,) = wheels.glob("decaton_aio-*.whl")
     home = tmp_path / "venv"
     venv.create(home, with_pip=True)
     python = home / "bin" / "python"
-    subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
-        check=True,
-        capture_output=True,
-    )
+    _check([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)])
     (site,) = home.glob("lib/python*/site-packages")
-    import aiokafka
-
     (site / "third_party.pth").write_text(str(Path(aiokafka.__file__).parents[1]) + "\n")
-    where = subprocess.run(
+    where = _check(
         [python, "-c", "import decaton_aio_spark as m; print(m.__file__)"],
-        cwd=tmp_path, env=job_env(), capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        cwd=tmp_path,
+        env=job_env(),
+    )
     assert where.startswith(str(home)), where
     return home
 
