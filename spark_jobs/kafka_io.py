@@ -237,10 +237,10 @@ def write_topic(
     from pyspark.sql.types import IntegerType
 
     records = df if topic is None else df.withColumn("topic", F.lit(topic))
-    targets = sorted(r.topic for r in records.select("topic").distinct().collect())
+    targets = [r.topic for r in records.select("topic").distinct().collect()]
     if not targets:
         return WriteSummary()
-    if any(t is None for t in targets):
+    if None in targets:
         raise ConfigError("a record has no topic: give a topic, or a topic in every row")
     counts = partition_counts(bootstrap_servers, targets, security=security)
 

@@ -151,6 +151,9 @@ async def test_a_missing_topic_is_refused_before_anything_is_sent(
 
     ends = await asyncio.to_thread(pinned_ends, kafka_broker.bootstrap_servers, present)
     assert ends == {0: 0}
+    untargeted = spark.createDataFrame([(None, "k", "v")], "topic string, key string, value string")
+    with pytest.raises(ConfigError, match="has no topic"):
+        await asyncio.to_thread(write_topic, untargeted, kafka_broker.bootstrap_servers, None)
 
 
 def test_choose_partition_is_murmur2_of_the_key() -> None:
