@@ -136,9 +136,13 @@ def test_missing_binary_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
         resolve_tansu_binary()
 
 
+# The owner takes Ctrl-C as a foreground program does, even when the test run was started
+# in the background, where a shell starts it with SIGINT ignored (and its children
+# inherit that).
 _OWNER = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from decaton_aio.embedded import EmbeddedBroker
     broker = EmbeddedBroker(flavor=sys.argv[1]).start()
     print(broker.pid, flush=True)
