@@ -189,13 +189,15 @@ def installed_venv(tmp_path: Path) -> Path:
     _check(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), "."],
         cwd=source,
-        env={**os.environ, "DECATON_AIO_PURE": "1"},
+        env={**job_env(), "DECATON_AIO_PURE": "1"},
     )
     (wheel,) = wheels.glob("decaton_aio-*.whl")
     home = tmp_path / "venv"
     venv.create(home, with_pip=True)
     python = home / "bin" / "python"
-    _check([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)])
+    # Without PYTHONPATH: with the project root on it (the local Spark session puts it
+    # there), pip would find the tree's own decaton_aio.egg-info and install nothing.
+    _check([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], env=job_env())
     (site,) = home.glob("lib/python*/site-packages")
     (site / "third_party.pth").write_text(str(Path(aiokafka.__file__).parents[1]) + "\n")
     where = _check(
