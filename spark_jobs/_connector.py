@@ -3,11 +3,11 @@
 The connector is a JVM jar, ``org.apache.spark:spark-sql-kafka-0-10_2.13``, of the same
 version as PySpark. On a user's cluster it is given the usual way (``spark-submit
 --packages`` :func:`package`). For local sessions and the project's own cluster, Maven
-resolves it once, through the pom beside this module, into the user's cache directory
-(``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/spark-kafka-<version>``); later
-runs use the cached jars without the network. The jars are the connector, Spark's Kafka
-token provider, ``kafka-clients`` and ``commons-pool2``: everything else the connector
-needs ships with PySpark.
+resolves it once, through the pom in ``connector-pom/`` beside this module, into the
+user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``, then
+``decaton-aio/spark-kafka-<version>``); later runs use the cached jars without the
+network. The jars are the connector, Spark's Kafka token provider, ``kafka-clients`` and
+``commons-pool2``: everything else the connector needs ships with PySpark.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["ARTIFACT", "connector_jars", "package", "spark_version"]
 ARTIFACT: Final = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 """The connector's Maven group and artifact (Scala 2.13, as PySpark 4 is built)."""
 
-_POM: Final = Path(__file__).parent / "_connector" / "pom.xml"
+_POM: Final = Path(__file__).parent / "connector-pom" / "pom.xml"
 
 
 def spark_version() -> str:

@@ -12,7 +12,7 @@ settings. :func:`resolve_kafka_classpath` fetches Apache Kafka's jars into
 
 Inside (private): ``_broker`` (the broker process: ports, probes, logs, stop, Tansu),
 ``_apache_kafka`` (Apache Kafka's jars, configuration and nodes; its pom and log
-configuration in ``_kafka/``), ``_kafka_security`` and ``_tls`` (a secured broker: SCRAM
+configuration in ``kafka-jvm/``), ``_kafka_security`` and ``_tls`` (a secured broker: SCRAM
 users, listeners, a CA per start), ``_maven`` (java, mvn, Maven into the user's cache;
 ``bench/jvm.py`` builds the project's Java with it too).
 """

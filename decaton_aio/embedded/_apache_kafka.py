@@ -1,7 +1,7 @@
 """Apache Kafka for the embedded broker: its jars, its configuration, its processes.
 
 The broker is the real one, resolved from Maven Central by Maven through the pom shipped
-in ``decaton_aio/embedded/_kafka`` and cached per version in the user's cache directory
+in ``decaton_aio/embedded/kafka-jvm`` and cached per version in the user's cache directory
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/kafka-<version>``). Each node runs
 in KRaft combined mode (broker and controller in one JVM) on free loopback ports, with
 storage formatted in a fresh temporary directory. :class:`KafkaCluster` starts one node or
@@ -38,7 +38,7 @@ __all__ = [
 #: The Apache Kafka release the embedded broker runs.
 KAFKA_VERSION = "4.1.1"
 
-_PACKAGE_DIR = Path(__file__).parent / "_kafka"
+_PACKAGE_DIR = Path(__file__).parent / "kafka-jvm"
 _POM = _PACKAGE_DIR / "pom.xml"
 _LOG_CONFIG = _PACKAGE_DIR / "log4j2.properties"
 _HEAP = "-Xmx512m"

@@ -232,7 +232,7 @@ def test_the_spark_submit_bundle_holds_the_jobs_under_their_installed_name(
 
     names = zipfile.ZipFile(tmp_path / ZIP_FILE).namelist()
     assert "decaton_aio_spark/__main__.py" in names
-    assert "decaton_aio_spark/_connector/pom.xml" in names
+    assert "decaton_aio_spark/connector-pom/pom.xml" in names
     assert "decaton_aio/metadata.py" in names
     assert not [n for n in names if n.startswith("spark_jobs/") or n.endswith((".so", ".pyc"))]
     assert "from decaton_aio_spark.__main__ import main" in (tmp_path / MAIN_FILE).read_text()
