@@ -19,7 +19,8 @@ resident before and after the read) and which contender ran before it. S1:
 S3 is swept and repeated the same way (a setting good for uniform tasks may not be for
 outliers: a larger pending budget, say); S2 runs every contender at its S1 best setting.
 The ladder then paces each contender, at its S1 best setting, at shares of its own S1
-capacity (median tasks/s). The S1 variants (``GROWTH``: 96 partitions, 1,000,000 keys)
+capacity (median tasks/s); the ``reader`` (the transport's floor, no task runner) at
+ours'. The S1 variants (``GROWTH``: 96 partitions, 1,000,000 keys)
 run ours at its S1 best setting (``growth_repeats`` runs of ``growth_window_s``), then one
 paced rung at 50% of its S1 capacity: the pace of S1's own 50% rung.
 
@@ -300,6 +301,9 @@ class FairRun:
         """Paced produce-to-done latency at ``shares`` of each contender's S1 capacity."""
         from decaton_aio.admin import TopicAdmin
 
+        if "reader" in contenders and "ours" in self.capacity:
+            # The transport's floor, paced at ours' rates: the two part where ours does.
+            self.capacity.setdefault("reader", self.capacity["ours"])
         order = [c for c in contenders if c in self.capacity]
         self.rng.shuffle(order)
         for contender in order:
@@ -320,6 +324,7 @@ class FairRun:
                     keys=scn.keys,
                     rates=rates,
                     warmup_s=self.sizes.ladder_warmup_s,
+                    first_warmup_s=self.sizes.ladder_first_warmup_s,
                     window_s=self.sizes.ladder_window_s,
                     drain_s=5.0,
                     p99_bound_ms=scn.p99_bound_ms,

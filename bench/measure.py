@@ -232,12 +232,15 @@ class Harness:
         p99_bound_ms: float,
         tag: str,
         always_up_to: float = 0.0,
+        first_warmup_s: float = 0.0,
     ) -> list[dict[str, Any]]:
         """Paced rungs at ``rates`` tasks/s (ascending) on one run of the contender (its
         whole process tree); stops after two rungs in a row over ``p99_bound_ms``, once
         the rates up to ``always_up_to`` have run. A rung also says the CPU of the tree
         per 1000 tasks that ended in its window, the tree's RSS at its end and, for ours,
-        the runtime's figures over the window (:func:`bench.loopstats.window_figures`)."""
+        the runtime's figures over the window (:func:`bench.loopstats.window_figures`).
+        Before the first rung the contender runs ``first_warmup_s`` at its pace,
+        unmeasured: no rung measures a cold start (a JVM's compiler, fresh processes)."""
         spec = self._spec(contender, topic, partitions, options, tag)
         facts_dir = Path(spec.facts_dir)
         # Ours serves its metrics: the loop's lag, GC pauses and the wait split per rung.
@@ -256,6 +259,8 @@ class Harness:
             finally:
                 stop.set()
                 await priming
+            if first_warmup_s > 0 and rates:
+                await self._pace(topic, rates[0], first_warmup_s, keys, partitions, seq, 0)
             failures = 0
             for i, rate in enumerate(rates, start=2):
                 started = time.time_ns()

@@ -76,6 +76,10 @@ CONTENDERS: dict[str, Contender] = {
         True,
         batch_based=True,
     ),
+    # Not a task runner: the transport's floor beside the ladder (bench.contenders.plain).
+    "reader": Contender(
+        "bench.contenders.plain", "aiokafka, each record a task on receipt (the floor)", False
+    ),
     "confluent-keyed": Contender(
         "bench.contenders.confluent_peer",
         "confluent-kafka (librdkafka), per-key groups per batch + commit",

@@ -7,6 +7,11 @@
   batch holds up the next batch).
 - ``keyed``: the batch grouped by key; a key's tasks run one after another, keys run
   concurrently; then a commit. Ordered, still head-of-line blocked per batch.
+- ``reader``: each record started as an asyncio task as soon as it is fetched, then the
+  next fetch at once; auto-commit, no order, nothing bounded. Not a way to run tasks but
+  the transport's floor for the latency ladder: its wait before start is the pacer, the
+  broker and aiokafka's fetcher alone (``--only L --contenders reader --capacity
+  reader=N``, paced at the rates of a contender of capacity N).
 
 Options: ``batch_records`` (``getmany(max_records=...)``, default 500, up to 10,000) and
 ``max_in_flight`` (gather, keyed: at most this many tasks running at once, by a
@@ -80,7 +85,7 @@ async def main(spec: RunSpec, body: Body) -> None:
         spec.topic,
         bootstrap_servers=spec.bootstrap,
         group_id=spec.group,
-        enable_auto_commit=mode == "sequential",
+        enable_auto_commit=mode in ("sequential", "reader"),
         auto_offset_reset="earliest",
         session_timeout_ms=spec.session_timeout_ms,
         heartbeat_interval_ms=max(100, spec.session_timeout_ms // 10),
@@ -89,10 +94,18 @@ async def main(spec: RunSpec, body: Body) -> None:
     await consumer.start()
     run = capped(body.run_raw, opts.get("max_in_flight"))
     batch_records = int(opts.get("batch_records", BATCH_RECORDS))
+    running: set[asyncio.Task[None]] = set()
     try:
         while True:
             batches = await consumer.getmany(timeout_ms=100, max_records=batch_records)
             if not batches:
+                continue
+            if mode == "reader":
+                for rs in batches.values():
+                    for r in rs:
+                        task = asyncio.create_task(run(r.partition, r.offset, r.value))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
                 continue
             records = [r for rs in batches.values() for r in rs]
             await run_batch(mode, records, run)
