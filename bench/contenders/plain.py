@@ -10,8 +10,8 @@
 - ``reader``: each record started as an asyncio task as soon as it is fetched, then the
   next fetch at once; auto-commit, no order, nothing bounded. Not a way to run tasks but
   the transport's floor for the latency ladder: its wait before start is the pacer, the
-  broker and aiokafka's fetcher alone (``--only L --contenders reader --capacity
-  reader=N``, paced at the rates of a contender of capacity N).
+  broker and aiokafka's fetcher alone. The ladder paces it at ours' rates (alone:
+  ``--only L --contenders reader --capacity reader=N``, the rates of a capacity N).
 
 Options: ``batch_records`` (``getmany(max_records=...)``, default 500, up to 10,000) and
 ``max_in_flight`` (gather, keyed: at most this many tasks running at once, by a
