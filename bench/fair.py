@@ -301,9 +301,10 @@ class FairRun:
         """Paced produce-to-done latency at ``shares`` of each contender's S1 capacity."""
         from decaton_aio.admin import TopicAdmin
 
-        if "reader" in contenders and "ours" in self.capacity:
-            # The transport's floor, paced at ours' rates: the two part where ours does.
-            self.capacity.setdefault("reader", self.capacity["ours"])
+        for contender in contenders:
+            like = CONTENDERS[contender].paced_like
+            if like in self.capacity:
+                self.capacity.setdefault(contender, self.capacity[like])
         order = [c for c in contenders if c in self.capacity]
         self.rng.shuffle(order)
         for contender in order:

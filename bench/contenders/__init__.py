@@ -33,6 +33,8 @@ class Contender(NamedTuple):
         requires: the import (python) that must work, for "not available".
         plain_only: why it cannot connect to a secured broker (``--secured``); empty
             when it takes the broker's TLS and SASL settings.
+        paced_like: the contender whose S1 capacity its ladder paces at, when it has none
+            of its own (it runs in no throughput scenario).
     """
 
     module: str
@@ -44,6 +46,7 @@ class Contender(NamedTuple):
     requires: str = ""
     plain_only: str = ""
     workers: str = "1"
+    paced_like: str = ""
 
 
 # The Java runners build their clients from bootstrap servers and group alone.
@@ -76,9 +79,12 @@ CONTENDERS: dict[str, Contender] = {
         True,
         batch_based=True,
     ),
-    # Not a task runner: the transport's floor beside the ladder (bench.contenders.plain).
+    # Not a task runner: the transport's floor, paced beside ours (bench.contenders.plain).
     "reader": Contender(
-        "bench.contenders.plain", "aiokafka, each record a task on receipt (the floor)", False
+        "bench.contenders.plain",
+        "aiokafka, each record a task on receipt (the floor)",
+        False,
+        paced_like="ours",
     ),
     "confluent-keyed": Contender(
         "bench.contenders.confluent_peer",
