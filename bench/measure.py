@@ -52,6 +52,12 @@ _OUR_PROPERTIES = {
     "concurrency": "decaton.partition.concurrency",
     "max_pending": "decaton.max.pending.records",
 }
+# Options of ours that are consumer settings (`run` flags), not properties.
+_OUR_FLAGS = {
+    "max_fetch_records": "--max-poll-records",
+    "fetch_min_bytes": "--fetch-min-bytes",
+    "fetch_max_wait_ms": "--fetch-max-wait-ms",
+}
 
 
 def _truthy(value: Any) -> bool:
@@ -85,10 +91,10 @@ def command_line(
         if spec.client_properties is not None:
             argv += ["--client-properties", spec.client_properties]
         for name, value in options.items():
-            if name == "max_fetch_records":  # a consumer setting, not a property
-                argv += ["--max-poll-records", str(value)]
-                continue
-            argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
+            if name in _OUR_FLAGS:
+                argv += [_OUR_FLAGS[name], str(value)]
+            else:
+                argv += ["--property", f"{_OUR_PROPERTIES.get(name, name)}={value}"]
         if metrics_port is not None:
             argv += ["--metrics-port", str(metrics_port)]
         return argv

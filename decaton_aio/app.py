@@ -119,6 +119,14 @@ class ConsumerConfig:
         fetch_max_wait_ms: how long the broker may hold a fetch with no new records
             (``fetch.max.wait.ms``). Short by default: a broker that does not answer early
             when records arrive adds up to this much to every task's delivery latency.
+        busy_fetch_min_bytes: while records flow (the last fetch call returned some), the
+            broker holds each fetch until this much data is there, or
+            ``busy_fetch_max_wait_ms`` passed: fewer, larger fetches under load, a few
+            milliseconds more per record for much less CPU per task (see
+            ``docs/operations.md``). A fetch call that returns nothing goes back to
+            ``fetch_min_bytes`` and ``fetch_max_wait_ms``. At most ``fetch_min_bytes``:
+            off.
+        busy_fetch_max_wait_ms: how long the broker may hold a fetch while records flow.
         isolation_level: ``read_uncommitted`` (the default) hands over every record;
             ``read_committed`` only records of committed transactions (records of aborted
             ones are never processed; transaction markers do not hold the commit back)
@@ -155,6 +163,8 @@ class ConsumerConfig:
     fetch_min_bytes: int = 1
     fetch_max_bytes: int = 50 * 1024 * 1024
     fetch_max_wait_ms: int = 100
+    busy_fetch_min_bytes: int = 16 * 1024
+    busy_fetch_max_wait_ms: int = 5
     isolation_level: str = "read_uncommitted"
     metadata_max_age_ms: int = 300_000
     security: SecuritySettings = PLAINTEXT
@@ -178,6 +188,8 @@ class ConsumerConfig:
             ("max_poll_interval_ms", 1),
             ("max_partition_fetch_bytes", 1),
             ("fetch_min_bytes", 0),
+            ("busy_fetch_min_bytes", 0),
+            ("busy_fetch_max_wait_ms", 0),
             ("fetch_max_bytes", 1),
         ):
             if getattr(self, name) < low:

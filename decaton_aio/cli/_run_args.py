@@ -41,6 +41,11 @@ _FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str]
      "bytes per fetch, all partitions (fetch.max.bytes; default 52428800)"),
     ("--fetch-max-wait-ms", "fetch_max_wait_ms", int, None,
      "how long the broker may hold a fetch (fetch.max.wait.ms; default 100)"),
+    ("--busy-fetch-min-bytes", "busy_fetch_min_bytes", int, None,
+     "while records flow, the broker holds a fetch until this much data is there "
+     "(default 16384; 0: as --fetch-min-bytes)"),
+    ("--busy-fetch-max-wait-ms", "busy_fetch_max_wait_ms", int, None,
+     "while records flow, how long the broker may hold a fetch (default 5)"),
     ("--max-partition-fetch-bytes", "max_partition_fetch_bytes", int, None,
      "bytes per partition per fetch (max.partition.fetch.bytes; default 1048576)"),
     ("--max-poll-records", "max_fetch_records", int, None,

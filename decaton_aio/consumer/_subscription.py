@@ -54,6 +54,7 @@ from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._assignment import Assignment, key_set
 from decaton_aio.consumer._execution import TaskExecutor
+from decaton_aio.consumer._fetch_pace import FetchPacer
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
 from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
@@ -462,6 +463,12 @@ class Subscription:
         stats = self._stats
         fetch_latency, fetch_wait = stats.fetch_latency.observe, stats.fetch_wait.observe
         steps, feed_wait = StepTimer(stats.step), stats.feed_wait.observe
+        cfg = self.consumer_config
+        pacer = FetchPacer.of(
+            consumer,
+            idle=(cfg.fetch_min_bytes, cfg.fetch_max_wait_ms),
+            busy=(cfg.busy_fetch_min_bytes, cfg.busy_fetch_max_wait_ms),
+        )
         while True:
             asked = clock()
             try:
@@ -473,6 +480,8 @@ class Subscription:
             self.last_fetch_at = fetched = steps.start()
             fetch_latency(fetched - asked)
             fetched_ms = wall() * 1000
+            if pacer is not None:
+                pacer.after(bool(batches))
             # A batch belongs to the partition's processor of the moment it is handed out,
             # which notes it before any yield (a commit between two steps must know it).
             # A rebalance during the steps may assign the partition again, to a fresh

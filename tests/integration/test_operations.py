@@ -311,6 +311,43 @@ async def test_static_membership_and_fetch_settings_reach_the_broker(
         assert member_id.startswith("pod-0-")
 
 
+async def test_fetches_gather_while_records_flow_and_answer_at_once_when_idle(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """While fetch calls return records, the consumer's fetch requests ask the broker to
+    gather busy_fetch_min_bytes (or wait busy_fetch_max_wait_ms); once one returns
+    nothing, they ask with fetch_min_bytes and fetch_max_wait_ms again; a burst after
+    the quiet spell is processed whole, on each side of every switch."""
+    topic = await topic_factory(partitions=2)
+    producer = await task_producer(topic)
+    done = 0
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        nonlocal done
+        done += 1
+
+    app = Application(process, topics=(topic,))
+    settings = dict(
+        fetch_min_bytes=1,
+        fetch_max_wait_ms=50,
+        busy_fetch_min_bytes=8192,
+        busy_fetch_max_wait_ms=7,
+    )
+    async with kafka_broker.subscription(app, **settings) as subscription:
+        fetcher = subscription._consumer._fetcher  # type: ignore[union-attr]
+
+        def asks() -> tuple[int, int]:
+            return (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms)
+
+        await wait_until(lambda: asks() == (1, 50), what="idle fetches", timeout_s=30)
+        for burst in (1, 2):
+            for i in range(2000):
+                await producer.put(f"k{i}", b"x" * 100)
+            await wait_until(lambda: asks() == (8192, 7), what="busy fetches", timeout_s=30)
+            await wait_until(lambda n=2000 * burst: done == n, what="the burst", timeout_s=60)
+            await wait_until(lambda: asks() == (1, 50), what="idle again", timeout_s=30)
+
+
 async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
     kafka_broker: BrokerHandle,
     topic_factory: Any,
