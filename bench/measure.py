@@ -34,6 +34,7 @@ from bench.procs import (
     machine_times,
     own_cpu,
     rss_bytes,
+    run_delays,
     start_process,
     stop_process,
 )
@@ -275,13 +276,16 @@ class Harness:
                     self._pace(topic, rate, warmup_s + window_s, keys, partitions, seq, i)
                 )
                 await asyncio.sleep(warmup_s)  # the window opens at a time, not an event
-                cpu0 = cpu_times([proc.pid])
+                cpu0, delays0 = cpu_times([proc.pid]), run_delays([proc.pid])
                 machine0 = self._machine_sample()
                 opened = await scrape(port) if port is not None else None
                 sent = await pacing
                 t1 = time.time_ns()
                 cpu = cpu_delta(cpu0, cpu_times([proc.pid]))
                 machine = self._machine_use(machine0, cpu, (t1 - t0) / 1e9)
+                # Threads of the contender ready to run with no core free, on average.
+                waited = cpu_delta(delays0, run_delays([proc.pid]))
+                machine["contender_waiting"] = round(waited / ((t1 - t0) / 1e9), 3)
                 rss, _ = rss_bytes([proc.pid])
                 # What the runtime holds when the load ends (the drain empties it).
                 at_end = await scrape(port) if opened is not None else None

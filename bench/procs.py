@@ -23,6 +23,7 @@ __all__ = [
     "machine_times",
     "own_cpu",
     "rss_bytes",
+    "run_delays",
     "start_process",
     "stop_process",
 ]
@@ -91,6 +92,24 @@ def cpu_times(roots: Iterable[int]) -> dict[int, float]:
         fields = _stat(pid)
         if fields is not None:
             out[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def run_delays(roots: Iterable[int]) -> dict[int, float]:
+    """Seconds each thread of the trees under ``roots`` was ready to run but waited for a
+    core (``/proc/<pid>/task/<tid>/schedstat``, second field), by thread id: over a
+    window, a loop late by more than its own work explains is one that waited here."""
+    out: dict[int, float] = {}
+    for pid in descendants(roots):
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                out[int(task.name)] = int((task / "schedstat").read_text().split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):
+                continue
     return out
 
 

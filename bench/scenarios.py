@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: Shares of a contender's own S1 capacity at which the latency ladder paces it.
-LADDER = (0.25, 0.5, 0.65, 0.8, 0.9, 1.0)
+LADDER = (0.1, 0.25, 0.5, 0.65, 0.8, 0.9, 1.0)
 #: The shares the report gives p50/p99 for: the ladder runs them even past its bound.
 REPORTED_SHARES = (0.5, 0.8)
 
