@@ -58,6 +58,7 @@ _OUR_FLAGS = {
     "max_fetch_records": "--max-poll-records",
     "fetch_min_bytes": "--fetch-min-bytes",
     "fetch_max_wait_ms": "--fetch-max-wait-ms",
+    "busy_fetch_min_bytes": "--busy-fetch-min-bytes",
 }
 
 
