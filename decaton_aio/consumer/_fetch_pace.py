@@ -2,10 +2,11 @@
 
 A fetch that asks for one byte is answered as soon as a record arrives. Under a steady
 load that answer holds a few records, and each fetch costs its request, its response's
-parsing and a pass of the fetch routine: at a paced 20,000-40,000 tasks/s, half of one
-process's CPU went to fetches of a few records each. While records flow, the pacer asks
+parsing and a pass of the fetch routine: paced at a quarter of its capacity, one process
+spent twice the CPU per task of a run at full speed. While records flow, the pacer asks
 the broker to gather ``busy_fetch_min_bytes`` or wait ``busy_fetch_max_wait_ms``,
-whichever comes first (a few milliseconds more per record, about half the CPU per task).
+whichever comes first: a few milliseconds more per record, and at that pace half the CPU
+per task (``docs/operations.md`` has the figures).
 Once a fetch call returns nothing, it goes back to the idle settings (``fetch_min_bytes``
 and ``fetch_max_wait_ms``): the first record after a quiet spell is answered at once, and
 an idle consumer does not ask the broker every few milliseconds.
@@ -18,12 +19,13 @@ Caller: the subscription's fetch routine only, after each fetch call (:meth:`aft
 
 from __future__ import annotations
 
-import logging
 from typing import Any
+
+import structlog
 
 __all__ = ["FETCHER_SETTINGS", "FetchPacer"]
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger("decaton_aio.consumer")
 
 # The fetcher's attributes each fetch request is built from (aiokafka 0.14).
 FETCHER_SETTINGS = ("_fetch_min_bytes", "_fetch_max_wait_ms")
@@ -53,9 +55,9 @@ class FetchPacer:
         fetcher = getattr(consumer, "_fetcher", None)
         if fetcher is None or not all(hasattr(fetcher, name) for name in FETCHER_SETTINGS):
             log.warning(
-                "fetch pacing is off: this aiokafka's fetcher has no %s; fetches use "
-                "fetch_min_bytes and fetch_max_wait_ms throughout",
-                " or ".join(FETCHER_SETTINGS),
+                "fetch pacing is off: this aiokafka's fetcher has not the settings it sets; "
+                "fetches use fetch_min_bytes and fetch_max_wait_ms throughout",
+                settings=FETCHER_SETTINGS,
             )
             return None
         return cls(fetcher, idle, busy)

@@ -3,12 +3,11 @@ that returned nothing."""
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from decaton_aio.consumer._fetch_pace import FetchPacer
 
@@ -43,10 +42,9 @@ def test_busy_asking_no_more_than_idle_turns_pacing_off() -> None:
     assert FetchPacer.of(consumer, idle=(4096, 100), busy=(4096, 5)) is None
 
 
-def test_a_fetcher_without_the_settings_leaves_pacing_off_and_says_so(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    with caplog.at_level(logging.WARNING):
+def test_a_fetcher_without_the_settings_leaves_pacing_off_and_says_so() -> None:
+    with capture_logs() as logs:
         assert FetchPacer.of(SimpleNamespace(_fetcher=object()), idle=IDLE, busy=BUSY) is None
         assert FetchPacer.of(SimpleNamespace(), idle=IDLE, busy=BUSY) is None
-    assert "fetch pacing is off" in caplog.text
+    assert [e["log_level"] for e in logs] == ["warning", "warning"]
+    assert all(e["event"].startswith("fetch pacing is off") for e in logs)
