@@ -40,6 +40,7 @@ from bench.procs import (
 )
 from bench.taskfacts import count_facts, load_facts, pacer_ack_ms, produce_to_done_ms
 from bench.workload import RunSpec, pace_with_librdkafka, security_of
+from decaton_aio.cli._run_args import _FLAGS as RUN_FLAGS
 from decaton_aio.security import SecuritySettings
 
 __all__ = ["COMMIT_WAIT_S", "Harness", "command_line"]
@@ -53,13 +54,9 @@ _OUR_PROPERTIES = {
     "concurrency": "decaton.partition.concurrency",
     "max_pending": "decaton.max.pending.records",
 }
-# Options of ours that are consumer settings (`run` flags), not properties.
-_OUR_FLAGS = {
-    "max_fetch_records": "--max-poll-records",
-    "fetch_min_bytes": "--fetch-min-bytes",
-    "fetch_max_wait_ms": "--fetch-max-wait-ms",
-    "busy_fetch_min_bytes": "--busy-fetch-min-bytes",
-}
+# Options of ours named after a ConsumerConfig field go to that field's `run` flag
+# (e.g. busy_fetch_min_bytes: --busy-fetch-min-bytes); the others are properties.
+_OUR_FLAGS = {field: flag for flag, field, *_ in RUN_FLAGS}
 
 
 def _truthy(value: Any) -> bool:

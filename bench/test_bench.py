@@ -664,6 +664,14 @@ def test_ours_as_deployed_runs_with_workers_auto_and_topics_fit_the_fastest() ->
     assert argv[argv.index("--workers") + 1] == "auto"
     one = command_line(RunSpec("ours", "b", "t", "g", 3, "/tmp/facts"), sys.executable)
     assert one[one.index("--workers") + 1] == "1"
+    # A ConsumerConfig field goes to its `run` flag, anything else is a property.
+    opts = {"busy_fetch_min_bytes": 0, "max_fetch_records": 50, "concurrency": 8}
+    tuned = command_line(
+        RunSpec("ours", "b", "t", "g", 3, "/tmp/facts", options=opts), sys.executable
+    )
+    assert tuned[tuned.index("--busy-fetch-min-bytes") + 1] == "0"
+    assert tuned[tuned.index("--max-poll-records") + 1] == "50"
+    assert "decaton.partition.concurrency=8" in tuned
     s1 = next(s for s in plan(False)[1] if s.name == "S1")
     assert FULL.records(s1, 20.0) == 3_000_000
     assert FULL.records(s1, 20.0, fastest=169_000.0) == 5_800_000

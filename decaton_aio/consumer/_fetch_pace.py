@@ -42,8 +42,7 @@ class FetchPacer:
 
     def __init__(self, fetcher: Any, idle: tuple[int, int], busy: tuple[int, int]) -> None:
         self._fetcher = fetcher
-        self._idle = idle
-        self._busy = busy
+        self._settings = {False: idle, True: busy}
         self.busy = False
 
     @classmethod
@@ -68,6 +67,6 @@ class FetchPacer:
         if got_records is self.busy:
             return
         self.busy = got_records
-        min_bytes, max_wait_ms = self._busy if got_records else self._idle
+        min_bytes, max_wait_ms = self._settings[got_records]
         self._fetcher._fetch_min_bytes = min_bytes
         self._fetcher._fetch_max_wait_ms = max_wait_ms
