@@ -74,7 +74,7 @@ def parse(text: str) -> Buckets:
     return {short: dict(buckets) for short, buckets in out.items()}
 
 
-async def scrape(port: int, timeout_s: float = 5.0) -> Buckets | None:
+async def scrape(port: int, timeout_s: float = 30.0) -> Buckets | None:
     """Read the metrics page on ``port``; ``None`` when it does not answer."""
 
     def get() -> str:

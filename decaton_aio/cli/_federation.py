@@ -12,8 +12,11 @@ custom collector that reads its statistics when scraped. With a ``worker`` label
 is summed by the supervisor, so a restarted worker's counters start again at zero as a
 new process's do, which ``rate()`` handles; ``sum without (worker)`` gives the totals.
 
-A worker that does not answer within :data:`SCRAPE_TIMEOUT_S` is left out of that scrape
-(and counted in ``decaton_supervisor_scrape_errors_total``).
+The workers are scraped at the same time, each in its own thread, so the page answers
+within :data:`SCRAPE_TIMEOUT_S` however many workers there are (under the 10 s a
+Prometheus scrape waits by default). A worker that does not answer in that time, as one
+whose cores are saturated by a backlog may not, is left out of that scrape (and counted
+in ``decaton_supervisor_scrape_errors_total``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import threading
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -31,7 +35,7 @@ from decaton_aio.metrics import MetricsEndpoint
 
 __all__ = ["SCRAPE_TIMEOUT_S", "Federation", "WorkerEndpoint"]
 
-SCRAPE_TIMEOUT_S = 2.0
+SCRAPE_TIMEOUT_S = 5.0
 
 
 class WorkerEndpoint(Protocol):
@@ -44,24 +48,30 @@ class WorkerEndpoint(Protocol):
 
 
 class _Collector:
-    def __init__(self, workers: Sequence[WorkerEndpoint]) -> None:
+    def __init__(self, workers: Sequence[WorkerEndpoint], timeout_s: float) -> None:
         self._workers = workers
+        self._timeout_s = timeout_s
         self._scrape_errors = 0
         self._lock = threading.Lock()
 
+    def _scrape(self, port: int) -> str | None:
+        url = f"http://127.0.0.1:{port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=self._timeout_s) as response:
+                text: str = response.read().decode()
+                return text
+        except OSError:
+            with self._lock:
+                self._scrape_errors += 1
+            return None
+
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
-        running = 0
-        for worker in self._workers:
-            port = worker.metrics_port()
-            if port is None:
-                continue
-            running += 1
-            try:
-                text = _scrape(port)
-            except OSError:
-                with self._lock:
-                    self._scrape_errors += 1
+        running = [(w, port) for w in self._workers if (port := w.metrics_port()) is not None]
+        with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+            texts = list(pool.map(self._scrape, [port for _, port in running]))
+        for (worker, _), text in zip(running, texts, strict=True):
+            if text is None:
                 continue
             for family in text_string_to_metric_families(text):
                 merged = families.get(family.name)
@@ -77,7 +87,7 @@ class _Collector:
         up = GaugeMetricFamily(
             "decaton_supervisor_workers_running", "Workers with a metrics endpoint now"
         )
-        up.add_metric([], running)
+        up.add_metric([], len(running))
         yield up
         restarts = CounterMetricFamily(
             "decaton_supervisor_worker_restarts",
@@ -94,20 +104,16 @@ class _Collector:
         yield errors
 
 
-def _scrape(port: int) -> str:
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
-        text: str = response.read().decode()
-        return text
-
-
 class Federation(MetricsEndpoint):
     """The supervisor's metrics endpoint over its workers.
 
     Args:
         workers: the worker slots; read at each scrape (from the HTTP server's thread).
+        timeout_s: how long a scrape waits for the workers' pages.
     """
 
-    def __init__(self, workers: Sequence[WorkerEndpoint]) -> None:
+    def __init__(
+        self, workers: Sequence[WorkerEndpoint], timeout_s: float = SCRAPE_TIMEOUT_S
+    ) -> None:
         super().__init__(CollectorRegistry())
-        self.registry.register(_Collector(workers))
+        self.registry.register(_Collector(workers, timeout_s))

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import socket
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -331,3 +332,27 @@ def test_one_endpoint_serves_every_workers_series_with_a_worker_label(tmp_path: 
     assert "decaton_supervisor_workers_running 2.0" in text
     assert 'decaton_supervisor_worker_restarts_total{worker="2"} 1.0' in text
     assert 'decaton_supervisor_worker_restarts_total{worker="3"} 0.0' in text
+
+
+def test_a_worker_that_does_not_answer_is_left_out_and_counted(tmp_path: Path) -> None:
+    """A worker whose page does not come in time (a socket that accepts and never
+    answers) costs that scrape its series and one scrape error; the other worker's series
+    are still served."""
+    metrics = Metrics()
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        metrics.register_partition("sub", "tasks", 0).processed = 7
+        answering, not_answering = tmp_path / "w1", tmp_path / "w2"
+        answering.write_text(str(metrics.start_http_server(0)))
+        not_answering.write_text(str(silent.getsockname()[1]))
+        workers = [_Worker(1, answering), _Worker(2, not_answering)]
+        text = Federation(workers, timeout_s=0.2).render().decode()
+    finally:
+        metrics.stop()
+        silent.close()
+    assert re.findall(
+        r"^decaton_tasks_processed_total\{.*worker=\"(\d)\".*\} 7.0$", text, re.M
+    ) == ["1"]
+    assert 'worker="2"' not in text.split("decaton_supervisor_worker_restarts")[0]
+    assert "decaton_supervisor_scrape_errors_total 1.0" in text
+    assert "decaton_supervisor_workers_running 2.0" in text
