@@ -30,6 +30,7 @@ FAMILIES = {
     "loop_lag": "decaton_event_loop_lag_seconds",
     "gc_pause": "decaton_gc_pause_seconds",
     "step": "decaton_runtime_step_duration_seconds",
+    "fetch": "decaton_consumer_fetch_latency_seconds",  # its count: fetch calls in the window
     "wait_fetch": "decaton_task_fetch_wait_seconds",
     "wait_feed": "decaton_task_feed_wait_seconds",
     "wait_lane": "decaton_task_lane_wait_seconds",
