@@ -4,8 +4,8 @@ The harness starts ``python -m decaton_aio run`` with a metrics port and scrapes
 a rung's window opens and when it ends; the difference of the two scrapes is the
 window's. From it: the event loop's lag (p99 and the largest), the garbage collector's
 pauses, the runtime's longest step of its own, and where tasks waited before they
-started (fetch, feed, lane, concurrency slot), and the records pending when the rung's
-load ended. Histogram quantiles are bucket bounds:
+started (fetch, feed, lane, concurrency slot), how many fetch calls it made, and the
+records pending when the rung's load ended. Histogram quantiles are bucket bounds:
 "p99 <= 2 ms" means the 99th percentile fell in the bucket that ends at 2 ms.
 
 With ``--workers N`` the supervisor's endpoint serves every worker's series (a
