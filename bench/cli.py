@@ -55,6 +55,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="runs at the best setting")
     parser.add_argument("--ladder-window-s", type=float, help="a paced rung's window")
     parser.add_argument(
+        "--ladder-rounds",
+        type=int,
+        help="ladders of each contender the targets judge, in turns (default 3, quick 1)",
+    )
+    parser.add_argument(
         "--partitions",
         type=int,
         help="the task topic's partitions in S1, S2, S3 and the ladder (default 3), e.g. "
@@ -98,6 +103,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--capacity wants CONTENDER=TASKS_PER_S, got {item!r}")
         if args.capacities[who] <= 0:
             parser.error(f"--capacity wants a positive rate, got {item!r}")
+    if args.ladder_rounds is not None and args.ladder_rounds < 1:
+        parser.error(f"--ladder-rounds wants 1 or more, got {args.ladder_rounds}")
     args.broker = [b.strip() for b in args.broker.split(",") if b.strip()]
     unknown = [b for b in args.broker if b not in FLAVORS]
     if unknown or not args.broker:
@@ -126,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_window_s": args.sweep_window_s,
         "repeats": args.repeats,
         "ladder_window_s": args.ladder_window_s,
+        "ladder_rounds": args.ladder_rounds,
     }
     sizes = replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
     for who, setting in getattr(args, "fixed", {}).items():

@@ -20,9 +20,12 @@ S3 is swept and repeated the same way (a setting good for uniform tasks may not 
 outliers: a larger pending budget, say); S2 runs every contender at its S1 best setting.
 The ladder then paces each contender, at its S1 best setting, at shares of its own S1
 capacity (median tasks/s); the ``reader`` (the transport's floor, no task runner) at
-ours'. The S1 variants (``GROWTH``: 96 partitions, 1,000,000 keys)
-run ours at its S1 best setting (``growth_repeats`` runs of ``growth_window_s``), then one
-paced rung at 50% of its S1 capacity: the pace of S1's own 50% rung.
+ours'. The contenders the targets judge (``JUDGED_LADDERS``) climb it ``ladder_rounds``
+times, in turns with each other, each time on a fresh topic; each of their rungs is the
+round with the median p99 (:func:`median_rungs`), with every round's p99 beside it. The S1
+variants (``GROWTH``: 96 partitions, 1,000,000 keys) run ours at its S1 best setting
+(``growth_repeats`` runs of ``growth_window_s``), then paced rungs at 50% of its S1
+capacity (the pace of S1's own 50% rung), ``ladder_rounds`` of them.
 
 Sizes: a sweep run's topic holds records for ``rate_cap`` tasks/s over its warm-up and
 window; a repeat's for that or 1.3 times the fastest sweep run of the scenario (an S1
@@ -34,6 +37,7 @@ every later run of that phase.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
@@ -43,10 +47,10 @@ from typing import Any
 from bench.contenders import CONTENDERS
 from bench.measure import Harness
 from bench.pagecache import settle_topic
-from bench.scenarios import LADDER, REPORTED_SHARES, SWEEPS, Scenario, Sizes
+from bench.scenarios import JUDGED_LADDERS, LADDER, REPORTED_SHARES, SWEEPS, Scenario, Sizes
 from bench.workload import make_tasks, produce_tasks
 
-__all__ = ["SEED", "FairRun"]
+__all__ = ["SEED", "FairRun", "median_rungs"]
 
 #: The records of every throughput run: the same keys, sequences and I/O times.
 SEED = 7
@@ -298,55 +302,26 @@ class FairRun:
     async def ladder(
         self, scn: Scenario, contenders: list[str], shares: tuple[float, ...] = LADDER
     ) -> None:
-        """Paced produce-to-done latency at ``shares`` of each contender's S1 capacity."""
-        from decaton_aio.admin import TopicAdmin
-
+        """Paced produce-to-done latency at ``shares`` of each contender's S1 capacity:
+        ``Sizes.ladder_rounds`` rounds, each in a random order of its own; the first runs
+        every contender, the later ones those the targets judge (``JUDGED_LADDERS``)."""
         for contender in contenders:
             like = CONTENDERS[contender].paced_like
             if like in self.capacity:
                 self.capacity.setdefault(contender, self.capacity[like])
         order = [c for c in contenders if c in self.capacity]
-        self.rng.shuffle(order)
+        rounds: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in order}
+        for round_no in range(self.sizes.ladder_rounds):
+            this = [c for c in order if round_no == 0 or c in JUDGED_LADDERS]
+            self.rng.shuffle(this)
+            for contender in this:
+                rungs = await self._ladder_once(scn, contender, shares, round_no)
+                if rungs is not None:
+                    rounds[contender].append(rungs)
         for contender in order:
-            capacity = self.capacity[contender]
-            rates = [share * capacity for share in shares]
-            self.say(f"  latency: {contender} at {', '.join(f'{r:,.0f}' for r in rates)}/s")
-            admin = TopicAdmin(self.h.bootstrap, security=self.h.security)
-            try:
-                topic = await admin.create(
-                    scn.partitions,
-                    name=f"bench-lat-{scn.name.lower()}-{contender}-{uuid.uuid4().hex[:6]}",
-                )
-                rungs = await self.h.ladder(
-                    contender,
-                    self.setting("S1", contender),
-                    topic=topic,
-                    partitions=scn.partitions,
-                    keys=scn.keys,
-                    rates=rates,
-                    warmup_s=self.sizes.ladder_warmup_s,
-                    first_warmup_s=self.sizes.ladder_first_warmup_s,
-                    window_s=self.sizes.ladder_window_s,
-                    drain_s=5.0,
-                    p99_bound_ms=scn.p99_bound_ms,
-                    tag=f"lat-{scn.name}-{contender}",
-                    always_up_to=min(REPORTED_SHARES[-1], max(shares)) * capacity,
-                )
-            except Exception as exc:
-                self.record(
-                    self._line(
-                        scn,
-                        contender,
-                        event="error",
-                        phase="ladder",
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-                )
+            if not rounds[contender]:
                 continue
-            finally:
-                await admin.close(delete=True)
-            for rung, share in zip(rungs, shares, strict=False):
-                rung["share_of_capacity"] = share
+            rungs = median_rungs(rounds[contender])
             passing = [r["rate"] for r in rungs if r["p99_under_bound"]]
             self.record(
                 self._line(
@@ -355,12 +330,90 @@ class FairRun:
                     event="latency",
                     phase="ladder",
                     setting=self.setting("S1", contender),
-                    capacity=capacity,
+                    capacity=self.capacity[contender],
                     rungs=rungs,
+                    rounds=len(rounds[contender]),
                     best_rate_p99_under_bound=max(passing, default=None),
                     p99_bound_ms=scn.p99_bound_ms,
                 )
             )
+
+    async def _ladder_once(
+        self, scn: Scenario, contender: str, shares: tuple[float, ...], round_no: int
+    ) -> list[dict[str, Any]] | None:
+        """One ladder of ``contender`` on a fresh topic; None (the error recorded) when it
+        failed."""
+        from decaton_aio.admin import TopicAdmin
+
+        capacity = self.capacity[contender]
+        rates = [share * capacity for share in shares]
+        self.say(f"  latency: {contender} at {', '.join(f'{r:,.0f}' for r in rates)}/s")
+        admin = TopicAdmin(self.h.bootstrap, security=self.h.security)
+        try:
+            topic = await admin.create(
+                scn.partitions,
+                name=f"bench-lat-{scn.name.lower()}-{contender}-{uuid.uuid4().hex[:6]}",
+            )
+            rungs = await self.h.ladder(
+                contender,
+                self.setting("S1", contender),
+                topic=topic,
+                partitions=scn.partitions,
+                keys=scn.keys,
+                rates=rates,
+                warmup_s=self.sizes.ladder_warmup_s,
+                first_warmup_s=self.sizes.ladder_first_warmup_s,
+                window_s=self.sizes.ladder_window_s,
+                drain_s=5.0,
+                p99_bound_ms=scn.p99_bound_ms,
+                tag=f"lat-{scn.name}-{contender}" + (f"-round{round_no + 1}" if round_no else ""),
+                always_up_to=min(REPORTED_SHARES[-1], max(shares)) * capacity,
+            )
+        except Exception as exc:
+            self.record(
+                self._line(
+                    scn,
+                    contender,
+                    event="error",
+                    phase="ladder",
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            return None
+        finally:
+            await admin.close(delete=True)
+        for rung, share in zip(rungs, shares, strict=False):
+            rung["share_of_capacity"] = share
+        return rungs
+
+
+def median_rungs(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One ladder from several ladders of the same rates: at each rung, the rung of the
+    round with the median p99 (the higher of the two middle ones for an even count), with
+    every round's p99 (``p99_ms_rounds``) and how many were under the bound
+    (``rounds_under_bound``). A ladder ends at its first rung over the bound past the
+    rates it always runs: a round without the rung counts as over the bound there, and
+    the merged ladder ends where its median round has no rung."""
+
+    def rank(rung: dict[str, Any] | None) -> float:
+        if rung is None or rung.get("p99_ms") is None:
+            return math.inf  # not run, or too few tasks done for a p99
+        return float(rung["p99_ms"])
+
+    merged: list[dict[str, Any]] = []
+    for i in range(max(len(r) for r in rounds)):
+        at = [r[i] if i < len(r) else None for r in rounds]
+        median = sorted(at, key=rank)[len(at) // 2]
+        if median is None:
+            break
+        merged.append(
+            {
+                **median,
+                "p99_ms_rounds": [None if g is None else g.get("p99_ms") for g in at],
+                "rounds_under_bound": sum(1 for g in at if g is not None and g["p99_under_bound"]),
+            }
+        )
+    return merged
 
 
 def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

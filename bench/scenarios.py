@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "GROWTH",
+    "JUDGED_LADDERS",
     "LADDER",
     "OURS",
     "REPORTED_SHARES",
@@ -31,6 +32,8 @@ REPORTED_SHARES = (0.5, 0.8)
 
 #: Our contenders: as deployed (``--workers auto``) and one process.
 OURS = ("ours-auto", "ours")
+#: The contenders whose ladders the targets judge: ``Sizes.ladder_rounds`` ladders each.
+JUDGED_LADDERS = (*OURS, "decaton-virtual")
 #: The S1 variants that measure our cost as the work grows (more partitions, more keys):
 #: S1's throughput runs again and the ladder's 50% rung at the same pace as S1's.
 GROWTH = ("S1-P96", "S1-K1M")
@@ -146,6 +149,10 @@ class Sizes:
         ladder_first_warmup_s: a ladder's unmeasured run at its first rung's pace, before
             that rung's own warm-up: the first rung of a ladder measured a cold start
             (a p99 of 801 ms for Decaton at 25%, 74 ms at 50%).
+        ladder_rounds: ladders of each contender the targets judge (``JUDGED_LADDERS``),
+            in turns with the others; each rung is the round with the median p99. The
+            other contenders run one ladder. One ladder's rung at 50% of one process's
+            capacity gave a p99 from 30 to 125 ms over five ladders on one day.
         rate_cap: the topic of an S1/S3 run holds records for at least this many tasks/s
             (S2: 3 times as many); the repeats' topics for at least 1.3 times the fastest
             sweep run too. A run that still reads them all is repeated on a topic twice
@@ -163,6 +170,7 @@ class Sizes:
     growth_repeats: int = 3
     ladder_first_warmup_s: float = 15.0
     rate_cap: int = 100_000
+    ladder_rounds: int = 1
 
     def records(self, scn: Scenario, window_s: float, fastest: float = 0.0) -> int:
         """Records to produce so a contender at the cap (or at 1.3 times ``fastest``
@@ -176,7 +184,9 @@ class Sizes:
 
 # 3 repeats of each contender at its best setting (median and range): with 5, the whole
 # run took about 3 h 20 min on a 2-core machine, 180 of its runs at about 45 s each.
-FULL = Sizes(False, 5.0, 20.0, 5.0, 3, 3.0, 20.0, growth_window_s=10.0, growth_repeats=3)
+FULL = Sizes(
+    False, 5.0, 20.0, 5.0, 3, 3.0, 20.0, growth_window_s=10.0, growth_repeats=3, ladder_rounds=3
+)
 QUICK = Sizes(
     True,
     2.0,

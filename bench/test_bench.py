@@ -343,6 +343,71 @@ def test_capacity_gives_the_ladder_its_pace_and_a_bad_one_exits_with_one_line(
         assert "--capacity" in capsys.readouterr().err
 
 
+def test_ladder_rounds_are_asked_for_and_a_bad_count_exits_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--ladder-rounds`` sets how many ladders the judged contenders climb; fewer than one
+    ends the command."""
+    from bench.cli import _parse
+
+    assert _parse(["--ladder-rounds", "5"]).ladder_rounds == 5
+    with pytest.raises(SystemExit) as ended:
+        _parse(["--ladder-rounds", "0"])
+    assert ended.value.code == 2
+    assert "--ladder-rounds wants 1 or more, got 0" in capsys.readouterr().err
+
+
+def _rung(rate: float, p99: float | None, bound_ms: float = 50.0) -> dict[str, Any]:
+    return {
+        "rate": rate,
+        "p99_ms": p99,
+        "p99_under_bound": p99 is not None and p99 < bound_ms,
+        "p50_ms": 10.0,
+    }
+
+
+def test_a_ladder_of_several_rounds_takes_the_median_round_at_each_rung() -> None:
+    """Each rung is the round with the median p99, whole; a round that ended before a rung
+    counts as over the bound there, and the ladder ends where the median round has none."""
+    from bench.fair import median_rungs
+
+    rounds = [
+        [_rung(10, 30.4), _rung(20, 45.0), _rung(30, 200.0)],
+        [_rung(10, 125.1), _rung(20, 90.0)],  # ended at its first rung over the bound
+        [{**_rung(10, 43.4), "p50_ms": 12.5}, _rung(20, 48.0), _rung(30, 49.0)],
+    ]
+    merged = median_rungs(rounds)
+    assert [g["p99_ms"] for g in merged] == [43.4, 48.0, 200.0]
+    assert merged[0]["p50_ms"] == 12.5  # the median round's figures, not a mix
+    assert merged[0]["p99_ms_rounds"] == [30.4, 125.1, 43.4]
+    assert [g["rounds_under_bound"] for g in merged] == [2, 2, 1]
+    assert [g["p99_under_bound"] for g in merged] == [True, True, False]
+    # Two rounds of three without the rung: the ladder ends before it.
+    assert (
+        len(
+            median_rungs([[_rung(10, 30.0), _rung(20, 40.0)], [_rung(10, 99.0)], [_rung(10, 60.0)]])
+        )
+        == 1
+    )
+    # A rung whose p99 was not measurable ranks above every measured one.
+    assert median_rungs([[_rung(10, None)], [_rung(10, 49.0)]])[0]["p99_ms"] is None
+    # One round: its rungs as they are.
+    assert [g["p99_ms"] for g in median_rungs([rounds[0]])] == [30.4, 45.0, 200.0]
+
+
+def test_a_rung_of_several_rounds_shows_their_range_and_passes() -> None:
+    from bench.fair import median_rungs
+    from bench.report import _p99
+
+    merged = median_rungs([[_rung(10, 30.4)], [_rung(10, 125.1)], [_rung(10, 43.4)]])
+    assert _p99(merged[0]) == "43.4 (30.4-125.1, 2/3)"
+    ended = median_rungs(
+        [[_rung(10, 30.4), _rung(20, 60.0)], [_rung(10, 31.0)], [_rung(10, 32.0), _rung(20, 70.0)]]
+    )
+    assert _p99(ended[1]) == "70.0 (60.0-70.0, 0/3)"
+    assert _p99(_rung(10, 30.4)) == "30.4"
+
+
 # ------------------------------------------------------------------ targets (issue 32)
 
 
