@@ -673,10 +673,12 @@ def _p99(rung: dict[str, Any]) -> str:
     rounds = rung.get("p99_ms_rounds") or []
     if len(rounds) < 2:
         return text
-    measured = sorted(v for v in rounds if v is not None)
-    spread = "-".join(_fmt(v, 1) for v in dict.fromkeys((measured[0], measured[-1])))
     passed = f"{rung.get('rounds_under_bound', 0)}/{len(rounds)}"
-    return f"{text} ({spread}, {passed})" if measured else f"{text} ({passed})"
+    measured = sorted(v for v in rounds if v is not None)
+    if not measured:
+        return f"{text} ({passed})"
+    spread = "-".join(_fmt(v, 1) for v in dict.fromkeys((measured[0], measured[-1])))
+    return f"{text} ({spread}, {passed})"
 
 
 def _ms(value: Any) -> str:

@@ -406,6 +406,9 @@ def test_a_rung_of_several_rounds_shows_their_range_and_passes() -> None:
     )
     assert _p99(ended[1]) == "70.0 (60.0-70.0, 0/3)"
     assert _p99(_rung(10, 30.4)) == "30.4"
+    # No round with a measurable p99: the lower bound, and none passed.
+    unmeasured = {**_rung(10, None), "p99_ms_lower_bound": 5000.0}
+    assert _p99(median_rungs([[unmeasured], [unmeasured], [unmeasured]])[0]) == "> 5,000 (0/3)"
 
 
 # ------------------------------------------------------------------ targets (issue 32)
