@@ -22,10 +22,12 @@ The ladder then paces each contender, at its S1 best setting, at shares of its o
 capacity (median tasks/s); the ``reader`` (the transport's floor, no task runner) at
 ours'. The contenders the targets judge (``JUDGED_LADDERS``) climb it ``ladder_rounds``
 times, in turns with each other, each time on a fresh topic; each of their rungs is the
-round with the median p99 (:func:`median_rungs`), with every round's p99 beside it. The S1
-variants (``GROWTH``: 96 partitions, 1,000,000 keys) run ours at its S1 best setting
-(``growth_repeats`` runs of ``growth_window_s``), then paced rungs at 50% of its S1
-capacity (the pace of S1's own 50% rung), ``ladder_rounds`` of them.
+round with the median p99 (:func:`median_rungs`), with every round's p99 beside it; ours
+as deployed is then paced at Decaton ``VIRTUAL_THREAD``'s highest rate under the bound as
+many times (``FairRun._head_to_head``). The S1 variants (``GROWTH``: 96 partitions,
+1,000,000 keys) run ours at its S1 best setting (``growth_repeats`` runs of
+``growth_window_s``), then paced rungs at 50% of its S1 capacity (the pace of S1's own 50%
+rung), ``ladder_rounds`` of them.
 
 Sizes: a sweep run's topic holds records for ``rate_cap`` tasks/s over its warm-up and
 window; a repeat's for that or 1.3 times the fastest sweep run of the scenario (an S1
@@ -47,13 +49,23 @@ from typing import Any
 from bench.contenders import CONTENDERS
 from bench.measure import Harness
 from bench.pagecache import settle_topic
-from bench.scenarios import JUDGED_LADDERS, LADDER, REPORTED_SHARES, SWEEPS, Scenario, Sizes
+from bench.scenarios import (
+    JUDGED_LADDERS,
+    LADDER,
+    OURS,
+    REPORTED_SHARES,
+    RIVAL,
+    SWEEPS,
+    Scenario,
+    Sizes,
+)
 from bench.workload import make_tasks, produce_tasks
 
 __all__ = ["SEED", "FairRun", "median_rungs"]
 
 #: The records of every throughput run: the same keys, sequences and I/O times.
 SEED = 7
+DEPLOYED = OURS[0]
 
 
 class FairRun:
@@ -315,13 +327,15 @@ class FairRun:
             this = [c for c in order if round_no == 0 or c in JUDGED_LADDERS]
             self.rng.shuffle(this)
             for contender in this:
-                rungs = await self._ladder_once(scn, contender, shares, round_no)
+                label = f"round{round_no + 1}" if round_no else ""
+                rungs = await self._ladder_once(scn, contender, shares, label)
                 if rungs is not None:
                     rounds[contender].append(rungs)
+        merged: dict[str, list[dict[str, Any]]] = {}
         for contender in order:
             if not rounds[contender]:
                 continue
-            rungs = median_rungs(rounds[contender])
+            rungs = merged[contender] = median_rungs(rounds[contender])
             passing = [r["rate"] for r in rungs if r["p99_under_bound"]]
             self.record(
                 self._line(
@@ -337,9 +351,48 @@ class FairRun:
                     p99_bound_ms=scn.p99_bound_ms,
                 )
             )
+        if shares == LADDER:
+            await self._head_to_head(scn, merged)
+
+    async def _head_to_head(self, scn: Scenario, merged: dict[str, list[dict[str, Any]]]) -> None:
+        """Ours as deployed, paced at the highest rate under the bound of Decaton on
+        virtual threads, ``ladder_rounds`` times: each ladder's rates are shares of its
+        own contender's capacity, so the two ladders' rungs fall at different rates, and
+        neither says how the other fares at its own highest. Not run when ours' own ladder
+        reached that rate."""
+
+        def highest(who: str) -> float:
+            return max((g["rate"] for g in merged.get(who, []) if g["p99_under_bound"]), default=0)
+
+        best = highest(RIVAL)
+        if not best or DEPLOYED not in merged or highest(DEPLOYED) >= best:
+            return
+        share = best / self.capacity[DEPLOYED]
+        runs = []
+        for round_no in range(self.sizes.ladder_rounds):
+            rungs = await self._ladder_once(
+                scn, DEPLOYED, (share,), f"at-{RIVAL}-round{round_no + 1}"
+            )
+            if rungs:
+                runs.append(rungs)
+        if runs:
+            rung = median_rungs(runs)[0]
+            self.record(
+                self._line(
+                    scn,
+                    DEPLOYED,
+                    event="head_to_head",
+                    phase="ladder",
+                    setting=self.setting("S1", DEPLOYED),
+                    against=RIVAL,
+                    rate=best,
+                    rung=rung,
+                    p99_bound_ms=scn.p99_bound_ms,
+                )
+            )
 
     async def _ladder_once(
-        self, scn: Scenario, contender: str, shares: tuple[float, ...], round_no: int
+        self, scn: Scenario, contender: str, shares: tuple[float, ...], label: str
     ) -> list[dict[str, Any]] | None:
         """One ladder of ``contender`` on a fresh topic; None (the error recorded) when it
         failed."""
@@ -366,7 +419,7 @@ class FairRun:
                 window_s=self.sizes.ladder_window_s,
                 drain_s=5.0,
                 p99_bound_ms=scn.p99_bound_ms,
-                tag=f"lat-{scn.name}-{contender}" + (f"-round{round_no + 1}" if round_no else ""),
+                tag=f"lat-{scn.name}-{contender}" + (f"-{label}" if label else ""),
                 always_up_to=min(REPORTED_SHARES[-1], max(shares)) * capacity,
             )
         except Exception as exc:

@@ -596,6 +596,50 @@ def test_the_latency_comparison_when_decaton_has_no_rung_under_the_bound() -> No
     assert _verdicts(rows)[wanted] is False
 
 
+def test_ours_paced_at_decatons_highest_rate_settles_the_latency_comparison() -> None:
+    """The ladders' rungs fall at different rates: ours as deployed, paced at Decaton's
+    highest rate under the bound, passes the comparison when the median round held p99
+    under it there, and not when it did not; a row paced at another rate is not read."""
+    from bench.fair import median_rungs
+    from bench.report import evaluate_targets, render_markdown
+
+    wanted = "ours (--workers auto) >= 1.0 x Decaton VIRTUAL_THREAD's"
+    rows = _issue_32_results(good=False)  # ours-auto 40,000/s, Decaton 74,429/s
+    assert _verdicts(rows)[wanted] is False
+
+    def at_rival(rate: float, p99s: list[float]) -> dict[str, Any]:
+        rung = median_rungs([[_rung(rate, p)] for p in p99s])[0]
+        return _result_line(
+            contender="ours-auto",
+            event="head_to_head",
+            phase="ladder",
+            against="decaton-virtual",
+            rate=rate,
+            rung=rung,
+        )
+
+    held = at_rival(74_429.0, [44.0, 61.0, 48.0])
+    (target,) = [t for t in evaluate_targets([*rows, held]) if t["target"].endswith(wanted)]
+    assert target["pass"] is True
+    assert target["value"] == 74_429.0
+    assert "ours at that rate: p99 48.0 (44.0-61.0, 2/3) ms" in target["detail"]
+    assert _verdicts([*rows, at_rival(74_429.0, [44.0, 61.0, 52.0])])[wanted] is False
+    assert _verdicts([*rows, at_rival(60_000.0, [20.0, 20.0, 20.0])])[wanted] is False
+    document = {
+        "mode": "full",
+        "finished_at": "now",
+        "machine": _machine_line(),
+        "sizes": {},
+        "results": [*rows, held],
+        "targets": evaluate_targets([*rows, held]),
+    }
+    assert (
+        "ours-auto paced at decaton-virtual's highest rate under 50 ms (74,429/s), the "
+        "ladders' rungs falling at different rates: p99 48.0 (44.0-61.0, 2/3) ms."
+        in render_markdown(document)
+    )
+
+
 def test_issue_32_targets_read_the_rung_nearest_half_and_note_one_process() -> None:
     """The 50% targets read the rung nearest 50% of capacity, also when the shares are
     missing (rate over capacity); the one-process figure is in the note; a target whose
