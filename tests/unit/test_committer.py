@@ -288,3 +288,69 @@ async def test_a_commit_round_folds_a_partition_histograms_in_steps() -> None:
     # The loop ran while some of the histograms were folded and others not yet.
     assert any(0 < n < len(histograms) for n in unfolded), unfolded
     assert not any(h._queued for h in histograms)  # every one folded
+
+
+class _DroppingStore:
+    """A checkpoint store on a broker that drops commit metadata: its first read-back
+    waits until the test lets it go; metadata is inline until the drop is known, then a
+    reference to the checkpoint topic."""
+
+    def __init__(self) -> None:
+        self.metadata_kept: bool | None = None
+        self.reading = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.written: list[Any] = []  # checkpoints written to the topic
+
+    async def metadata(self, checkpoints: dict[Any, Any]) -> dict[Any, str]:
+        if self.metadata_kept is False:
+            self.written += checkpoints.values()
+            return {tp: "dc1ref:0:0:0" for tp in checkpoints}
+        return {tp: "dc1:inline" for tp in checkpoints}
+
+    async def check_kept(self, tp: Any, text: str) -> None:
+        self.reading.set()
+        await self.answer.wait()
+        self.metadata_kept = False
+
+
+class _CommittingConsumer(_SkippingConsumer):
+    def __init__(self) -> None:
+        super().__init__(high=0, position=0)
+        self.metadata: list[str] = []
+
+    async def commit(self, offsets: Any) -> None:
+        await super().commit(offsets)
+        self.metadata += [o.metadata for o in offsets.values()]
+
+
+async def test_a_final_commit_writes_again_a_checkpoint_the_broker_dropped() -> None:
+    """The periodic commit that carried a checkpoint inline is ended by a shutdown's final
+    commit while it reads the metadata back. The final commit reads it back itself and,
+    the broker having dropped it, writes the checkpoint again to the topic: the next
+    owner of the partition finds it (before, nothing changed since the periodic commit,
+    so the final one committed nothing, and the checkpoint was lost)."""
+    release = asyncio.Event()
+
+    async def process(ctx: Any, task: Any) -> None:
+        if ctx.offset == 0:
+            await release.wait()  # unfinished: later offsets done make a checkpoint
+
+    processor = make(process)
+    processor.feed(records([b"a", b"b", b"c"]))
+    await settle()
+    store = _DroppingStore()
+    committer: Committer[Any] = Committer("group", store=store, transaction=None)  # type: ignore[arg-type]
+    consumer = _CommittingConsumer()
+    periodic = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
+    await store.reading.wait()
+    assert consumer.metadata == ["dc1:inline"]
+    final = asyncio.create_task(committer.commit(consumer, [processor], final=True))  # type: ignore[arg-type]
+    await asyncio.wait([periodic])
+    assert store.metadata_kept is None  # the read-back was cut short
+    store.answer.set()
+    await final
+    assert store.metadata_kept is False
+    assert consumer.metadata == ["dc1:inline", "dc1ref:0:0:0"]
+    assert len(store.written) == 1
+    release.set()
+    await settle()

@@ -39,7 +39,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from decaton_aio.consumer._contract import Committable, OutputSink
 from decaton_aio.consumer._loopwatch import StepTimer
-from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
+from decaton_aio.consumer.commit._checkpoint_codec import TEXT_PREFIX, Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore, SendCheckpoint
 from decaton_aio.consumer.commit._transactions import (
     CommitPlan,
@@ -238,6 +238,10 @@ class Committer(Generic[P]):
         final: bool,
         steps: StepTimer | None,
     ) -> None:
+        if final and not self.exactly_once:
+            # The periodic commit this one ended may have been reading its metadata back:
+            # a checkpoint the broker dropped must be written again, to the topic, now.
+            await self._check_kept()
         # One walk: metrics, skipped offsets and (at-least-once) what to commit.
         entries: dict[TopicPartition, tuple[P, int, Checkpoint | None]] = {}
         steps = steps or StepTimer(_ignore)
@@ -298,12 +302,28 @@ class Committer(Generic[P]):
         for tp, (processor, offset, checkpoint) in entries.items():
             processor.committed(offset)
             self._saved[tp] = _Saved(processor, offset, checkpoint, offsets[tp].metadata)
-        if self.store is not None and self.store.metadata_kept is None:
-            inline = next((tp for tp, o in offsets.items() if o.metadata), None)
-            if inline is not None:
-                await self.store.check_kept(inline, offsets[inline].metadata)
-                if self.store.metadata_kept is False:
-                    self._saved.clear()  # every checkpoint is written again, to the topic
+        await self._check_kept()
+
+    async def _check_kept(self) -> None:
+        # Until the store knows whether the broker keeps commit metadata, read back the
+        # inline metadata of a commit made; if it was dropped, every checkpoint is written
+        # again, to the topic, at the next commit.
+        store = self.store
+        if store is None or store.metadata_kept is not None:
+            return
+        inline = next(
+            (
+                (tp, s.metadata)
+                for tp, s in self._saved.items()
+                if s.metadata.startswith(TEXT_PREFIX)
+            ),
+            None,
+        )
+        if inline is None:
+            return
+        await store.check_kept(*inline)
+        if store.metadata_kept is False:
+            self._saved.clear()
 
     @staticmethod
     async def _past_skipped(consumer: AIOKafkaConsumer, processor: P, offset: int) -> None:
