@@ -276,6 +276,7 @@ class _Supervisor:
         self.argv = list(argv)
         self.slots = [_Slot(i, workdir / f"worker-{i}.port") for i in range(1, config.workers + 1)]
         self.stopping = False
+        self.stop_signal: int | None = None  # the signal the shutdown forwards
         self.failure: str | None = None
         self.exit_codes: dict[int, int] = {}
         self.done = asyncio.Event()
@@ -303,8 +304,10 @@ class _Supervisor:
             os.close(slot.pipe)
             slot.pipe = None
         if self.stopping:
-            self.exit_codes[slot.index] = code
             log.info("worker stopped", worker=slot.index, exit=_describe_exit(code))
+            # Ended by the very signal forwarded to it: a worker still starting, before its
+            # handler was set, stopped as asked.
+            self.exit_codes[slot.index] = 0 if code == -(self.stop_signal or 0) else code
             self._check_all_stopped()
             return
         ran_s = time.monotonic() - slot.started_at
@@ -332,6 +335,7 @@ class _Supervisor:
         """Forward ``signum`` to every running worker; the first call starts the shutdown."""
         if not self.stopping:
             self.stopping = True
+            self.stop_signal = signum
             log.info("stopping the workers", signal=signal.Signals(signum).name)
         for slot in self.slots:
             if slot.proc is not None and slot.proc.returncode is None:

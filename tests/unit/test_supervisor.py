@@ -356,3 +356,32 @@ def test_a_worker_that_does_not_answer_is_left_out_and_counted(tmp_path: Path) -
     assert 'worker="2"' not in text.split("decaton_supervisor_worker_restarts")[0]
     assert "decaton_supervisor_scrape_errors_total 1.0" in text
     assert "decaton_supervisor_workers_running 2.0" in text
+
+
+async def test_a_worker_ended_by_the_signal_it_was_forwarded_has_stopped_cleanly(
+    tmp_path: Path,
+) -> None:
+    """A worker still starting when the shutdown's signal arrives (its handler not set
+    yet) dies of that signal: a clean stop, not a failure of the supervisor. A worker
+    that ends otherwise keeps its exit code."""
+    import asyncio
+    import signal
+    import sys
+
+    from decaton_aio.cli._supervisor import _Supervisor
+
+    # The default action of SIGTERM ends the process by it; SIGINT's handler is set.
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)  # the worker writes to it once its handler is set
+    script = (
+        "import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: exit(3)); "
+        "open(sys.argv[1], 'wb').close(); time.sleep(60)"
+    )
+    for signum, code in ((signal.SIGTERM, 0), (signal.SIGINT, 3)):
+        argv = [sys.executable, "-c", script, str(ready)]
+        sup = _Supervisor(SupervisorConfig(workers=1), argv, tmp_path)
+        await sup.start(sup.slots[0])
+        await asyncio.to_thread(ready.read_bytes)  # returns once the worker opened it
+        sup.stop(signum)
+        await sup.done.wait()
+        assert sup.exit_codes == {1: code}, signum
