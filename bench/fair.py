@@ -52,6 +52,7 @@ from bench.pagecache import settle_topic
 from bench.scenarios import (
     JUDGED_LADDERS,
     LADDER,
+    ON_REQUEST,
     OURS,
     REPORTED_SHARES,
     RIVAL,
@@ -316,7 +317,8 @@ class FairRun:
     ) -> None:
         """Paced produce-to-done latency at ``shares`` of each contender's S1 capacity:
         ``Sizes.ladder_rounds`` rounds, each in a random order of its own; the first runs
-        every contender, the later ones those the targets judge (``JUDGED_LADDERS``)."""
+        every contender, the later ones those the targets judge (``JUDGED_LADDERS``) and
+        the options of ours measured on request (``ON_REQUEST``), compared with them."""
         for contender in contenders:
             like = CONTENDERS[contender].paced_like
             if like in self.capacity:
@@ -324,7 +326,7 @@ class FairRun:
         order = [c for c in contenders if c in self.capacity]
         rounds: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in order}
         for round_no in range(self.sizes.ladder_rounds):
-            this = [c for c in order if round_no == 0 or c in JUDGED_LADDERS]
+            this = [c for c in order if round_no == 0 or c in (*JUDGED_LADDERS, *ON_REQUEST)]
             self.rng.shuffle(this)
             for contender in this:
                 label = f"round{round_no + 1}" if round_no else ""

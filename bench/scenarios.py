@@ -14,6 +14,7 @@ __all__ = [
     "GROWTH",
     "JUDGED_LADDERS",
     "LADDER",
+    "ON_REQUEST",
     "OURS",
     "REPORTED_SHARES",
     "RIVAL",
@@ -83,6 +84,7 @@ SWEEPS: dict[str, list[dict[str, Any]]] = {
         {"concurrency": 1000, "max_pending": 30_000},
     ],
     "ours-auto": [{}, {"concurrency": 1000}],
+    "ours-keyshare": [{}, {"concurrency": 1000}],
     # getmany(max_records=...) and an optional cap of tasks in flight.
     "sequential": [{"batch_records": 500}, {"batch_records": 10_000}],
     "gather": [
@@ -233,6 +235,8 @@ _PYTHON_PEERS = (
 )
 _JAVA_PEERS = ("decaton-threads", "decaton-virtual", "parallel-consumer")
 ALL = ("ours", "ours-auto", *_PYTHON_PEERS, *_JAVA_PEERS)
+#: Options of ours measured only when named (``--contenders``): S1-S3 and the ladder.
+ON_REQUEST = ("ours-keyshare",)
 
 
 @dataclass(frozen=True)
@@ -284,15 +288,22 @@ def plan(quick: bool) -> tuple[Sizes, list[Scenario]]:
     """The sizes and scenarios of ``make bench`` (``quick=False``) or ``make bench-quick``."""
     sizes = QUICK if quick else FULL
     return sizes, [
-        Scenario("S1", "I/O bound: 10 ms asyncio.sleep per task, 10,000 keys, 3 partitions", ALL),
-        Scenario("S2", "no-op tasks, 10,000 keys, 3 partitions", ALL, sleep_ms=0),
         Scenario(
-            "S3", "outliers: as S1, 1% of tasks (random keys) take 500 ms", ALL, slow_ratio=0.01
+            "S1",
+            "I/O bound: 10 ms asyncio.sleep per task, 10,000 keys, 3 partitions",
+            (*ALL, *ON_REQUEST),
+        ),
+        Scenario("S2", "no-op tasks, 10,000 keys, 3 partitions", (*ALL, *ON_REQUEST), sleep_ms=0),
+        Scenario(
+            "S3",
+            "outliers: as S1, 1% of tasks (random keys) take 500 ms",
+            (*ALL, *ON_REQUEST),
+            slow_ratio=0.01,
         ),
         Scenario(
             "L",
             "latency: paced at shares of each contender's S1 capacity, produce-to-done",
-            (*ALL, "reader"),
+            (*ALL, *ON_REQUEST, "reader"),
         ),
         Scenario(
             "S1-P96",

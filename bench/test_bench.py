@@ -787,3 +787,23 @@ def test_ours_as_deployed_runs_with_workers_auto_and_topics_fit_the_fastest() ->
     s1 = next(s for s in plan(False)[1] if s.name == "S1")
     assert FULL.records(s1, 20.0) == 3_000_000
     assert FULL.records(s1, 20.0, fastest=169_000.0) == 5_800_000
+
+
+def test_the_key_shares_run_every_key_once_and_in_the_runs_group_first() -> None:
+    from bench.contenders.keyshare import IGNORE, KEYS, share_commands
+    from bench.workload import RunSpec
+
+    spec = RunSpec("ours-keyshare", "b:9092", "t", "g", 3, "/facts", {"concurrency": 7})
+    commands = share_commands(spec, 3, "py")
+    run = set(range(KEYS))
+    kept = []
+    for argv in commands:
+        assert argv[-2] == "--property"
+        assert argv[-1].startswith(f"{IGNORE}=")
+        kept.append(run - {int(k) for k in argv[-1].removeprefix(f"{IGNORE}=").split(",")})
+    assert set().union(*kept) == run  # every key runs somewhere
+    assert sum(len(k) for k in kept) == KEYS  # and in one share only
+    assert all(KEYS / 3 * 0.9 < len(k) < KEYS / 3 * 1.1 for k in kept)
+    groups = [argv[argv.index("--group") + 1] for argv in commands]
+    assert groups == ["g", "g-share-1", "g-share-2"]
+    assert all("decaton.partition.concurrency=7" in argv for argv in commands)

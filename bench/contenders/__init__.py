@@ -69,6 +69,14 @@ CONTENDERS: dict[str, Contender] = {
         processes=0,
         workers="auto",
     ),
+    # An option for cores that do not divide the partitions: a process per CPU, each
+    # reading every partition and running its share of the keys (bench.contenders.keyshare).
+    "ours-keyshare": Contender(
+        "bench.contenders.keyshare",
+        "decaton-aio, a process per CPU sharing every partition's keys",
+        True,
+        processes=0,
+    ),
     "sequential": Contender("bench.contenders.plain", "aiokafka, sequential, auto-commit", True),
     "gather": Contender(
         "bench.contenders.plain", "aiokafka, gather per batch + commit", False, batch_based=True
