@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
-from bench.scenarios import GROWTH, ON_REQUEST, S6_QUOTA, Scenario, Sizes, plan
+from bench.scenarios import GROWTH, S6_QUOTA, Scenario, Sizes, plan
 from bench.workload import Spec, make_tasks, produce_paced, produce_tasks, security_of
 
 __all__ = ["REPO", "RESULTS", "SECURED", "Run", "emit_line", "say"]
@@ -112,8 +112,7 @@ class Run:
         return self._unavailable[contender]
 
     def _wanted(self, scn: Scenario) -> list[str]:
-        named = self.args.contenders
-        chosen = [c for c in scn.contenders if c in named or (not named and c not in ON_REQUEST)]
+        chosen = scn.chosen(self.args.contenders)
         ready = []
         for contender in chosen:
             reason = self.unavailable(contender)

@@ -278,6 +278,13 @@ class Scenario:
     warmup_max_s: float = 0.0
     base: str = ""
 
+    def chosen(self, named: list[str]) -> list[str]:
+        """The contenders of this scenario a run that names ``named`` (none: every one
+        but the options measured on request, ``ON_REQUEST``) runs."""
+        if named:
+            return [c for c in self.contenders if c in named]
+        return [c for c in self.contenders if c not in ON_REQUEST]
+
     def sweep(self, contender: str, quick: bool) -> list[dict[str, Any]]:
         """The settings ``contender`` is swept over in this mode."""
         settings = SWEEPS.get(contender, [{}])

@@ -807,3 +807,12 @@ def test_the_key_shares_run_every_key_once_and_in_the_runs_group_first() -> None
     groups = [argv[argv.index("--group") + 1] for argv in commands]
     assert groups == ["g", "g-share-1", "g-share-2"]
     assert all("decaton.partition.concurrency=7" in argv for argv in commands)
+
+
+def test_an_option_measured_on_request_runs_only_when_named() -> None:
+    from bench.scenarios import plan
+
+    s1 = next(s for s in plan(False)[1] if s.name == "S1")
+    assert "ours-keyshare" not in s1.chosen([])
+    assert {"ours", "ours-auto", "decaton-virtual"} <= set(s1.chosen([]))
+    assert s1.chosen(["ours-keyshare", "ours"]) == ["ours", "ours-keyshare"]
