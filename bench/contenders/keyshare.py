@@ -10,6 +10,7 @@ the keys of the other shares with ``decaton.ignore.keys`` (their offsets complet
 task run). A key belongs to share ``crc32(key) % n``, so each key's tasks run in one
 process, in order. Every process fetches and decodes the whole topic and commits its own
 offsets: the cost of the balance. The key space is the benchmark's (``0 .. keys - 1``).
+Option ``shares``: the process count (default: the usable CPUs); the others are ours'.
 
 Run by ``python -m bench.body`` like a Python peer: this process starts the shares'
 ``python -m decaton_aio run`` processes, forwards SIGTERM and SIGINT to them and waits.
