@@ -27,7 +27,7 @@ help:
 	@echo "make docs   build the documentation site into site/ (mkdocs --strict)"
 	@echo "make docs-serve  serve the documentation at http://127.0.0.1:8000, rebuilt on edits"
 	@echo "make docs-test   open the built site in headless Chromium (installs chromium)"
-	@echo "make bench  every benchmark scenario against the peers (~2 h 30 min); bench/results/"
+	@echo "make bench  every benchmark scenario against the peers (~3 h 15 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (~30 min)"
 	@echo "make bench-test   the benchmark harness's own checks"
 	@echo "make bench-hotpath  instructions per task of the hot path (valgrind, ~5 min)"
