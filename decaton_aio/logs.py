@@ -168,28 +168,39 @@ def configure_logging(
     out = stream or sys.stderr
     if json is None:
         json = not out.isatty()
-    processors: list[structlog.typing.Processor] = [
+    fields: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         add_task_context,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.StackInfoRenderer(),
     ]
-    if json:
-        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-    else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+    render: list[structlog.typing.Processor] = (
+        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        if json
+        else [structlog.dev.ConsoleRenderer(colors=out.isatty())]
+    )
+    processors = [*fields, structlog.processors.StackInfoRenderer(), *render]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    # Third-party libraries (aiokafka) log through the standard module to the same stream.
-    # Their INFO lines (every connection, every rebalance step) are noise unless debugging.
+    # Third-party libraries (aiokafka) log through the standard module to the same stream,
+    # as JSON objects with the same fields (and the logger's name) when the events are
+    # JSON. Their INFO lines (every connection, every rebalance step) are noise unless
+    # debugging.
     handler = logging.StreamHandler(out)
     handler.addFilter(TaskContextFilter())
-    handler.setFormatter(_TaskFormatter())
+    if json:
+        handler.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=[structlog.stdlib.add_logger_name, *fields],
+                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *render],
+            )
+        )
+    else:
+        handler.setFormatter(_TaskFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric if numeric == logging.DEBUG else max(numeric, logging.WARNING))

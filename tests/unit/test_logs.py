@@ -50,6 +50,30 @@ def test_console_rendering_when_forced() -> None:
     assert not text.lstrip().startswith("{")
 
 
+def test_the_logging_modules_lines_are_json_objects_when_events_are() -> None:
+    """A library's line through the logging module (aiokafka's warnings) is one JSON
+    object with its logger, level, timestamp, the bound context (a worker's number) and
+    an exception's traceback, so a JSON log pipeline reads every line."""
+    out = io.StringIO()
+    configure_logging("info", json=True, stream=out)
+    structlog.contextvars.bind_contextvars(worker=2)
+    try:
+        logging.getLogger("library.client").warning("Heartbeat failed for %s", "g")
+        logging.getLogger("library.client").info("hidden: below warning")
+        try:
+            raise ZeroDivisionError("zero")
+        except ZeroDivisionError:
+            logging.getLogger("user").exception("it broke")
+    finally:
+        structlog.contextvars.unbind_contextvars("worker")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["event"] == "Heartbeat failed for g"
+    assert (first["logger"], first["level"], first["worker"]) == ("library.client", "warning", 2)
+    assert "timestamp" in first
+    assert second["level"] == "error"
+    assert "ZeroDivisionError: zero" in second["exception"]
+
+
 def test_unknown_level_is_a_config_error() -> None:
     """A level name that does not exist says which ones do."""
     with pytest.raises(ConfigError, match="debug, info, warning, error, critical"):
@@ -59,14 +83,16 @@ def test_unknown_level_is_a_config_error() -> None:
 # ------------------------------------------------------------------- task fields
 
 
-async def test_any_logger_inside_a_task_carries_the_task_fields() -> None:
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "console"])
+async def test_any_logger_inside_a_task_carries_the_task_fields(as_json: bool) -> None:
     """A log line inside a task, through a plain structlog logger or the logging module,
     before and after the task waited, carries topic, partition, offset, key and
-    subscription; a line outside any task carries none."""
+    subscription; a line outside any task carries none. With JSON events the logging
+    module's lines are JSON objects too; on a console they end with the fields."""
     from tests.unit.test_partition import make, records, settle
 
     out = io.StringIO()
-    configure_logging("info", json=True, stream=out)
+    configure_logging("info", json=as_json, stream=out)
     release = asyncio.Event()
 
     async def process(ctx: ProcessingContext, task: object) -> None:
@@ -84,22 +110,28 @@ async def test_any_logger_inside_a_task_carries_the_task_fields() -> None:
     await settle()
     assert proc.committable() == 2
     lines = out.getvalue().splitlines()
-    events = [json.loads(line) for line in lines if line.startswith("{")]
+    if not as_json:
+        stdlib = [line for line in lines if line.startswith("stdlib")]
+        assert stdlib == [
+            "stdlib first step [subscription=test topic=tasks partition=0 offset=0 key=k0]",
+            "stdlib first step [subscription=test topic=tasks partition=0 offset=1 key=k1]",
+            "stdlib after waiting [subscription=test topic=tasks partition=0 offset=1 key=k1]",
+        ]
+        return
+    events = [json.loads(line) for line in lines]  # every line, the logging module's too
     by_event = {(e["event"], e.get("offset")): e for e in events}
     for offset, key in ((0, "k0"), (1, "k1")):
-        entry = by_event[("first step", offset)]
-        assert (entry["topic"], entry["partition"], entry["key"]) == ("tasks", 0, key)
-        assert entry["subscription"] == "test"
-    resumed = by_event[("after waiting", 1)]
-    assert (resumed["topic"], resumed["key"]) == ("tasks", "k1")
+        for event in ("first step", "stdlib first step"):
+            entry = by_event[(event, offset)]
+            assert (entry["topic"], entry["partition"], entry["key"]) == ("tasks", 0, key)
+            assert entry["subscription"] == "test"
+    for event in ("after waiting", "stdlib after waiting"):
+        resumed = by_event[(event, 1)]
+        assert (resumed["topic"], resumed["key"]) == ("tasks", "k1")
+    assert by_event[("stdlib first step", 0)]["logger"] == "user.stdlib"
+    assert by_event[("stdlib first step", 0)]["level"] == "warning"
     outside = by_event[("outside", None)]
     assert "topic" not in outside
-    stdlib = [line for line in lines if line.startswith("stdlib")]
-    assert stdlib == [
-        "stdlib first step [subscription=test topic=tasks partition=0 offset=0 key=k0]",
-        "stdlib first step [subscription=test topic=tasks partition=0 offset=1 key=k1]",
-        "stdlib after waiting [subscription=test topic=tasks partition=0 offset=1 key=k1]",
-    ]
 
 
 @pytest.mark.parametrize("keys", ["one", "distinct"])
