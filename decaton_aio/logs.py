@@ -179,7 +179,11 @@ def configure_logging(
         if json
         else [structlog.dev.ConsoleRenderer(colors=out.isatty())]
     )
-    processors = [*fields, structlog.processors.StackInfoRenderer(), *render]
+    processors: list[structlog.typing.Processor] = [
+        *fields,
+        structlog.processors.StackInfoRenderer(),
+        *render,
+    ]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
