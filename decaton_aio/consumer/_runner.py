@@ -158,21 +158,30 @@ async def run_application(
     """
     tune_gc()
     environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
-    sources: list[FilePropertySource | KafkaPropertySource] = []
+    # Each source with what a start-time problem says of it (the topic's records outlive
+    # the instance that applied or ignored them: the fix is a record, not a restart).
+    sources: list[tuple[FilePropertySource | KafkaPropertySource, str]] = []
     if options.properties_file:
-        sources.append(FilePropertySource(options.properties_file))
+        where = f"in the file {options.properties_file}"
+        sources.append((FilePropertySource(options.properties_file), where))
     if options.properties_topic:
-        servers = options.consumer.bootstrap_servers
-        sources.append(
-            KafkaPropertySource(
-                servers, options.properties_topic, security=options.consumer.security
-            )
+        topic = options.properties_topic
+        from_topic = KafkaPropertySource(
+            options.consumer.bootstrap_servers, topic, security=options.consumer.security
         )
+        where = (
+            f"in the properties topic {topic}: write a valid value for that name there, or "
+            "a record with the name as key and no value to remove it"
+        )
+        sources.append((from_topic, where))
     layers: list[Mapping[str, Any]] = [app.properties]
-    for source in sources:
+    names = ["in Application(properties=...)"]
+    for source, where in sources:
         layers.append(await source.load())
+        names.append(where)
     layers += [properties_from_env(environ), options.properties]
-    properties = Properties(*layers)
+    names += ["from the environment", "from --property"]
+    properties = Properties(*layers, sources=names)
     metrics = Metrics()
     subscription = Subscription(
         app, options.consumer, producer=options.producer, properties=properties, metrics=metrics
@@ -213,7 +222,7 @@ async def run_application(
         if not signals:  # a signal during the startup hooks: nothing to consume
             await subscription.start()
             freeze_startup_objects()
-            for index, source in enumerate(sources, start=1):  # layer 0: the application's
+            for index, (source, _) in enumerate(sources, start=1):  # 0: the application's
                 await source.start(properties, layer=index)
             if on_started is not None:
                 maybe = on_started(subscription)
@@ -223,7 +232,7 @@ async def run_application(
     finally:
         if subscription.state.value != "terminated":
             await subscription.stop()
-        for source in sources:
+        for source, _ in sources:
             await source.stop()
         if started_up:
             await _shut_down(app)

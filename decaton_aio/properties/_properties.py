@@ -22,7 +22,7 @@ Nothing here locks; do not call :meth:`Property.set` from another thread.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar, cast, overload
 
 import structlog
@@ -200,6 +200,9 @@ class Properties:
         *layers: name-to-value mappings, lowest precedence first.
         definitions: the known definitions; defaults to :data:`BUILTIN_DEFINITIONS`.
             Add your own with ``definitions=(*BUILTIN_DEFINITIONS, MY_DEFINITION)``.
+        sources: where each layer comes from (e.g. ``"the file app.properties"``), in the
+            order of ``layers``: a problem names its layer's. Layers without one are not
+            named.
 
     Raises:
         ConfigError: a name is unknown (the message suggests the closest known name),
@@ -211,6 +214,7 @@ class Properties:
         self,
         *layers: Layer,
         definitions: Iterable[PropertyDefinition[Any]] = BUILTIN_DEFINITIONS,
+        sources: Sequence[str] = (),
     ) -> None:
         self._definitions: dict[str, PropertyDefinition[Any]] = {}
         for definition in definitions:
@@ -221,18 +225,19 @@ class Properties:
         # Each layer's values, converted: a source that changes its layer later (a file
         # reload, a topic record) changes only what no higher layer overrides.
         self._layers: list[dict[str, object]] = []
-        for layer in layers:
+        for index, layer in enumerate(layers):
+            where = f" ({sources[index]})" if index < len(sources) else ""
             converted: dict[str, object] = {}
             for key, raw in layer.items():
                 name = _name_of(key)
                 found = self._definitions.get(name)
                 if found is None:
-                    problems.append(self._unknown(name))
+                    problems.append(self._unknown(name) + where)
                     continue
                 try:
                     converted[name] = found.convert(raw)
                 except ConfigError as exc:
-                    problems.append(str(exc))
+                    problems.append(str(exc) + where)
             self._layers.append(converted)
         if problems:
             raise ConfigError("; ".join(problems))

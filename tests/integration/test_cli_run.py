@@ -122,8 +122,9 @@ async def test_bad_property_is_rejected_at_start(
     task_producer: Any,
 ) -> None:
     """A bad property from any surface (command line, environment, properties file,
-    properties topic) fails the start with one line naming the property and what is
-    allowed, exit 2, no traceback."""
+    properties topic) fails the start with one line naming the property, what is allowed
+    and where the value is (for the topic, the record that fixes it), exit 2, no
+    traceback."""
     topic = await topic_factory(partitions=1)
     extra: list[str] = []
     env: dict[str, str] = {}
@@ -148,6 +149,15 @@ async def test_bad_property_is_rejected_at_start(
     assert "decaton.partition.concurrency" in message
     if surface != "argv":
         assert "expected an integer >= 1" in message
+    where = {
+        "argv": "(from --property)",
+        "env": "(from the environment)",
+        "file": f"(in the file {tmp_path / 'bad.properties'})",
+        "topic": "in the properties topic",
+    }[surface]
+    assert where in message
+    if surface == "topic":
+        assert "a record with the name as key and no value to remove it" in message
     assert "Traceback" not in text
 
 

@@ -236,6 +236,21 @@ def test_all_start_problems_are_reported_together() -> None:
     assert "decaton.commit.interval.ms" in str(info.value)
 
 
+def test_a_start_problem_names_the_layer_it_is_in() -> None:
+    """With the layers' sources given, each problem says which layer holds it."""
+    with pytest.raises(ConfigError) as info:
+        Properties(
+            {COMMIT_INTERVAL_MS: 100},
+            {"decaton.max.pending.record": 1},
+            {COMMIT_INTERVAL_MS: "-5"},
+            sources=["in the code", "in the topic t", "from the environment"],
+        )
+    message = str(info.value)
+    assert "'decaton.max.pending.records'? (in the topic t)" in message
+    assert "(from the environment)" in message
+    assert "in the code" not in message
+
+
 def test_duplicate_definitions_are_refused() -> None:
     """Two definitions with one name are a programming error caught at start."""
     with pytest.raises(ConfigError, match="defined twice"):
