@@ -200,9 +200,9 @@ class Properties:
         *layers: name-to-value mappings, lowest precedence first.
         definitions: the known definitions; defaults to :data:`BUILTIN_DEFINITIONS`.
             Add your own with ``definitions=(*BUILTIN_DEFINITIONS, MY_DEFINITION)``.
-        sources: where each layer comes from (e.g. ``"the file app.properties"``), in the
-            order of ``layers``: a problem names its layer's. Layers without one are not
-            named.
+        sources: where each layer's values come from, in the order of ``layers`` (e.g.
+            ``"in the file app.properties"``): a problem found in a layer ends with its
+            source in parentheses.
 
     Raises:
         ConfigError: a name is unknown (the message suggests the closest known name),
