@@ -43,7 +43,12 @@ from decaton_aio.cli._supervisor import (
     worker_role,
 )
 from decaton_aio.client_properties import ClusterSettings
-from decaton_aio.consumer import RunOptions, install_event_loop_policy, run_application
+from decaton_aio.consumer import (
+    RunOptions,
+    install_event_loop_policy,
+    load_properties,
+    run_application,
+)
 from decaton_aio.embedded import (
     KAFKA_VERSION,
     BrokerSecurity,
@@ -403,7 +408,26 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         workers = args.workers
         if workers == AUTO and role is None:
             workers = _auto_workers(servers, security, app.topics)
+        consumer = consumer_config(
+            args,
+            servers,
+            app.group,
+            defaults=cluster.client_properties.consumer_fields
+            if cluster.client_properties is not None
+            else None,
+            isolation_level=args.isolation_level,
+            security=security,
+        )
         if workers != 1 and role is None:
+            # Each worker would refuse a bad property at its start, restart after restart:
+            # refused here, once, before any worker starts.
+            layers = RunOptions(
+                consumer,
+                properties=overrides,
+                properties_file=args.properties_file,
+                properties_topic=args.properties_topic,
+            )
+            asyncio.run(load_properties(app, layers))
             return _supervise(args, argv, servers, workers)
         spool_dir, metrics_addr = args.spool_dir, args.metrics_addr
         if role is not None:
@@ -413,16 +437,7 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 spool_dir = spool_dir / f"worker-{role.index}"
             app = worker_application(app, role.index)
         options = RunOptions(
-            consumer=consumer_config(
-                args,
-                servers,
-                app.group,
-                defaults=cluster.client_properties.consumer_fields
-                if cluster.client_properties is not None
-                else None,
-                isolation_level=args.isolation_level,
-                security=security,
-            ),
+            consumer=consumer,
             producer=ProducerConfig(
                 servers,
                 security=security,

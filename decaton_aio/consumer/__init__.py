@@ -6,7 +6,8 @@ partition's records to a ``PartitionProcessor``, which keeps one lane per key an
 on tasks in flight, and a ``WatermarkTracker`` over a completion bitmap, so the committed
 offset never passes an unfinished task. The ``TaskExecutor`` runs a task and turns its
 outcome into a finish, a deferred completion, a retry or a dead letter.
-:func:`run_application` is what ``python -m decaton_aio run`` calls.
+:func:`run_application` is what ``python -m decaton_aio run`` calls; :func:`load_properties`
+is how it checks the runtime properties at start (``run --workers`` before any worker).
 
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
 (lanes, slots, pause), ``_execution`` (a task's outcome), ``_contract`` (what the
@@ -27,7 +28,12 @@ transactions, ``ctx.produce`` delivery) and ``state`` (the state store behind
 from __future__ import annotations
 
 from decaton_aio.consumer._health import HealthCheck, HealthConfig
-from decaton_aio.consumer._runner import RunOptions, install_event_loop_policy, run_application
+from decaton_aio.consumer._runner import (
+    RunOptions,
+    install_event_loop_policy,
+    load_properties,
+    run_application,
+)
 from decaton_aio.consumer._subscription import Subscription, SubscriptionState
 
 __all__ = [
@@ -37,5 +43,6 @@ __all__ = [
     "Subscription",
     "SubscriptionState",
     "install_event_loop_policy",
+    "load_properties",
     "run_application",
 ]

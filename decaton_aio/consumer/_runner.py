@@ -36,6 +36,7 @@ __all__ = [
     "RunOptions",
     "freeze_startup_objects",
     "install_event_loop_policy",
+    "load_properties",
     "run_application",
     "tune_gc",
 ]
@@ -133,6 +134,48 @@ async def _shut_down(app: Application) -> None:
         raise failure
 
 
+_PropertySource = FilePropertySource | KafkaPropertySource
+
+
+async def load_properties(
+    app: Application, options: RunOptions
+) -> tuple[Properties, list[tuple[_PropertySource, str]]]:
+    """``app``'s properties at start from every layer (the application's, the file, the
+    topic, the environment, the command line), checked strictly, and the sources that
+    keep changing them (not started).
+
+    Raises:
+        ConfigError: a property is unknown or a value not allowed; each problem names
+            its layer.
+        BrokerError: the properties topic cannot be read.
+    """
+    environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
+    # Each source with what a start-time problem says of it (the topic's records outlive
+    # the instance that applied or ignored them: the fix is a record, not a restart).
+    sources: list[tuple[_PropertySource, str]] = []
+    if options.properties_file:
+        where = f"in the file {options.properties_file}"
+        sources.append((FilePropertySource(options.properties_file), where))
+    if options.properties_topic:
+        topic = options.properties_topic
+        from_topic = KafkaPropertySource(
+            options.consumer.bootstrap_servers, topic, security=options.consumer.security
+        )
+        where = (
+            f"in the properties topic {topic}: write a valid value for that name there, or "
+            "a record with the name as key and no value to remove it"
+        )
+        sources.append((from_topic, where))
+    layers: list[Mapping[str, Any]] = [app.properties]
+    names = ["in Application(properties=...)"]
+    for source, where in sources:
+        layers.append(await source.load())
+        names.append(where)
+    layers += [properties_from_env(environ), options.properties]
+    names += ["from the environment", "from --property"]
+    return Properties(*layers, sources=names), sources
+
+
 async def run_application(
     app: Application,
     options: RunOptions,
@@ -157,31 +200,7 @@ async def run_application(
         Exception: what a startup or shutdown hook raised.
     """
     tune_gc()
-    environ: Mapping[str, str] = options.environ if options.environ is not None else os.environ
-    # Each source with what a start-time problem says of it (the topic's records outlive
-    # the instance that applied or ignored them: the fix is a record, not a restart).
-    sources: list[tuple[FilePropertySource | KafkaPropertySource, str]] = []
-    if options.properties_file:
-        where = f"in the file {options.properties_file}"
-        sources.append((FilePropertySource(options.properties_file), where))
-    if options.properties_topic:
-        topic = options.properties_topic
-        from_topic = KafkaPropertySource(
-            options.consumer.bootstrap_servers, topic, security=options.consumer.security
-        )
-        where = (
-            f"in the properties topic {topic}: write a valid value for that name there, or "
-            "a record with the name as key and no value to remove it"
-        )
-        sources.append((from_topic, where))
-    layers: list[Mapping[str, Any]] = [app.properties]
-    names = ["in Application(properties=...)"]
-    for source, where in sources:
-        layers.append(await source.load())
-        names.append(where)
-    layers += [properties_from_env(environ), options.properties]
-    names += ["from the environment", "from --property"]
-    properties = Properties(*layers, sources=names)
+    properties, sources = await load_properties(app, options)
     metrics = Metrics()
     subscription = Subscription(
         app, options.consumer, producer=options.producer, properties=properties, metrics=metrics

@@ -322,3 +322,29 @@ async def test_auto_with_a_missing_topic_runs_one_worker_per_cpu(
     await eventually(lambda: len(sup.ended()) >= 20, "the tasks of the topic created later", 90)
     sup.proc.send_signal(signal.SIGINT)
     assert await sup.wait() == 0
+
+
+async def test_a_bad_property_is_refused_once_before_any_worker_starts(
+    tmp_path: Path, topic_factory: Any, start_supervisor: Callable[..., Awaitable[Supervisor]]
+) -> None:
+    """A property every worker would refuse at its start (from the command line and from
+    a properties file here) ends `run --workers` at once: exit 2, one line naming each
+    problem and where it is, no worker started (none restarted again and again)."""
+    topic = await topic_factory(partitions=1)
+    bad = tmp_path / "bad.properties"
+    bad.write_text("decaton.commit.interval.ms=-5\n")
+    sup = await start_supervisor(
+        topic,
+        "bad-property",
+        *("--workers", "2", "--property", "decaton.partition.concurrency=-1"),
+        *("--properties-file", str(bad)),
+    )
+    code = await sup.wait(30)
+    assert code == 2
+    errors = [line for line in sup.lines if line.startswith("decaton-aio:")]
+    assert len(errors) == 1, sup.lines
+    assert "decaton.partition.concurrency" in errors[0]
+    assert "(from --property)" in errors[0]
+    assert "decaton.commit.interval.ms" in errors[0]
+    assert f"(in the file {bad})" in errors[0]
+    assert not sup.events("worker started")
