@@ -325,8 +325,9 @@ class FairRun:
                 self.capacity.setdefault(contender, self.capacity[like])
         order = [c for c in contenders if c in self.capacity]
         rounds: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in order}
+        again = {*JUDGED_LADDERS, *ON_REQUEST}
         for round_no in range(self.sizes.ladder_rounds):
-            this = [c for c in order if round_no == 0 or c in (*JUDGED_LADDERS, *ON_REQUEST)]
+            this = [c for c in order if round_no == 0 or c in again]
             self.rng.shuffle(this)
             for contender in this:
                 label = f"round{round_no + 1}" if round_no else ""

@@ -237,6 +237,7 @@ _JAVA_PEERS = ("decaton-threads", "decaton-virtual", "parallel-consumer")
 ALL = ("ours", "ours-auto", *_PYTHON_PEERS, *_JAVA_PEERS)
 #: Options of ours measured only when named (``--contenders``): S1-S3 and the ladder.
 ON_REQUEST = ("ours-keyshare",)
+_ALL_AND_OPTIONS = (*ALL, *ON_REQUEST)
 
 
 @dataclass(frozen=True)
@@ -298,19 +299,19 @@ def plan(quick: bool) -> tuple[Sizes, list[Scenario]]:
         Scenario(
             "S1",
             "I/O bound: 10 ms asyncio.sleep per task, 10,000 keys, 3 partitions",
-            (*ALL, *ON_REQUEST),
+            _ALL_AND_OPTIONS,
         ),
-        Scenario("S2", "no-op tasks, 10,000 keys, 3 partitions", (*ALL, *ON_REQUEST), sleep_ms=0),
+        Scenario("S2", "no-op tasks, 10,000 keys, 3 partitions", _ALL_AND_OPTIONS, sleep_ms=0),
         Scenario(
             "S3",
             "outliers: as S1, 1% of tasks (random keys) take 500 ms",
-            (*ALL, *ON_REQUEST),
+            _ALL_AND_OPTIONS,
             slow_ratio=0.01,
         ),
         Scenario(
             "L",
             "latency: paced at shares of each contender's S1 capacity, produce-to-done",
-            (*ALL, *ON_REQUEST, "reader"),
+            (*_ALL_AND_OPTIONS, "reader"),
         ),
         Scenario(
             "S1-P96",

@@ -21,28 +21,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import signal
 import sys
 import zlib
 
 from bench.body import Body
+from bench.scenarios import Scenario
 from bench.workload import RunSpec
+from decaton_aio.cli._supervisor import usable_cpus
+from decaton_aio.properties import IGNORE_KEYS
 
 __all__ = ["KEYS", "main", "share_commands", "share_of"]
 
-#: The benchmark's ordinary keys (``bench.scenarios.Scenario.keys``, S1 and the ladder).
-KEYS = 10_000
-IGNORE = "decaton.ignore.keys"
+#: The benchmark's ordinary keys (S1 and the ladder).
+KEYS = Scenario.keys
+IGNORE = IGNORE_KEYS.name
 
 
 def share_of(key: bytes, shares: int) -> int:
     """The share (process) a key's tasks run in."""
     return zlib.crc32(key) % shares
-
-
-def _usable_cpus() -> int:
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 def share_commands(spec: RunSpec, shares: int, python: str) -> list[list[str]]:
@@ -62,7 +60,7 @@ def share_commands(spec: RunSpec, shares: int, python: str) -> list[list[str]]:
 
 async def main(spec: RunSpec, body: Body) -> None:
     options = dict(spec.options)
-    shares = int(options.pop("shares", _usable_cpus()))
+    shares = int(options.pop("shares", usable_cpus()))
     spec = dataclasses.replace(spec, options=options)
     procs = [
         await asyncio.create_subprocess_exec(*argv)

@@ -421,13 +421,13 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         if workers != 1 and role is None:
             # Each worker would refuse a bad property at its start, restart after restart:
             # refused here, once, before any worker starts.
-            layers = RunOptions(
+            sources = RunOptions(
                 consumer,
                 properties=overrides,
                 properties_file=args.properties_file,
                 properties_topic=args.properties_topic,
             )
-            asyncio.run(load_properties(app, layers))
+            asyncio.run(load_properties(app, sources))
             return _supervise(args, argv, servers, workers)
         spool_dir, metrics_addr = args.spool_dir, args.metrics_addr
         if role is not None:

@@ -4,11 +4,14 @@ endpoint over the workers' metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
 import re
+import signal
 import socket
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from decaton_aio.cli._supervisor import (
     WORKER_ENV_VAR,
     SupervisorConfig,
     WorkerRole,
+    _Supervisor,
     choose_workers,
     parse_workers,
     usable_cpus,
@@ -364,12 +368,6 @@ async def test_a_worker_ended_by_the_signal_it_was_forwarded_has_stopped_cleanly
     """A worker still starting when the shutdown's signal arrives (its handler not set
     yet) dies of that signal: a clean stop, not a failure of the supervisor. A worker
     that ends otherwise keeps its exit code."""
-    import asyncio
-    import signal
-    import sys
-
-    from decaton_aio.cli._supervisor import _Supervisor
-
     # The default action of SIGTERM ends the process by it; SIGINT's handler is set.
     ready = tmp_path / "ready"
     os.mkfifo(ready)  # the worker writes to it once its handler is set
