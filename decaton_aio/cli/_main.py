@@ -265,8 +265,8 @@ def _build_parser() -> _Parser:
         action="store_true",
         default=environment.EXACTLY_ONCE.get(None, "").lower() in ("1", "true", "yes"),
         help="commit each interval's outputs, offsets and checkpoints in one transaction per "
-        "instance, all its partitions together (needs checkpoints and a broker with transactions; also "
-        "processing.guarantee=exactly_once_v2 in --client-properties; env "
+        "instance, all its partitions together (needs checkpoints and a broker with "
+        "transactions; also processing.guarantee=exactly_once_v2 in --client-properties; env "
         "DECATON_AIO_EXACTLY_ONCE=1)",
     )
     add_producer_arguments(run)
