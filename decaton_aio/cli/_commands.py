@@ -59,7 +59,13 @@ from decaton_aio.embedded import (
 )
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.offsets import group_positions
-from decaton_aio.producer import ProducerConfig, TaskProducer, summarize_spool
+from decaton_aio.producer import (
+    ProducerConfig,
+    TaskProducer,
+    gather_for_workers,
+    summarize_spool,
+    worker_spool,
+)
 from decaton_aio.properties import parse_assignments
 from decaton_aio.retry import RetryConfig
 from decaton_aio.security import SecuritySettings
@@ -428,13 +434,15 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 properties_topic=args.properties_topic,
             )
             asyncio.run(load_properties(app, sources))
+            if args.spool_dir is not None:
+                _gather_spools(args.spool_dir, workers)
             return _supervise(args, argv, servers, workers)
         spool_dir, metrics_addr = args.spool_dir, args.metrics_addr
         if role is not None:
             structlog.contextvars.bind_contextvars(worker=role.index)
             role.watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM))
             if spool_dir is not None:  # a spool belongs to one process
-                spool_dir = spool_dir / f"worker-{role.index}"
+                spool_dir = worker_spool(spool_dir, role.index)
             app = worker_application(app, role.index)
         options = RunOptions(
             consumer=consumer,
@@ -510,6 +518,23 @@ async def partition_counts(
         for d in described
         if d.get("topic") in wanted and d.get("error_code", 0) == 0
     }
+
+
+def _gather_spools(directory: Path, workers: int) -> None:
+    """Hand what no worker of this run would deliver (a spool left by a run with another
+    worker count) to worker 1's spool."""
+    moved, busy = gather_for_workers(directory, workers)
+    if moved:
+        log.info(
+            "spools of a run with another worker count go to worker 1's spool",
+            spool_dir=str(directory),
+            entries=moved,
+        )
+    if busy:
+        log.warning(
+            "spools below the spool directory are in use by another process; left to it",
+            in_use=[str(path) for path in busy],
+        )
 
 
 def _supervise(args: argparse.Namespace, argv: Sequence[str], servers: str, workers: int) -> int:

@@ -18,7 +18,7 @@ from decaton_aio.producer._client import start_client, stop_client
 from decaton_aio.producer._config import COMPRESSION_TYPES, Idempotence, ProducerConfig
 from decaton_aio.producer._inflight import RecordLocation
 from decaton_aio.producer._sender import DurableSender, SenderMode
-from decaton_aio.producer._spool_files import SpoolSummary
+from decaton_aio.producer._spool_files import SpoolSummary, gather_for_workers, worker_spool
 from decaton_aio.producer._spool_files import summarize as summarize_spool
 from decaton_aio.producer._spool_format import SPOOL_FORMAT_VERSION, SpoolEntry
 from decaton_aio.producer._task_producer import TaskProducer
@@ -34,7 +34,9 @@ __all__ = [
     "SpoolEntry",
     "SpoolSummary",
     "TaskProducer",
+    "gather_for_workers",
     "start_client",
     "stop_client",
     "summarize_spool",
+    "worker_spool",
 ]

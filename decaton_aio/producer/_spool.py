@@ -142,6 +142,8 @@ class Spool:
         """Create the directory, take its lock, and find segments left by earlier runs.
 
         Those segments are replayed first, oldest first; this run appends to new ones.
+        Segments of worker spools below the directory (``worker-<n>``, left by ``run
+        --workers``) that no process holds are taken over and replayed after them.
 
         Raises:
             ConfigError: another producer (process or object) uses the directory.
@@ -153,9 +155,13 @@ class Spool:
             await asyncio.to_thread(self._dir.mkdir, parents=True, exist_ok=True)
             self._lock_fd = await asyncio.to_thread(spool_files.lock, self._dir)
             found = await asyncio.to_thread(spool_files.scan, self._dir)
+            next_seq = found[-1].seq + 1 if found else 1
+            workers = await asyncio.to_thread(spool_files.worker_spools, self._dir)
+            adopted, busy = await asyncio.to_thread(spool_files.adopt, self._dir, workers, next_seq)
         except OSError as exc:
             self._release_lock()
             raise ProducerError(f"cannot open the spool directory {self._dir}: {exc}") from exc
+        found += adopted
         self._sealed.extend(found)
         if found:
             self._next_seq = found[-1].seq + 1
@@ -164,6 +170,13 @@ class Spool:
                 spool_dir=str(self._dir),
                 segments=len(found),
                 entries=sum(seg.lines for seg in found),
+                taken_from_workers=sum(seg.lines for seg in adopted),
+            )
+        if busy:
+            log.info(
+                "the spools of running workers below this one are left to them",
+                spool_dir=str(self._dir),
+                in_use=[str(path) for path in busy],
             )
         self._opened = True
 
@@ -271,7 +284,7 @@ class Spool:
             active = None
         if active is None:
             seq, self._next_seq = self._next_seq, self._next_seq + 1
-            active = self._active = Segment(seq, self._dir / f"spool-{seq:012d}.jsonl")
+            active = self._active = Segment(seq, self._dir / Segment.name(seq))
         handle = self._active_handle
         try:
             self._active_handle = await asyncio.to_thread(_write_durably, handle, active.path, data)

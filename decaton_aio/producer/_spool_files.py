@@ -7,6 +7,13 @@ Directory layout::
       spool-000000000001.jsonl    segments, oldest first (the number grows)
       spool-000000000001.corrupt  lines of that segment that could not be parsed
       spool-000000000001.rejected entries the broker refused for good (e.g. too large)
+      worker-1/ ...               the spools of ``run --workers N`` (one per worker), each
+                                  laid out the same way
+
+A spool takes over the segments of spools no process holds when it opens
+(:func:`adopt`): a spool on ``D`` those of ``D/worker-<n>``, and before ``run --workers N``
+starts its workers, ``D/worker-1`` those of ``D`` and of ``D/worker-<n>`` for n > N
+(:func:`gather_for_workers`). A spool left by a run with other settings is so delivered by the next.
 
 :class:`~decaton_aio.producer._spool.Spool` runs these functions in worker threads
 (``asyncio.to_thread``); each touches only what it is given. They write durably (data,
@@ -41,16 +48,21 @@ except ImportError:  # pragma: no cover - not POSIX: no cross-process guard
 __all__ = [
     "LOCK_NAME",
     "SEGMENT_RE",
+    "WORKER_SPOOL_RE",
     "Segment",
+    "adopt",
     "append_lines",
     "append_rejected",
     "delete",
     "fsync_dir",
+    "gather_for_workers",
     "lock",
     "move_aside",
     "read_segment",
     "scan",
     "summarize",
+    "worker_spool",
+    "worker_spools",
     "write_durably",
 ]
 
@@ -58,6 +70,8 @@ SEGMENT_RE: Final = re.compile(r"^spool-(\d{12})\.jsonl$")
 """The name of a segment file; the number grows with each new segment."""
 LOCK_NAME: Final = ".lock"
 """The file ``flock``-ed by the one spool using a directory."""
+WORKER_SPOOL_RE: Final = re.compile(r"^worker-(\d+)$")
+"""The name of the spool directory of ``run --workers``' worker n, below the run's own."""
 
 
 @dataclass(eq=False)
@@ -68,6 +82,11 @@ class Segment:
     path: Path
     lines: int = 0
     nbytes: int = 0
+
+    @staticmethod
+    def name(seq: int) -> str:
+        """The file name of segment number ``seq``."""
+        return f"spool-{seq:012d}.jsonl"
 
     def aside(self, suffix: str) -> Path:
         """The file next to the segment where its lines are moved aside (``.corrupt``...)."""
@@ -163,16 +182,105 @@ class SpoolSummary:
 
 
 def summarize(directory: Path) -> SpoolSummary:
-    """Read what ``directory`` holds without taking its lock (a producer using it may be
-    changing it meanwhile). A missing directory holds nothing."""
+    """Read what ``directory`` holds, the spools of its workers included, without taking a
+    lock (a producer using it may be changing it meanwhile). A missing directory holds
+    nothing."""
     if not directory.is_dir():
         return SpoolSummary(0, None)
-    segments = scan(directory)
-    for segment in segments:
-        entries, _ = read_segment(segment.path)
-        if entries:
-            return SpoolSummary(sum(s.lines for s in segments), entries[0].spooled_at_ms)
-    return SpoolSummary(sum(s.lines for s in segments), None)
+    entries, oldest = 0, None
+    for spool in (directory, *worker_spools(directory)):
+        segments = scan(spool)
+        entries += sum(s.lines for s in segments)
+        for segment in segments:
+            readable, _ = read_segment(segment.path)
+            if readable:
+                first = readable[0].spooled_at_ms
+                oldest = first if oldest is None else min(oldest, first)
+                break
+    return SpoolSummary(entries, oldest)
+
+
+def worker_spools(directory: Path) -> list[Path]:
+    """The spools of ``run --workers``' workers below ``directory``, by worker number."""
+    if not directory.is_dir():
+        return []
+    found = [
+        child
+        for child in directory.iterdir()
+        if WORKER_SPOOL_RE.match(child.name) is not None and child.is_dir()
+    ]
+    return sorted(found, key=_worker_number)
+
+
+def adopt(
+    directory: Path, sources: Sequence[Path], next_seq: int
+) -> tuple[list[Segment], list[Path]]:
+    """Move the segments of the spools in ``sources`` into ``directory``, numbered on from
+    ``next_seq`` in their order; returns them, and the sources another producer holds
+    (left as they are).
+
+    The caller holds ``directory``'s lock. Each segment is renamed, so an entry is in
+    exactly one spool at every moment, a crash included; the ``.corrupt`` and
+    ``.rejected`` files stay where they are.
+    """
+    adopted: list[Segment] = []
+    busy: list[Path] = []
+    for source in sources:
+        try:
+            fd = lock(source)
+        except ConfigError:
+            busy.append(source)
+            continue
+        try:
+            moved = []
+            for segment in scan(source):
+                target = directory / Segment.name(next_seq)
+                os.rename(segment.path, target)
+                moved.append(Segment(next_seq, target, segment.lines, segment.nbytes))
+                next_seq += 1
+            if moved:
+                fsync_dir(directory)
+                fsync_dir(source)
+            adopted.extend(moved)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return adopted, busy
+
+
+def worker_spool(directory: Path, worker: int) -> Path:
+    """The spool of ``run --workers``' worker number ``worker`` below ``directory``."""
+    return directory / f"worker-{worker}"
+
+
+def gather_for_workers(directory: Path, workers: int) -> tuple[int, list[Path]]:
+    """Before ``run --workers N`` starts its workers: worker 1's spool takes over the
+    segments no worker of this run would deliver, those of ``directory`` itself (left by
+    a run of one process) and of ``worker-<n>`` for n > N (left by a run of more workers),
+    by :func:`adopt` under its lock. Returns how many entries moved, and the spools
+    another producer holds (left as they are).
+
+    Raises:
+        ConfigError: another producer uses worker 1's spool.
+    """
+    target = worker_spool(directory, 1)
+    target.mkdir(parents=True, exist_ok=True)
+    sources = [directory]
+    sources += [path for path in worker_spools(directory) if _worker_number(path) > workers]
+    fd = lock(target)
+    try:
+        found = scan(target)
+        adopted, busy = adopt(target, sources, found[-1].seq + 1 if found else 1)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return sum(s.lines for s in adopted), busy
+
+
+def _worker_number(path: Path) -> int:
+    match = WORKER_SPOOL_RE.match(path.name)
+    assert match is not None
+    return int(match.group(1))
 
 
 def lock(directory: Path) -> int | None:

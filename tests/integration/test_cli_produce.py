@@ -137,3 +137,33 @@ async def test_a_spool_left_by_one_run_is_delivered_by_the_next(
     )
     assert third.returncode == 0, third.stderr
     assert third.stdout == ""
+
+
+async def test_replay_only_delivers_the_spools_run_workers_left(
+    kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path
+) -> None:
+    """``run --workers 3 --spool-dir D`` keeps a spool per worker in D/worker-<n>; a later
+    ``produce --spool-dir D --replay-only`` counts and delivers them (it used to look at
+    D alone, print nothing and exit 0 with the tasks still on disk)."""
+    topic = await topic_factory(partitions=1)
+    spool = tmp_path / "spool"
+    for worker, first in ((2, 0), (3, 10)):
+        tasks = tmp_path / f"tasks-{worker}.jsonl"
+        tasks.write_text("".join(f'{{"key": "k", "task": {n}}}\n' for n in range(first, first + 5)))
+        left = await asyncio.to_thread(
+            _produce_cli, "--topic", topic, "--spool-dir", str(spool / f"worker-{worker}"),
+            "--bootstrap-servers", "127.0.0.1:1", "--file", str(tasks), "--drain-timeout-s", "0",
+        )  # fmt: skip
+        assert left.returncode == 69, left.stderr
+    assert summarize_spool(spool).entries == 10
+
+    replay = await asyncio.to_thread(
+        _produce_cli, "--topic", topic, "--spool-dir", str(spool),
+        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--replay-only",
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"spool {spool}: 10 tasks left by an earlier run" in replay.stdout
+    assert f"delivered 10 tasks from the spool {spool}" in replay.stdout
+    assert summarize_spool(spool).entries == 0
+    records = await read_records(kafka_broker.bootstrap_servers, topic, 10)
+    assert sorted(json.loads(r.value) for r in records) == [*range(5), *range(10, 15)]

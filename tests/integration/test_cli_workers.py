@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from decaton_aio.cli._supervisor import choose_workers, usable_cpus
+from decaton_aio.producer import summarize_spool
 from decaton_aio.testing import BrokerHandle, committed_offsets
 
 pytestmark = pytest.mark.integration
@@ -348,3 +349,33 @@ async def test_a_bad_property_is_refused_once_before_any_worker_starts(
     assert "decaton.commit.interval.ms" in errors[0]
     assert f"(in the file {bad})" in errors[0]
     assert not sup.events("worker started")
+
+
+async def test_a_spool_left_by_a_run_of_one_process_is_delivered_by_the_workers(
+    tmp_path: Path,
+    kafka_broker: BrokerHandle,
+    topic_factory: Any,
+    start_supervisor: Callable[..., Awaitable[Supervisor]],
+) -> None:
+    """Tasks a run of one process left in its spool D (the cluster away) are delivered by
+    a later ``run --workers 2 --spool-dir D``: worker 1 takes them over before the workers
+    start (the workers' own spools are D/worker-<n>), and the workers run them."""
+    topic = await topic_factory(partitions=2)
+    spool = tmp_path / "spool"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"key": "k{n}", "task": {{"sleep_s": 0}}}}\n' for n in range(6)))
+    argv = [sys.executable, "-m", "decaton_aio", "produce", "--topic", topic]
+    argv += ["--spool-dir", str(spool), "--file", str(tasks)]
+    argv += ["--bootstrap-servers", "127.0.0.1:1", "--drain-timeout-s", "0"]
+    left = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL)
+    assert await left.wait() == 69
+    assert summarize_spool(spool).entries == 6
+
+    group = f"workers-{uuid.uuid4().hex[:8]}"
+    sup = await start_supervisor(topic, group, "--workers", "2", "--spool-dir", str(spool))
+    await eventually(lambda: len(sup.ended()) == 6, "the 6 spooled tasks run", 90)
+    (handed,) = sup.events("spools of a run with another worker count go to worker 1's spool")
+    assert handed["entries"] == 6
+    assert summarize_spool(spool).entries == 0
+    sup.proc.send_signal(signal.SIGTERM)
+    assert await sup.wait() == 0

@@ -13,7 +13,12 @@ from structlog.testing import capture_logs
 from decaton_aio.errors import ConfigError, ProducerError
 from decaton_aio.producer import _spool as spool_module
 from decaton_aio.producer._spool import Spool, SpoolEntry
-from decaton_aio.producer._spool_files import SpoolSummary, summarize
+from decaton_aio.producer._spool_files import (
+    SpoolSummary,
+    gather_for_workers,
+    summarize,
+    worker_spool,
+)
 
 
 def entry(n: int, *, key: bytes | None = b"k", topic: str = "orders") -> SpoolEntry:
@@ -326,3 +331,81 @@ async def test_a_summary_counts_the_entries_and_dates_the_oldest(tmp_path: Path)
     (first,) = segments(directory)
     first.write_bytes(b"not json\n" + first.read_bytes())  # a corrupt first line
     assert summarize(directory) == SpoolSummary(4, items[0].spooled_at_ms)
+
+
+async def delivered(spool: Spool) -> list[SpoolEntry]:
+    """Every entry of ``spool``, in the order a replay delivers them (each removed)."""
+    found: list[SpoolEntry] = []
+    while batch := await spool.pending(100):
+        found += batch
+        await spool.remove(batch)
+    return found
+
+
+async def left_in(directory: Path, items: list[SpoolEntry]) -> None:
+    """A spool on ``directory`` closed with ``items`` undelivered (a run that ended)."""
+    spool = Spool(directory)
+    await spool.open()
+    for item in items:
+        await spool.append(item)
+    await spool.close()
+
+
+async def test_a_spool_takes_over_the_spools_its_workers_left(tmp_path: Path) -> None:
+    """A run of one process on D delivers what ``run --workers`` left in D/worker-<n>:
+    after its own entries, worker by worker; a worker spool another process holds stays
+    with it, and the summary counts every one."""
+    directory = tmp_path / "spool"
+    own, second, tenth, held = (
+        [entry(n, topic=t) for n in range(first, first + 2)]
+        for first, t in ((0, "own"), (10, "second"), (20, "tenth"), (30, "held"))
+    )
+    await left_in(directory, own)
+    await left_in(directory / "worker-10", tenth)
+    await left_in(directory / "worker-2", second)
+    running = Spool(directory / "worker-3")
+    await running.open()
+    for item in held:
+        await running.append(item)
+    assert summarize(directory) == SpoolSummary(8, own[0].spooled_at_ms)
+
+    opened = Spool(directory)
+    await opened.open()
+    try:
+        assert opened.size == 6
+        assert segments(directory / "worker-2") == segments(directory / "worker-10") == []
+        assert await delivered(opened) == [*own, *second, *tenth]
+        assert opened.is_empty()
+    finally:
+        await opened.close()
+        await running.close()
+    assert summarize(directory) == SpoolSummary(2, held[0].spooled_at_ms)
+    assert summarize(directory / "worker-3") == SpoolSummary(2, held[0].spooled_at_ms)
+
+
+async def test_worker_1_takes_over_what_no_worker_of_the_run_would_deliver(
+    tmp_path: Path,
+) -> None:
+    """Before ``run --workers 2`` starts, worker 1's spool takes D's own segments (a run of
+    one process) and those of D/worker-3 (a run of more workers), after what it had;
+    worker 2's spool is its own."""
+    directory = tmp_path / "spool"
+    mine, own, third, second = (
+        [entry(n) for n in range(first, first + 2)] for first in (0, 10, 20, 30)
+    )
+    await left_in(directory, own)  # first: a spool on D would take over D/worker-1's
+    await left_in(directory / "worker-1", mine)
+    await left_in(directory / "worker-3", third)
+    await left_in(directory / "worker-2", second)
+
+    assert gather_for_workers(directory, 2) == (4, [])
+    assert segments(directory) == segments(directory / "worker-3") == []
+    first = Spool(worker_spool(directory, 1))
+    await first.open()
+    try:
+        assert await delivered(first) == [*mine, *own, *third]
+    finally:
+        await first.close()
+    assert summarize(directory / "worker-2") == SpoolSummary(2, second[0].spooled_at_ms)
+    # Nothing left to hand over: a second start moves nothing.
+    assert gather_for_workers(directory, 2) == (0, [])
