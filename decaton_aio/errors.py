@@ -8,6 +8,9 @@ Every error the library raises on purpose derives from :class:`DecatonError`::
      |    +-- SecurityError     TLS or SASL failed: untrusted certificate, wrong password
      +-- DecodeError            a record's body or ``dt_meta`` header cannot be decoded
      +-- ProducerError          a task could not be delivered to the broker
+     |    +-- AccessDeniedError     the cluster refused the credentials or an ACL
+     |    +-- RecordRejectedError   the record can never be taken as it is
+     |    +-- MissingTopicError     no such topic on a cluster that does not create one
      +-- ProcessingError        a processor failed a task
 
 Each class carries ``retriable``: whether doing the same thing again may succeed.
@@ -22,6 +25,7 @@ __all__ = [
     "ConfigError",
     "DecatonError",
     "DecodeError",
+    "MissingTopicError",
     "ProcessingError",
     "ProducerError",
     "RecordRejectedError",
@@ -86,6 +90,11 @@ class RecordRejectedError(ProducerError):
     cannot work."""
 
     retriable = False
+
+
+class MissingTopicError(ProducerError):
+    """The cluster answers but has no such topic (or this principal may not describe it),
+    and does not create topics on first use: create the topic or correct its name."""
 
 
 class ProcessingError(DecatonError):

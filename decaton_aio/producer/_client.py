@@ -7,8 +7,8 @@ turning idempotence off with one warning where the cluster refuses it and the se
 leave it to the cluster), stops it without hanging on a broker
 that is gone (:func:`stop_client`), and sorts the client's errors: the cluster's fault, so
 the record can be spooled and sent later (:func:`is_spoolable`); the record's own fault, so
-sending it again can never work (:data:`RECORD_ERRORS`); or an error the caller gets
-(:func:`producer_error`).
+sending it again can never work (:data:`RECORD_ERRORS`); a topic the cluster does not have
+(:func:`missing_topic`); or an error the caller gets (:func:`producer_error`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,16 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
     UnknownError,
+    UnknownTopicOrPartitionError,
 )
 
 from decaton_aio._connect import diagnose
-from decaton_aio.errors import AccessDeniedError, ProducerError, RecordRejectedError
+from decaton_aio.errors import (
+    AccessDeniedError,
+    MissingTopicError,
+    ProducerError,
+    RecordRejectedError,
+)
 
 if TYPE_CHECKING:
     from decaton_aio.producer._config import ProducerConfig
@@ -49,6 +55,7 @@ __all__ = [
     "UnreachableError",
     "is_idempotent",
     "is_spoolable",
+    "missing_topic",
     "producer_error",
     "start_client",
     "stop_client",
@@ -115,6 +122,29 @@ def is_spoolable(exc: BaseException) -> bool:
     if isinstance(exc, ACCESS_ERRORS):
         return False
     return isinstance(exc, KafkaError) and bool(exc.retriable)
+
+
+async def missing_topic(client: Any, topic: str, exc: BaseException) -> MissingTopicError | None:
+    """The error for a record the client did not take because ``topic`` does not exist.
+
+    aiokafka gives up waiting for a topic's metadata with the same error whether the
+    cluster is away or answers without the topic. A cluster that does not create topics on
+    first use answers without it for good: the record is then neither spooled nor does it
+    hold up a spool's replay. One metadata request tells the two apart; ``None`` when
+    ``exc`` is another error, or the cluster does not answer or has the topic now.
+    """
+    if not isinstance(exc, UnknownTopicOrPartitionError):
+        return None
+    try:
+        metadata = await client.client.fetch_all_metadata()
+    except (TimeoutError, KafkaError, OSError):
+        return None
+    if topic in metadata.topics(exclude_internal_topics=False):
+        return None
+    return MissingTopicError(
+        f"the cluster has no topic {topic!r} (or this principal may not describe it) and "
+        "does not create topics on first use: create the topic or correct its name"
+    )
 
 
 def producer_error(exc: BaseException, topic: str, *, idempotence: bool) -> ProducerError:

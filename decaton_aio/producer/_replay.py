@@ -33,8 +33,8 @@ import structlog
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from decaton_aio.backoff import compute_backoff
-from decaton_aio.errors import ProducerError
-from decaton_aio.producer._client import RECORD_ERRORS
+from decaton_aio.errors import MissingTopicError, ProducerError
+from decaton_aio.producer._client import RECORD_ERRORS, missing_topic
 from decaton_aio.producer._inflight import PendingRecord, RecordLocation, Settlement
 from decaton_aio.producer._spool import Spool, SpoolEntry
 
@@ -194,7 +194,12 @@ class Replayer:
         sent: list[tuple[SpoolEntry, asyncio.Future[Any]]] = []
         rejected: list[tuple[SpoolEntry, BaseException]] = []
         stopped: BaseException | None = None
+        missing: dict[str, MissingTopicError] = {}
         for entry in entries:
+            gone = missing.get(entry.topic)
+            if gone is not None:
+                rejected.append((entry, gone))
+                continue
             try:
                 future = await client.send(
                     entry.topic,
@@ -207,6 +212,13 @@ class Replayer:
             except KafkaError as exc:
                 if isinstance(exc, RECORD_ERRORS):
                     rejected.append((entry, exc))
+                    continue
+                # A topic the cluster does not have would hold up every other topic's
+                # records, round after round: its records are set aside too.
+                gone = await missing_topic(client, entry.topic, exc)
+                if gone is not None:
+                    missing[entry.topic] = gone
+                    rejected.append((entry, gone))
                     continue
                 # No metadata within request_timeout_ms: the cluster is still away, and
                 # every further send would wait as long.
@@ -242,13 +254,22 @@ class Replayer:
                     blocked.add(lane)
         await spool.remove(delivered)
         for entry, error in rejected:
-            log.error(
-                "the broker refused a spooled record for good; moved to the .rejected file",
-                topic=entry.topic,
-                spool_id=entry.id,
-                error=repr(error),
-            )
+            if not isinstance(error, MissingTopicError):
+                log.error(
+                    "the broker refused a spooled record for good; moved to the .rejected file",
+                    topic=entry.topic,
+                    spool_id=entry.id,
+                    error=repr(error),
+                )
             await spool.reject([entry], repr(error))
+        for topic, error in missing.items():
+            log.error(
+                "spooled records for a topic the cluster does not have; moved to the "
+                ".rejected file (docs/producer.md says how to deliver them once it exists)",
+                topic=topic,
+                records=sum(1 for entry, _ in rejected if entry.topic == topic),
+                error=str(error),
+            )
         if failure is not None:
             log.warning(
                 "spool replay round incomplete; backing off",

@@ -59,6 +59,7 @@ from decaton_aio.producer._client import (
     UnreachableError,
     is_idempotent,
     is_spoolable,
+    missing_topic,
     producer_error,
     start_client,
     stop_client,
@@ -292,6 +293,10 @@ class DurableSender:
         except KafkaError as exc:
             # No metadata or no buffer space within request_timeout_ms: the client gave
             # up before it even took the record.
+            missing = await missing_topic(client, topic, exc)
+            if missing is not None:
+                self._settlement.settle_one()
+                raise missing from exc
             if self._spool is not None and is_spoolable(exc):
                 self._enter_spooling(exc)
                 self._spool_item(item)

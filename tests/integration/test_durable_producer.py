@@ -20,8 +20,15 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from structlog.testing import capture_logs
 
-from decaton_aio import METADATA_HEADER, BytesSerializer, ProducerError, decode_metadata
+from decaton_aio import (
+    METADATA_HEADER,
+    BytesSerializer,
+    MissingTopicError,
+    ProducerError,
+    decode_metadata,
+)
 from decaton_aio.embedded import EmbeddedBroker, find_free_port
 from decaton_aio.offsets import topic_partitions
 from decaton_aio.producer import (
@@ -442,3 +449,42 @@ async def test_config_and_argument_errors_are_clear(tmp_path: Path) -> None:
             await DurableSender(durable_config(dead, tmp_path / "spool")).start()
     with pytest.raises(ProducerError, match="cannot reach the cluster"):
         await DurableSender(ProducerConfig(dead, idempotence=False)).start()
+
+
+@own_broker
+async def test_a_topic_the_cluster_does_not_have_never_holds_up_the_spool(tmp_path: Path) -> None:
+    """On a cluster that does not create topics on first use: records spooled (while it
+    was away) for a topic it does not have are moved to the ``.rejected`` file, once,
+    and the other topics' records after them are delivered; a send for such a topic then
+    fails with MissingTopicError, which says what to do, and is not spooled."""
+    port = find_free_port()
+    servers = f"127.0.0.1:{port}"
+    spool_dir = tmp_path / "spool"
+    async with DurableSender(durable_config(servers, spool_dir)) as away:
+        for n in range(2):
+            assert (await away.send("no-such-topic", b"typo-%d" % n, key=b"k")).spooled
+        for n in range(3):
+            assert (await away.send("orders", b"order-%d" % n, key=b"k")).spooled
+
+    broker = EmbeddedBroker(port=port, settings={"auto.create.topics.enable": "false"})
+    broker.start()
+    try:
+        await create_topic(servers, name="orders", partitions=1)
+        with capture_logs() as logs:
+            async with DurableSender(durable_config(servers, spool_dir)) as sender:
+                await sender.wait_drained(timeout_s=60)
+                assert sender.mode is SenderMode.DIRECT
+                with pytest.raises(MissingTopicError, match="create the topic or correct"):
+                    await sender.send("no-such-topic", b"typo-2", key=b"k")
+                assert sender.mode is SenderMode.DIRECT
+                assert sender.spool_size == 0
+        records = await read_records(servers, "orders", 3)
+        assert [r.value for r in records] == [b"order-0", b"order-1", b"order-2"]
+        (rejected,) = spool_dir.glob("*.rejected")
+        lines = [json.loads(line) for line in rejected.read_text().splitlines()]
+        assert [line["topic"] for line in lines] == ["no-such-topic"] * 2
+        assert all("MissingTopicError" in line["error"] for line in lines)
+        (set_aside,) = [e for e in logs if "topic the cluster does not have" in e["event"]]
+        assert (set_aside["topic"], set_aside["records"]) == ("no-such-topic", 2)
+    finally:
+        broker.stop()

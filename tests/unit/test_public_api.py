@@ -37,6 +37,7 @@ EXPECTED = {
     "DecatonError",
     "DecodeError",
     "DurableSender",
+    "MissingTopicError",
     "EmbeddedBroker",
     "JsonSerializer",
     "KeyState",
