@@ -273,6 +273,31 @@ async def test_rejected_entries_are_moved_aside_with_the_error(spool: Spool) -> 
     assert rejected["error"] == "MessageSizeTooLargeError()"
 
 
+async def test_a_rejected_file_renamed_to_a_segment_is_delivered_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """What the producer docs tell an operator once a missing topic exists: the
+    .rejected file, renamed to an unused segment name, is replayed (its error field
+    ignored)."""
+    directory = tmp_path / "spool"
+    spool = Spool(directory)
+    await spool.open()
+    items = [entry(n) for n in range(2)]
+    for item in items:
+        path = await spool.append(item)
+    await spool.reject(await spool.pending(10), "MissingTopicError('no topic')")
+    await spool.close()
+    assert segments(directory) == []
+    path.with_suffix(".rejected").rename(directory / "spool-000000000900.jsonl")
+
+    again = Spool(directory)
+    await again.open()
+    try:
+        assert await delivered(again) == items
+    finally:
+        await again.close()
+
+
 async def test_a_failed_write_fails_its_callers_and_starts_a_new_segment(
     spool: Spool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
