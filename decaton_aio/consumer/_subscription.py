@@ -64,6 +64,7 @@ from decaton_aio.consumer.commit import (
     CheckpointStore,
     Committer,
     Transaction,
+    commit_interval_within,
     group_metadata,
     transaction_timeout_ms,
 )
@@ -206,6 +207,7 @@ class Subscription:
             # A previous owner's open transaction ends at its timeout at the latest (ours,
             # unless it runs with other settings: then loading fails and says so).
             store.stable_timeout_s = transaction.timeout_ms / 1000 + 30.0
+        self._transaction_timeout_ms = None if transaction is None else transaction.timeout_ms
         self._committer: Committer[PartitionProcessor] = Committer(
             consumer.group_id, store=store, transaction=transaction
         )
@@ -532,8 +534,22 @@ class Subscription:
         )
 
     async def _commit_routine(self) -> None:
+        capped_at = None  # the reloaded interval last warned about
         while True:
-            await asyncio.sleep(self.properties[COMMIT_INTERVAL_MS].value / 1000)
+            interval_ms = wanted_ms = self.properties[COMMIT_INTERVAL_MS].value
+            if self._transaction_timeout_ms is not None:
+                interval_ms = commit_interval_within(self._transaction_timeout_ms, wanted_ms)
+                if interval_ms < wanted_ms and capped_at != wanted_ms:
+                    log.warning(
+                        "decaton.commit.interval.ms is above a third of the transaction "
+                        "timeout set at start: transactions commit at that third until a "
+                        "restart sets the timeout for the new interval",
+                        wanted_ms=wanted_ms,
+                        commit_interval_ms=interval_ms,
+                        transaction_timeout_ms=self._transaction_timeout_ms,
+                    )
+                capped_at = wanted_ms
+            await asyncio.sleep(interval_ms / 1000)
             if self.state_store is not None:
                 self.state_store.flush()
             self._stats.fold()  # keeps the observation queues short

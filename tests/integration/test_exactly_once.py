@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from structlog.testing import capture_logs
 
 from decaton_aio import Application, ProcessingContext, RetryConfig, RetryPolicy
 from decaton_aio.consumer.commit._group_txn import TxnOffsetCommitRequest
@@ -323,3 +324,25 @@ async def test_each_commit_carries_the_offsets_of_every_partition(
     assert all(set(offsets) == {0, 1, 2} for offsets in sent), sent
     moved = {p for offsets in sent for p, o in offsets.items() if o != before[p]}
     assert len(moved) == 1  # only the partition with new tasks moved
+
+
+async def test_a_reloaded_commit_interval_past_the_transaction_timeout_is_capped(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """The transaction timeout is set at start (10 s for a 200 ms interval); a commit
+    interval reloaded to 60 s would leave every transaction open past it, to be aborted
+    by the broker, round after round. It is capped at a third of the timeout, with a
+    warning, and the outputs of tasks fed after the reload are committed."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=2)
+    out = await topic_factory(partitions=1)
+    seen: list[int] = []
+    with capture_logs() as logs:
+        async with kafka_broker.subscription(echo_app(topic, out, seen)) as sub:
+            sub.properties.update({"decaton.commit.interval.ms": 60_000})
+            await produce_inputs(task_producer, topic, 50)
+            await wait_until(lambda: len(set(seen)) == 50, timeout_s=60, what="50 tasks")
+            values = await read_committed(kafka_broker.bootstrap_servers, out, at_least=50)
+    assert sorted(values) == sorted(b"out-%d" % i for i in range(50))
+    (capped,) = [e for e in logs if e["event"].startswith("decaton.commit.interval.ms is above")]
+    assert (capped["wanted_ms"], capped["commit_interval_ms"]) == (60_000, 3_333)

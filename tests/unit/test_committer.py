@@ -6,8 +6,15 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from decaton_aio.consumer.commit import Committer, _committer
+from decaton_aio.consumer.commit import (
+    Committer,
+    _committer,
+    commit_interval_within,
+    transaction_timeout_ms,
+)
 from tests.unit.test_partition import make, records, settle
 
 
@@ -354,3 +361,17 @@ async def test_a_final_commit_writes_again_a_checkpoint_the_broker_dropped() -> 
     assert len(store.written) == 1
     release.set()
     await settle()
+
+
+@given(start_ms=st.integers(1, 600_000), reloaded_ms=st.integers(1, 3_600_000))
+def test_a_reloaded_commit_interval_keeps_transactions_within_their_timeout(
+    start_ms: int, reloaded_ms: int
+) -> None:
+    """Exactly-once fixes the transaction timeout at start (three intervals, at least
+    10 s); a commit interval reloaded later is used as long as three of it fit in that
+    timeout, and capped there above (a transaction open longer is aborted by the broker)."""
+    timeout_ms = transaction_timeout_ms(start_ms)
+    interval_ms = commit_interval_within(timeout_ms, reloaded_ms)
+    assert 3 * interval_ms <= timeout_ms
+    assert interval_ms == reloaded_ms or 3 * (interval_ms + 1) > timeout_ms
+    assert commit_interval_within(timeout_ms, start_ms) == start_ms

@@ -29,6 +29,7 @@ from decaton_aio.consumer.commit._outputs import DurableOutputs, deliver_outputs
 from decaton_aio.consumer.commit._transactions import (
     Transaction,
     TransactionFailedError,
+    commit_interval_within,
     transaction_timeout_ms,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "DurableOutputs",
     "Transaction",
     "TransactionFailedError",
+    "commit_interval_within",
     "deliver_outputs",
     "group_metadata",
     "transaction_timeout_ms",

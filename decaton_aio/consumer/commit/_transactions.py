@@ -61,6 +61,7 @@ __all__ = [
     "Transaction",
     "TransactionFailedError",
     "TransactionListener",
+    "commit_interval_within",
     "transaction_timeout_ms",
 ]
 
@@ -78,6 +79,13 @@ def transaction_timeout_ms(commit_interval_ms: int) -> int:
     """The transaction timeout for a commit interval: a transaction lives one interval
     and its commit, so three intervals, and never under ten seconds."""
     return max(MIN_TRANSACTION_TIMEOUT_MS, 3 * commit_interval_ms)
+
+
+def commit_interval_within(timeout_ms: int, wanted_ms: int) -> int:
+    """The commit interval a transaction timeout fixed at start allows: the one wanted
+    now (a reloaded ``decaton.commit.interval.ms``), at most a third of the timeout, so a
+    transaction still commits before the broker aborts it."""
+    return min(wanted_ms, timeout_ms // 3)
 
 
 class TransactionFailedError(DecatonError):
