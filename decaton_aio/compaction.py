@@ -11,7 +11,9 @@ window ends, the kept task runs through the wrapped processor, after the key's p
 survivor finished: one task of a key runs at a time, as without compaction.
 
 A held task is pending: a crash before its window ends redelivers every task of the
-window, and they are compacted again.
+window, and they are compacted again. So does the end of its partition's assignment (a
+revoke, a restart of the partition): a held task of an ended assignment is dropped, never
+compared with the tasks of the next assignment nor run.
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ class CompactingProcessor(Generic[T]):
         completion = ctx.deferred()
         slot = (ctx.topic, ctx.partition, ctx.key)
         held = self._held.get(slot)
+        if held is not None and held.ctx.assignment_ended:
+            self._drop(slot)  # its record comes again, to this assignment
+            held = None
         if held is not None:
             choice = self._compactor(CompactedTask(held.ctx, held.task), CompactedTask(ctx, task))
             if choice is CompactionChoice.PICK_LEFT:
@@ -121,12 +126,16 @@ class CompactingProcessor(Generic[T]):
     def _count(ctx: ProcessingContext) -> None:
         ctx.stats.compactions += 1
 
-    def _flush(self, slot: tuple[str, int, bytes | None]) -> None:
+    def _drop(self, slot: tuple[str, int, bytes | None]) -> _Held | None:
         held = self._held.pop(slot, None)
-        if held is None:
-            return
-        if held.timer is not None:
+        if held is not None and held.timer is not None:
             held.timer.cancel()
+        return held
+
+    def _flush(self, slot: tuple[str, int, bytes | None]) -> None:
+        held = self._drop(slot)
+        if held is None or held.ctx.assignment_ended:
+            return
         previous = self._running.get(slot)
         task = asyncio.get_running_loop().create_task(self._run(held, previous))
         self._running[slot] = task

@@ -45,6 +45,11 @@ class TaskSource(Protocol):
         """The type ``ctx.state.get`` decodes values as (``None``: plain values)."""
         ...
 
+    @property
+    def closed(self) -> bool:
+        """Whether the assignment ended (completions are ignored from then on)."""
+        ...
+
 
 def _noop() -> None:
     return None
@@ -123,6 +128,15 @@ class ProcessingContext(TaskFields):
     def stats(self) -> PartitionStats:
         """The counters of the task's partition (processor wrappers add to them)."""
         return self._partition.stats
+
+    @property
+    def assignment_ended(self) -> bool:
+        """Whether the assignment of the partition this task came from has ended: the
+        partition was revoked, or its processing started over (after a failed
+        exactly-once transaction, or a fetch position that went back). The task's
+        completion, outputs and retries are then ignored, and its record is delivered
+        again to the partition's next assignment; a long task may stop early."""
+        return self._partition.closed
 
     def retry(self, delay_s: float | None = None) -> None:
         """Ask for this task to be retried once the processor returns.

@@ -43,18 +43,13 @@ __all__ = ["Committable", "OutputSink", "StateWriter", "TaskHost"]
 class TaskHost(TaskSource, Protocol):
     """The partition, as the executor sees it: what its tasks' contexts read
     (:class:`~decaton_aio.context.TaskSource`: ``tp``, ``stats``, ``store``,
-    ``store_type``), and the calls that report their outcomes. A wrapper of a partition
+    ``store_type``, ``closed``), and the calls that report their outcomes. A wrapper of a partition
     (the traced executor's host) forwards all of it."""
 
     @property
     def outputs(self) -> OutputSink | None:
         """Where its tasks' outputs go (the partition's transaction with exactly-once);
         ``None``: the executor's default sink."""
-        ...
-
-    @property
-    def closed(self) -> bool:
-        """Whether the assignment ended (completions are ignored from then on)."""
         ...
 
     def finish(self, record: Record) -> None: ...

@@ -553,6 +553,34 @@ async def test_failed_kept_task_of_compaction_is_not_retried_when_policy_says_no
     assert [s[0] for s in sender.sent] == ["tasks-dlq"]
 
 
+async def test_a_compaction_window_ends_with_its_partitions_assignment() -> None:
+    """A task held when its partition's assignment ends is dropped: the same record,
+    delivered again to the next assignment within the window, is held afresh (not
+    compared with the stale one and completed unrun), and runs once, in the new
+    assignment; the stale one never runs."""
+    ran: list[tuple[int, bool]] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        ran.append((ctx.offset, ctx.assignment_ended))
+
+    def keep_held(left: CompactedTask[Any], right: CompactedTask[Any]) -> CompactionChoice:
+        return CompactionChoice.PICK_LEFT
+
+    compacting = CompactingProcessor(process, keep_held, window_s=0.05)
+    old = make(compacting)
+    old.feed(records([b"a"]))
+    await settle()
+    assert compacting.holding == 1
+    old.close()  # revoked with the task still held: offset 0 not committed
+    new = make(compacting)
+    new.feed(records([b"a"]))
+    await settle()
+    assert new.committable() == 0  # held in the new window, not compacted away
+    await until(lambda: new.committable() == 1)
+    await until(lambda: compacting.holding == 0)
+    assert ran == [(0, False)]
+
+
 # ------------------------------------------------------------------ metrics
 
 
