@@ -212,7 +212,9 @@ class Assignment:
             offset=offset,
             expected=old.tracker.next_offset,
         )
-        return self._replace(old)
+        processor = self._replace(old)
+        self._committer.adopt(old, processor, at_last_commit=False)
+        return processor
 
     def rewind(
         self, old: PartitionProcessor, offset: int | None, checkpoint: Checkpoint | None

@@ -55,11 +55,14 @@ class FakeConsumer:
 class FakeCommitter:
     loads = False
 
+    def __init__(self) -> None:
+        self.adopted: list[tuple[Any, Any, bool]] = []
+
     def transaction(self, tp: Any) -> None:
         return None
 
-    def adopt(self, old: Any, new: Any) -> None:
-        pass
+    def adopt(self, old: Any, new: Any, *, at_last_commit: bool = True) -> None:
+        self.adopted.append((old, new, at_last_commit))
 
 
 TPS = [TopicPartition("t", n) for n in range(3)]
@@ -144,6 +147,8 @@ def test_a_restart_keeps_the_pause_until_the_new_state_decides() -> None:
     assignment.update(old)  # no longer live: ignored
     assert consumer.paused == set()
     assert consumer.calls == [("pause", TPS[0]), ("resume", TPS[0])]
+    # The transactions commit the new processor from now on, not the last commit's.
+    assert assignment._committer.adopted == [(old, new, False)]  # type: ignore[attr-defined]
 
 
 class HeldCommitter(FakeCommitter):

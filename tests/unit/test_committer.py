@@ -375,3 +375,50 @@ def test_a_reloaded_commit_interval_keeps_transactions_within_their_timeout(
     assert 3 * interval_ms <= timeout_ms
     assert interval_ms == reloaded_ms or 3 * (interval_ms + 1) > timeout_ms
     assert commit_interval_within(timeout_ms, start_ms) == start_ms
+
+
+class _FakeTransaction:
+    """Commits every plan it is given (what the broker would take), recording each."""
+
+    def __init__(self) -> None:
+        self.plans: list[dict[Any, int]] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def commit(self, plan: Any, unchanged: Any) -> None:
+        offsets = {tp: offset for tp, (offset, _) in (await plan()).items()}
+        offsets |= {tp: offset for tp, (offset, _) in unchanged().items()}
+        self.plans.append(offsets)
+
+
+async def test_a_partition_restarted_at_another_position_is_committed_in_the_transactions() -> None:
+    """Exactly-once: after the fetch position went back (a recreated topic, a reset), the
+    partition's new processor is the one the transactions commit (before, the new
+    one's offsets were never committed), and the old one's last commit is not carried
+    over to it."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        return None
+
+    txn = _FakeTransaction()
+    committer: Committer[Any] = Committer("group", store=None, transaction=txn)  # type: ignore[arg-type]
+    consumer = _SkippingConsumer(high=0, position=0)
+    old = make(process)
+    await committer.assign(consumer, [old])  # type: ignore[arg-type]
+    old.feed(records([b"a", b"b", b"c"], first=10))
+    await settle()
+    await committer.commit(consumer, [old], final=False)  # type: ignore[arg-type]
+    assert txn.plans[-1] == {old.tp: 13}
+
+    new = make(process)
+    committer.adopt(old, new, at_last_commit=False)
+    old.close()
+    # Nothing fetched yet at the new position: offset 13 of what the topic was is not
+    # carried over to it (a next owner would skip the new records below 13).
+    await committer.commit(consumer, [new], final=False)  # type: ignore[arg-type]
+    assert new.tp not in txn.plans[-1]
+    new.feed(records([b"a", b"b"]))
+    await settle()
+    await committer.commit(consumer, [new], final=False)  # type: ignore[arg-type]
+    assert txn.plans[-1] == {new.tp: 2}

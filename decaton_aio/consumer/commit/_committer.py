@@ -427,10 +427,15 @@ class Committer(Generic[P]):
 
         return send
 
-    def adopt(self, old: P, new: P) -> None:
-        """A rewound partition's new processor takes the old one's place."""
+    def adopt(self, old: P, new: P, *, at_last_commit: bool = True) -> None:
+        """A partition's new processor takes the old one's place in the transactions:
+        after a rewind (``at_last_commit``: it starts again at the last commit, which it
+        keeps as its own), or after the fetch position went elsewhere (that commit stays
+        the old one's, and the new one's first is a change)."""
         if self._members.get(new.tp) is old:
             self._members[new.tp] = new
+        if not at_last_commit:
+            return
         saved = self._saved.get(new.tp)
         if saved is not None and saved.processor is old:
             self._saved[new.tp] = _Saved(new, saved.offset, saved.checkpoint, saved.metadata)
