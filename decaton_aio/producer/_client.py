@@ -36,6 +36,7 @@ from aiokafka.errors import (
     UnknownError,
     UnknownTopicOrPartitionError,
 )
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from decaton_aio._connect import diagnose
 from decaton_aio.errors import (
@@ -51,11 +52,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCESS_ERRORS",
     "IDEMPOTENCE_HINT",
+    "MAX_REQUEST_SIZE",
     "RECORD_ERRORS",
     "UnreachableError",
     "is_idempotent",
     "is_spoolable",
     "missing_topic",
+    "oversized",
     "producer_error",
     "start_client",
     "stop_client",
@@ -81,6 +84,10 @@ ACCESS_ERRORS: Final = (
 """The cluster answered and said no: wrong credentials or a missing ACL. Never spooled
 (sending again cannot help until someone changes the cluster) and never reported as an
 unreachable cluster."""
+
+MAX_REQUEST_SIZE: Final = 1_048_576
+"""The client's ``max_request_size`` (aiokafka's default, set explicitly): a record
+larger than this is never sent."""
 
 # Clusters already warned about falling back to a plain producer: one warning per
 # process, not one per reconnect.
@@ -122,6 +129,21 @@ def is_spoolable(exc: BaseException) -> bool:
     if isinstance(exc, ACCESS_ERRORS):
         return False
     return isinstance(exc, KafkaError) and bool(exc.retriable)
+
+
+def oversized(
+    topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+) -> RecordRejectedError | None:
+    """The error for a record larger than the client ever sends (what the client checks
+    when it takes a record), so a record is not spooled only to be refused at replay."""
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+    if size <= MAX_REQUEST_SIZE:
+        return None
+    return RecordRejectedError(
+        f"the broker can never take this record for {topic}: {size} bytes with its "
+        f"headers, over the producer's limit of {MAX_REQUEST_SIZE} bytes; store the "
+        "payload elsewhere and send a reference to it"
+    )
 
 
 async def missing_topic(client: Any, topic: str, exc: BaseException) -> MissingTopicError | None:
@@ -211,6 +233,7 @@ async def _start(config: ProducerConfig, client_id: str, *, idempotent: bool) ->
         compression_type=config.compression_type,
         linger_ms=config.linger_ms,
         max_batch_size=config.max_batch_bytes,
+        max_request_size=MAX_REQUEST_SIZE,
         request_timeout_ms=config.request_timeout_ms,
         client_id=client_id,
         **config.security.client_kwargs(),

@@ -60,6 +60,7 @@ from decaton_aio.producer._client import (
     is_idempotent,
     is_spoolable,
     missing_topic,
+    oversized,
     producer_error,
     start_client,
     stop_client,
@@ -279,6 +280,11 @@ class DurableSender:
         self._settlement.add()
         client = self._client
         if self._mode is SenderMode.SPOOLING or client is None:
+            # What the client would refuse at once is refused now, not at replay.
+            too_large = oversized(topic, key, value, item.headers)
+            if too_large is not None:
+                self._settlement.settle_one()
+                raise too_large
             self._spool_item(item)
             return item.result
         try:

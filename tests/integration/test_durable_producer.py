@@ -27,6 +27,7 @@ from decaton_aio import (
     BytesSerializer,
     MissingTopicError,
     ProducerError,
+    RecordRejectedError,
     decode_metadata,
 )
 from decaton_aio.embedded import EmbeddedBroker, find_free_port
@@ -488,3 +489,17 @@ async def test_a_topic_the_cluster_does_not_have_never_holds_up_the_spool(tmp_pa
         assert (set_aside["topic"], set_aside["records"]) == ("no-such-topic", 2)
     finally:
         broker.stop()
+
+
+async def test_a_record_too_large_to_send_is_refused_while_spooling_too(tmp_path: Path) -> None:
+    """While the cluster is away (spooling), a record larger than the client ever sends
+    is refused at once with RecordRejectedError, as it is while sending directly, instead
+    of being called durable, spooled and set aside at replay; smaller ones are spooled."""
+    spool_dir = tmp_path / "spool"
+    async with DurableSender(durable_config("127.0.0.1:1", spool_dir)) as sender:
+        assert sender.mode is SenderMode.SPOOLING
+        with pytest.raises(RecordRejectedError, match="over the producer's limit"):
+            await sender.send("orders", b"x" * (2 << 20), key=b"k")
+        assert (await sender.send("orders", b"x" * 1000, key=b"k")).spooled
+        assert sender.spool_size == 1
+        await sender.flush()
