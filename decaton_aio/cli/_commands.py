@@ -57,10 +57,11 @@ from decaton_aio.embedded import (
     kafka_cache_dir,
     resolve_kafka_classpath,
 )
-from decaton_aio.errors import BrokerError, ConfigError
+from decaton_aio.errors import BrokerError, ConfigError, ProducerError
 from decaton_aio.offsets import group_positions
 from decaton_aio.producer import (
     ProducerConfig,
+    RecordLocation,
     TaskProducer,
     gather_for_workers,
     summarize_spool,
@@ -88,17 +89,18 @@ class _Line:
 _line_decoder = msgspec.json.Decoder(_Line)
 
 
-def _read_lines(path: Path | None) -> list[_Line]:
+def _read_lines(path: Path | None) -> list[tuple[int, _Line]]:
+    """The tasks of the input, each with its line number."""
     try:
         text = path.read_text() if path else sys.stdin.read()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    lines: list[_Line] = []
+    lines: list[tuple[int, _Line]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            lines.append(_line_decoder.decode(raw))
+            lines.append((number, _line_decoder.decode(raw)))
         except msgspec.DecodeError as exc:
             where = path or "stdin"
             raise DataError(
@@ -157,16 +159,28 @@ async def produce(args: argparse.Namespace) -> int:
     serializer: JsonSerializer[Any] = JsonSerializer(Any)
     left = 0
     async with TaskProducer(config, args.topic, serializer) as producer:
-        futures = [
-            await producer.submit(
-                line.key,
-                line.task,
-                scheduled_time_ms=line.scheduled_time_ms,
-                partition=line.partition,
-            )
-            for line in lines
-        ]
-        locations = await asyncio.gather(*futures)
+        futures = []
+        refused: ProducerError | None = None
+        for _, line in lines:
+            try:
+                futures.append(
+                    await producer.submit(
+                        line.key,
+                        line.task,
+                        scheduled_time_ms=line.scheduled_time_ms,
+                        partition=line.partition,
+                    )
+                )
+            except ProducerError as exc:
+                refused = exc  # the later lines are not sent
+                break
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        locations = [where for where in outcomes if isinstance(where, RecordLocation)]
+        failed = [(i, exc) for i, exc in enumerate(outcomes) if isinstance(exc, BaseException)]
+        if refused is not None:
+            failed.append((len(futures), refused))
+        if failed:
+            raise _partly_produced(args, lines, locations, *failed[0]) from failed[0][1]
         sender = producer.sender
         if spool_dir is not None and sender is not None:
             # The spool is delivered in the background: wait for it before closing.
@@ -189,6 +203,28 @@ async def produce(args: argparse.Namespace) -> int:
         )
         return EXIT_UNAVAILABLE
     return EXIT_OK
+
+
+def _partly_produced(
+    args: argparse.Namespace,
+    lines: list[tuple[int, _Line]],
+    locations: list[RecordLocation],
+    index: int,
+    exc: BaseException,
+) -> BaseException:
+    """The error that ends a produce run some of whose tasks were not delivered (nor
+    spooled): what the first of them met, where it is, and how many were delivered."""
+    if not isinstance(exc, ProducerError):
+        return exc
+    where = f"{args.file or 'stdin'}:{lines[index][0]}"
+    kept = sum(1 for location in locations if location.spooled)
+    done = f"{len(locations) - kept} of {len(lines)} tasks were delivered"
+    if kept:
+        done += f" and {kept} spooled"
+    return type(exc)(
+        f"{where}: {exc}; {done} (a rerun of the whole input sends them again; --spool-dir "
+        "keeps what the cluster does not take)"
+    )
 
 
 def _when(epoch_ms: int | None) -> str:

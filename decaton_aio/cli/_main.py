@@ -8,7 +8,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn
 
 from decaton_aio import environment
 from decaton_aio._version import __version__
@@ -31,7 +31,9 @@ from decaton_aio.errors import (
     BrokerError,
     ConfigError,
     DecatonError,
+    MissingTopicError,
     ProducerError,
+    RecordRejectedError,
     SecurityError,
 )
 from decaton_aio.logs import LOG_LEVELS, configure_logging
@@ -120,7 +122,8 @@ def _build_parser() -> _Parser:
         help="produce tasks from JSON lines",
         description='Produce tasks from JSON lines, each {"key": ..., "task": ...} '
         '(optional "scheduled_time_ms", "partition"). The task is stored as JSON. '
-        "Every line is checked before anything is sent.",
+        "Every line is read and checked before anything is sent; a task the cluster "
+        "does not take ends the run, naming its line and how many were delivered.",
     )
     _add_cluster(produce)
     produce.add_argument("--topic", required=True, help="the task topic")
@@ -392,6 +395,18 @@ def _env_int(variable: environment.EnvironmentVariable) -> int | None:
         ) from None
 
 
+# The exit code of an error that ends a command, the first whose type matches.
+_EXIT_CODES: Final[tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...]] = (
+    (_commands.DataError, EXIT_DATA),
+    (SecurityError, EXIT_NOPERM),
+    (RecordRejectedError, EXIT_DATA),  # a task too large to send
+    (MissingTopicError, EXIT_USAGE),
+    ((BrokerError, ProducerError), EXIT_UNAVAILABLE),
+    (ConfigError, EXIT_USAGE),
+    (DecatonError, EXIT_FAILURE),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit code.
 
@@ -424,21 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _commands.run_target(args, list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except _commands.DataError as exc:
+    except (_commands.DataError, DecatonError) as exc:
         print(f"decaton-aio: {exc}", file=sys.stderr)
-        return EXIT_DATA
-    except SecurityError as exc:
-        print(f"decaton-aio: {exc}", file=sys.stderr)
-        return EXIT_NOPERM
-    except (BrokerError, ProducerError) as exc:
-        print(f"decaton-aio: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except ConfigError as exc:
-        print(f"decaton-aio: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except DecatonError as exc:
-        print(f"decaton-aio: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
 
 
 def entrypoint() -> None:

@@ -167,3 +167,26 @@ async def test_replay_only_delivers_the_spools_run_workers_left(
     assert summarize_spool(spool).entries == 0
     records = await read_records(kafka_broker.bootstrap_servers, topic, 10)
     assert sorted(json.loads(r.value) for r in records) == [*range(5), *range(10, 15)]
+
+
+async def test_a_task_too_large_to_send_names_its_line_and_what_was_delivered(
+    kafka_broker: BrokerHandle, topic_factory: Any, tmp_path: Path
+) -> None:
+    """A task the cluster can never take ends the run with one line: where it is, why,
+    how many tasks were delivered before it (a rerun would send them again), exit 65; the
+    lines after it are not sent."""
+    topic = await topic_factory(partitions=1)
+    tasks = tmp_path / "tasks.jsonl"
+    lines = [{"key": "a", "task": 1}, None, {"key": "b", "task": "x" * (2 << 20)}]
+    lines.append({"key": "c", "task": 3})
+    tasks.write_text("".join(f"{json.dumps(line) if line else ''}\n" for line in lines))
+    run = await asyncio.to_thread(
+        _produce_cli, "--topic", topic, "--file", str(tasks),
+        "--bootstrap-servers", kafka_broker.bootstrap_servers,
+    )  # fmt: skip
+    assert run.returncode == 65, run.stdout + run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"decaton-aio: {tasks}:3: the broker can never take this record")
+    assert "1 of 3 tasks were delivered (a rerun of the whole input sends them again" in line
+    records = await read_records(kafka_broker.bootstrap_servers, topic, 1)
+    assert [json.loads(r.value) for r in records] == [1]
