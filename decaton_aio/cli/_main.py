@@ -91,7 +91,7 @@ def _build_parser() -> _Parser:
     broker.add_argument(
         "--flavor",
         choices=FLAVORS,
-        default=environment.BROKER.get() or "apache",
+        default=_env_choice(environment.BROKER, FLAVORS, "apache"),
         help=f"apache: Apache Kafka {KAFKA_VERSION} (Java, Maven); tansu: a static binary, "
         f"no JVM (default apache; env {FLAVOR_ENV_VAR})",
     )
@@ -214,7 +214,7 @@ def _build_parser() -> _Parser:
     )
     run.add_argument(
         "--topic",
-        action="append",
+        action=_AppendReplacingDefault,
         default=_env_list(environment.TOPICS),
         help="task topic, repeatable (env DECATON_AIO_TOPICS, comma separated)",
     )
@@ -299,7 +299,7 @@ def _build_parser() -> _Parser:
     run.add_argument(
         "--retry-mode",
         choices=("queue", "in-place"),
-        default=environment.RETRY_MODE.get() or None,
+        default=_env_choice(environment.RETRY_MODE, ("queue", "in-place")),
         help="queue: through <topic>-retry (default); in-place: in the key's lane, which "
         "waits (env DECATON_AIO_RETRY_MODE)",
     )
@@ -340,7 +340,7 @@ def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compression-type",
         choices=COMPRESSION_TYPES,
-        default=environment.COMPRESSION_TYPE.get() or None,
+        default=_env_choice(environment.COMPRESSION_TYPE, COMPRESSION_TYPES),
         help="compress produced batches (default none; env DECATON_AIO_COMPRESSION_TYPE)",
     )
 
@@ -373,7 +373,7 @@ def _add_isolation_level(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--isolation-level",
         choices=ISOLATION_LEVELS,
-        default=environment.ISOLATION_LEVEL.get(None, "read_uncommitted"),
+        default=_env_choice(environment.ISOLATION_LEVEL, ISOLATION_LEVELS, "read_uncommitted"),
         help=f"{what} (default read_uncommitted; env DECATON_AIO_ISOLATION_LEVEL)",
     )
 
@@ -381,6 +381,37 @@ def _add_isolation_level(parser: argparse.ArgumentParser, what: str) -> None:
 def _env_list(variable: environment.EnvironmentVariable) -> list[str] | None:
     raw = variable.get(None, "")
     return [item.strip() for item in raw.split(",") if item.strip()] or None
+
+
+def _env_choice(
+    variable: environment.EnvironmentVariable, choices: Sequence[str], default: str | None = None
+) -> str | None:
+    """The variable's value, one of ``choices`` (argparse checks a flag's value, not a
+    default's); ``default`` when it is unset or empty."""
+    raw = variable.get()
+    if raw is None or not raw.strip():
+        return default
+    if raw.strip() not in choices:
+        raise _UsageError(
+            f"decaton-aio: {variable.name}={raw!r} is not one of {', '.join(choices)} (see --help)"
+        )
+    return raw.strip()
+
+
+class _AppendReplacingDefault(argparse.Action):
+    """A repeatable option whose default (from the environment) the first one given
+    replaces, where argparse's ``append`` would add to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, [*items, values])
 
 
 def _env_int(variable: environment.EnvironmentVariable) -> int | None:

@@ -463,3 +463,36 @@ def test_a_bad_exactly_once_combination_is_one_line(
     monkeypatch.delenv("DECATON_AIO_BOOTSTRAP_SERVERS", raising=False)
     assert main(["run", target]) == EXIT_USAGE
     assert message in _one_line_error(capsys)
+
+
+def test_topic_flags_replace_the_environments_topics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DECATON_AIO_TOPICS applies when no --topic is given; --topic replaces it (argparse's
+    append added the flags to it, and the process consumed both)."""
+    monkeypatch.setenv("DECATON_AIO_TOPICS", "a, b")
+    assert _build_parser().parse_args(["run", "m:app"]).topic == ["a", "b"]
+    args = _build_parser().parse_args(["run", "m:app", "--topic", "c", "--topic", "d"])
+    assert args.topic == ["c", "d"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "argv"),
+    [
+        ("DECATON_AIO_RETRY_MODE", "in_place", ["run", "m:app"]),
+        ("DECATON_AIO_ISOLATION_LEVEL", "read-committed", ["inspect", "--group", "g"]),
+        ("DECATON_AIO_COMPRESSION_TYPE", "zip", ["produce", "--topic", "t"]),
+        ("DECATON_AIO_BROKER", "kafka", ["broker"]),
+    ],
+)
+def test_a_bad_choice_from_the_environment_is_one_line(
+    variable: str,
+    value: str,
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """argparse checks a flag's value against its choices, not a default's: a variable
+    that is none of them was taken as it is (a retry mode spelled as in Python became the
+    queue mode; an isolation level ended inspect in a traceback). Refused at start."""
+    monkeypatch.setenv(variable, value)
+    assert main(argv) == EXIT_USAGE
+    assert f"{variable}='{value}' is not one of" in _one_line_error(capsys)
