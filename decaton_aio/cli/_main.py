@@ -398,7 +398,7 @@ def _env_choice(
     return raw.strip()
 
 
-class _AppendReplacingDefault(argparse.Action):
+class _AppendReplacingDefault(argparse._AppendAction):
     """A repeatable option whose default (from the environment) the first one given
     replaces, where argparse's ``append`` would add to it."""
 
