@@ -143,7 +143,8 @@ def properties_from_env(
 
 
 def parse_properties_text(text: str) -> dict[str, str]:
-    """Parse Java-style ``.properties`` text: ``name=value`` lines, ``#``/``!`` comments.
+    """Parse Java-style ``.properties`` text: ``name=value`` (or ``name: value``, ``name
+    value``) lines, ``#``/``!`` comments.
 
     Whitespace around names and values is stripped; a later duplicate wins. A line ending
     in a backslash continues on the next line (its leading whitespace dropped), as in
@@ -156,18 +157,32 @@ def parse_properties_text(text: str) -> dict[str, str]:
         Name to unparsed value.
 
     Raises:
-        ConfigError: a line is neither blank, a comment, nor ``name=value``.
+        ConfigError: a line has no name (it starts with ``=`` or ``:``).
     """
     result: dict[str, str] = {}
     for number, line in _logical_lines(text):
         stripped = line.strip()
         if not stripped or stripped.startswith(("#", "!")):
             continue
-        name, sep, value = stripped.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"line {number}: expected name=value, got {stripped!r}")
-        result[name.strip()] = value.strip()
+        name, value = _split_entry(stripped)
+        if not name:
+            # The line is not echoed: it may hold a password.
+            raise ConfigError(f"line {number}: expected name=value, got no name")
+        result[name] = value
     return result
+
+
+def _split_entry(line: str) -> tuple[str, str]:
+    """A line's name and value, as Java reads them: the name ends at the first ``=``,
+    ``:`` or whitespace not escaped by a backslash; one ``=`` or ``:`` (with whitespace
+    around it) separates it from the value, which may itself hold ``=`` and ``:``."""
+    end = 0
+    while end < len(line) and line[end] not in "=: \t\f":
+        end += 2 if line[end] == "\\" else 1
+    name, rest = line[:end], line[end:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    return name, rest
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:

@@ -140,3 +140,20 @@ def test_later_sources_win_file_then_environment_then_flags(tmp_path: Path) -> N
     assert flags.security.sasl_username == "flag-user"
     assert flags.security.ssl_cafile == "/etc/kafka/ca.pem"
     assert cluster_settings(environ={}).security == SecuritySettings()
+
+
+def test_colon_and_blank_separated_lines_are_read_as_java_does(tmp_path: Path) -> None:
+    """``name: value`` and ``name value`` lines (valid Java) are read as such: a line's
+    text up to its first ``=`` was taken as the name, so a password ending in ``=`` was
+    printed in the unused keys' line."""
+    path = tmp_path / "client.properties"
+    path.write_text(
+        "security.protocol: SASL_SSL\nsasl.mechanism   SCRAM-SHA-512\nsasl.jaas.config: "
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="orders" password="PW-SECRET=";\nclient.id  orders\nkey.serializer: x\n'
+    )
+    props = read_client_properties(path)
+    assert props.security() == SecuritySettings("SASL_SSL", "SCRAM-SHA-512", "orders", "PW-SECRET=")
+    assert props.consumer_fields == {"client_id": "orders"}
+    assert props.unsupported == ("key.serializer",)
+    assert "PW-SECRET" not in (props.unsupported_message() or "")

@@ -462,11 +462,22 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_properties_text_parses_lines_and_skips_comments() -> None:
-    """``name=value`` lines are read; ``#``/``!`` comments and blank lines skipped."""
+    """``name=value`` lines are read, and as in Java ``name: value`` and ``name value``
+    (the name ends at the first ``=``, ``:`` or blank; the value keeps any later ones);
+    ``#``/``!`` comments and blank lines skipped. A line with no name is refused without
+    being echoed (it may hold a password)."""
     text = "# comment\n! also comment\n\n decaton.partition.concurrency = 8 \nx.y=a=b\n"
-    assert parse_properties_text(text) == {"decaton.partition.concurrency": "8", "x.y": "a=b"}
-    with pytest.raises(ConfigError, match="line 2"):
-        parse_properties_text("a.b=1\nnot a pair\n")
+    text += "ssl.key.password: c2VjcmV0=\nsasl.mechanism   PLAIN\nflag\n"
+    assert parse_properties_text(text) == {
+        "decaton.partition.concurrency": "8",
+        "x.y": "a=b",
+        "ssl.key.password": "c2VjcmV0=",
+        "sasl.mechanism": "PLAIN",
+        "flag": "",
+    }
+    with pytest.raises(ConfigError, match="line 2: expected name=value") as raised:
+        parse_properties_text("a.b=1\n: PW-SECRET\n")
+    assert "PW-SECRET" not in str(raised.value)
 
 
 def test_read_property_file_by_suffix(tmp_path: Path) -> None:
@@ -484,7 +495,7 @@ def test_read_property_file_by_suffix(tmp_path: Path) -> None:
     [
         ("p.json", "{not json", "invalid JSON"),
         ("p.json", "[1, 2]", "JSON object"),
-        ("p.properties", "just words", "line 1"),
+        ("p.properties", "= no name", "line 1"),
         ("p.yaml", "a: 1", "unsupported suffix"),
     ],
 )
