@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from decaton_aio import Application, DurableSender, ProcessingContext, StateStoreConfig
 from decaton_aio.testing import BrokerHandle, read_records, wait_until
@@ -309,3 +309,36 @@ async def test_a_failed_changelog_reader_still_closes_every_client(
         assert store._lock is None
     finally:
         await sub.stop()
+
+
+async def test_an_at_least_once_restore_skips_changes_of_aborted_transactions(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """An exactly-once run before this one may leave changes of aborted transactions in
+    the changelog; an at-least-once run restores without them (it read the changelog
+    with its consumer's isolation level: a counter went on from the aborted value)."""
+    if not kafka_broker.hides_aborted_transactions or not kafka_broker.supports_idempotence:
+        pytest.skip(f"{kafka_broker.flavor}: no transactions to abort, or no reader kept from them")
+    topic = await topic_factory(partitions=1)
+    group = f"aborted-{uuid.uuid4().hex[:8]}"
+    store = StateStoreConfig("counts")
+    seen: dict[str, int] = {}
+    app = counting_app(topic, store, seen)
+    await produce(task_producer, topic, ["k"])
+    await run_until(kafka_broker, app, group, lambda: seen.get("k") == 1, "the first count")
+
+    aborted = AIOKafkaProducer(
+        bootstrap_servers=kafka_broker.bootstrap_servers, transactional_id=f"{group}-aborted"
+    )
+    await aborted.start()
+    try:
+        await aborted.begin_transaction()
+        changelog = store.changelog_topic(group)
+        await aborted.send_and_wait(changelog, msgspec.msgpack.encode(99), key=b"k", partition=0)
+        await aborted.abort_transaction()
+    finally:
+        await aborted.stop()
+    await produce(task_producer, topic, ["k"])
+    seen.clear()
+    await run_until(kafka_broker, app, group, lambda: "k" in seen, "the second count")
+    assert seen == {"k": 2}

@@ -137,7 +137,7 @@ class ChangelogReader:
         topic: str,
         *,
         client_id: str = "decaton-aio-changelog",
-        isolation_level: str = "read_uncommitted",
+        isolation_level: str = "read_committed",
         client_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self._client_kwargs = client_kwargs or {}

@@ -88,7 +88,9 @@ class StateStore:
             consumer.bootstrap_servers,
             self.topic,
             client_id=f"{consumer.client_id}-changelog",
-            isolation_level="read_committed" if app.exactly_once else consumer.isolation_level,
+            # Committed changes only, whatever this run's guarantee: an exactly-once run
+            # before this one may have left aborted ones in the log.
+            isolation_level="read_committed",
             client_kwargs=consumer.security.client_kwargs(),
         )
         self.assignor = StateAwareAssignor(self.member_state, config.num_standby_replicas)
