@@ -82,6 +82,28 @@ class TaskControl(Exception):
     """
 
 
+MAX_RETRY_DELAY_S: Final = 365 * 86_400.0
+"""The longest wait a retry may ask for (a year): a longer one is a schedule, and an
+unbounded one cannot be written in the task's ``dt_meta``."""
+
+
+def checked_retry_delay(delay_s: float | None, where: str) -> float | None:
+    """``delay_s`` as asked of ``where`` (``ctx.retry``...), negative taken as no wait.
+
+    Raises:
+        ConfigError: ``delay_s`` is not finite, or longer than :data:`MAX_RETRY_DELAY_S`
+            (the caller's task fails with it, as with any exception).
+    """
+    if delay_s is None:
+        return None
+    if not (math.isfinite(delay_s) and delay_s <= MAX_RETRY_DELAY_S):
+        raise ConfigError(
+            f"{where}: delay_s must be a finite number of seconds up to "
+            f"{MAX_RETRY_DELAY_S:.0f} (a year), got {delay_s!r}"
+        )
+    return max(0.0, delay_s)
+
+
 class RetryTask(TaskControl):
     """Raised by a processor to ask for its task to be retried; not a failure.
 
@@ -95,18 +117,18 @@ class RetryTask(TaskControl):
             uses the backoff. Not capped by the policy.
 
     Raises:
-        ConfigError: ``delay_s`` is negative or not finite.
+        ConfigError: ``delay_s`` is negative, not finite or over a year.
     """
 
     def __init__(self, reason: str = "", *, delay_s: float | None = None) -> None:
-        if delay_s is not None and not (math.isfinite(delay_s) and delay_s >= 0):
+        if delay_s is not None and delay_s < 0:
             raise ConfigError(
-                f"RetryTask delay_s must be a finite number >= 0 (or None for the policy's "
-                f"backoff), got {delay_s!r}"
+                f"RetryTask delay_s must be >= 0 (or None for the policy's backoff), "
+                f"got {delay_s!r}"
             )
         super().__init__(reason)
         self.reason = reason
-        self.delay_s = delay_s
+        self.delay_s = checked_retry_delay(delay_s, "RetryTask")
 
 
 class SkipTask(TaskControl):

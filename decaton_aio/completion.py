@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
+from decaton_aio.backoff import checked_retry_delay
+
 __all__ = ["Completion", "DeferredTimeoutPolicy"]
 
 #: What happens to a deferred task whose completion stays open past
@@ -79,9 +81,13 @@ class Completion:
         dead letter topic once its attempts are used up. Thread-safe.
 
         Args:
-            delay_s: wait this long before the retry; the policy's backoff when omitted.
+            delay_s: wait this long before the retry (at most a year); the policy's
+                backoff when omitted.
+
+        Raises:
+            ConfigError: ``delay_s`` is not finite or over a year.
         """
-        self._resolve_elsewhere(delay_s, None)
+        self._resolve_elsewhere(checked_retry_delay(delay_s, "Completion.retry"), None)
 
     def fail(self, exc: BaseException) -> None:
         """Complete the task as failed with ``exc``: like an exception the processor raised,
@@ -103,7 +109,7 @@ class Completion:
         elif exc is not None:  # the processor has not returned yet: the runtime reads these
             self.failure = exc
         else:
-            self.retry_delay_s = -1.0 if delay_s is None else max(0.0, delay_s)
+            self.retry_delay_s = -1.0 if delay_s is None else delay_s
 
     def attach(
         self,

@@ -15,6 +15,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from decaton_aio._context import TaskFields
+from decaton_aio.backoff import checked_retry_delay
 from decaton_aio.completion import Completion
 from decaton_aio.errors import ConfigError
 from decaton_aio.metadata import TaskMetadata, metadata_from_headers
@@ -147,9 +148,14 @@ class ProcessingContext(TaskFields):
         :class:`~decaton_aio.backoff.RetryTask` does the same.
 
         Args:
-            delay_s: wait this long before the retry; the policy's backoff when omitted.
+            delay_s: wait this long before the retry (at most a year); the policy's
+                backoff when omitted.
+
+        Raises:
+            ConfigError: ``delay_s`` is not finite or over a year.
         """
-        self.retry_delay_s = -1.0 if delay_s is None else max(0.0, delay_s)
+        delay_s = checked_retry_delay(delay_s, "ctx.retry")
+        self.retry_delay_s = -1.0 if delay_s is None else delay_s
 
     def deferred(self) -> Completion:
         """Complete this task later: returns the same :class:`Completion` on every call.

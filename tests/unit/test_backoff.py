@@ -279,7 +279,15 @@ def test_retry_task_carries_reason_and_delay() -> None:
     assert SkipTask("stale").reason == "stale"
 
 
-@pytest.mark.parametrize("delay", [-1.0, math.inf, math.nan])
-def test_retry_task_rejects_a_bad_delay(delay: float) -> None:
-    with pytest.raises(ConfigError, match="delay_s must be a finite number >= 0"):
+@pytest.mark.parametrize(
+    ("delay", "message"),
+    [
+        (-1.0, "delay_s must be >= 0"),
+        (math.inf, "delay_s must be a finite number of seconds up to"),
+        (math.nan, "delay_s must be a finite number of seconds up to"),
+        (400 * 86_400.0, "delay_s must be a finite number of seconds up to"),
+    ],
+)
+def test_retry_task_rejects_a_bad_delay(delay: float, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
         RetryTask(delay_s=delay)

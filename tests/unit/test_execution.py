@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ from decaton_aio.compaction import CompactedTask, CompactingProcessor, Compactio
 from decaton_aio.consumer._execution import META_RENEW_RECORDS
 from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.context import ProcessingContext
-from decaton_aio.errors import DecodeError
+from decaton_aio.errors import ConfigError, DecodeError
 from decaton_aio.metadata import METADATA_HEADER, TaskMetadata, decode_metadata, encode_metadata
 from decaton_aio.retry import RetryConfig
 from decaton_aio.serializers import JsonSerializer
@@ -61,6 +62,40 @@ async def test_retry_goes_to_retry_topic_and_completes_after_send() -> None:
     assert int(before_ms) + 10 <= meta.scheduled_time_ms <= time.time() * 1000 + 10
     assert dict(headers)["dt_origin_offset"] == b"0"
     assert proc.stats.retries == 1
+
+
+@pytest.mark.parametrize("how", ["ctx", "completion", "raise"])
+async def test_a_retry_delay_that_cannot_be_waited_fails_the_task_not_the_partition(
+    how: str,
+) -> None:
+    """An infinite or huge retry delay (ctx.retry, Completion.retry, RetryTask) is refused
+    with ConfigError where it is asked: the task fails with it and follows the policy,
+    the partition goes on (the delay reached the retry record's dt_meta, whose encoding
+    raised inside the feed and stopped the subscription, restart after restart)."""
+    sender = FakeSender()
+    refused: list[BaseException] = []
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        delay = math.inf if ctx.offset == 0 else 1e16
+        if how == "ctx":
+            ctx.retry(delay)
+        elif how == "raise":
+            raise RetryTask("later", delay_s=delay)
+        else:
+            try:
+                ctx.deferred().retry(delay)
+            except ConfigError as exc:
+                refused.append(exc)
+                raise
+
+    proc = make(process, sender=sender, retry=RetryConfig(FAST))
+    proc.feed(records([b"a", b"b"]))
+    await until(lambda: proc.committable() == 2)
+    # A setting error: the policy does not retry it, so the tasks go to the dead letters.
+    assert [s[0] for s in sender.sent] == ["tasks-dlq", "tasks-dlq"]
+    assert all(b"ConfigError" in dict(s[3])["dt_dlq_error_type"] for s in sender.sent)
+    if how == "completion":
+        assert len(refused) == 2
 
 
 async def test_retriable_exception_follows_policy_then_dead_letter() -> None:
