@@ -67,7 +67,7 @@ from decaton_aio.producer import (
     summarize_spool,
     worker_spool,
 )
-from decaton_aio.properties import parse_assignments
+from decaton_aio.properties import PROCESSING_SHUTDOWN_TIMEOUT_MS, parse_assignments
 from decaton_aio.retry import RetryConfig
 from decaton_aio.security import SecuritySettings
 from decaton_aio.serializers import JsonSerializer
@@ -469,10 +469,11 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 properties_file=args.properties_file,
                 properties_topic=args.properties_topic,
             )
-            asyncio.run(load_properties(app, sources))
+            properties, _ = asyncio.run(load_properties(app, sources))
             if args.spool_dir is not None:
                 _gather_spools(args.spool_dir, workers)
-            return _supervise(args, argv, servers, workers)
+            drain_s = properties[PROCESSING_SHUTDOWN_TIMEOUT_MS].value / 1000
+            return _supervise(args, argv, servers, workers, drain_s)
         spool_dir, metrics_addr = args.spool_dir, args.metrics_addr
         if role is not None:
             structlog.contextvars.bind_contextvars(worker=role.index)
@@ -573,9 +574,13 @@ def _gather_spools(directory: Path, workers: int) -> None:
         )
 
 
-def _supervise(args: argparse.Namespace, argv: Sequence[str], servers: str, workers: int) -> int:
+def _supervise(
+    args: argparse.Namespace, argv: Sequence[str], servers: str, workers: int, drain_s: float
+) -> int:
     config = SupervisorConfig(
         workers,
+        # The workers' own drain, then their final commit and leaving the group.
+        drain_timeout_s=max(SupervisorConfig.drain_timeout_s, drain_s + 90.0),
         restart_backoff_ms=args.worker_restart_backoff_ms,
         restart_backoff_max_ms=max(30_000, args.worker_restart_backoff_ms),
         max_restarts=args.max_worker_restarts,

@@ -12,6 +12,11 @@ custom collector that reads its statistics when scraped. With a ``worker`` label
 is summed by the supervisor, so a restarted worker's counters start again at zero as a
 new process's do, which ``rate()`` handles; ``sum without (worker)`` gives the totals.
 
+``/healthz`` and ``/readyz`` answer for the workers together (:class:`WorkerProbes`): each
+running worker's probe is asked, and the answer passes when every one passes; a worker
+being restarted (no endpoint yet) fails readiness but not liveness, since the supervisor
+is already bringing it back.
+
 The workers are scraped at the same time, each in its own thread, so the page answers
 within :data:`SCRAPE_TIMEOUT_S` however many workers there are (under the 10 s a
 Prometheus scrape waits by default). A worker that does not answer in that time, as one
@@ -21,9 +26,11 @@ in ``decaton_supervisor_scrape_errors_total``).
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -33,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from decaton_aio.metrics import MetricsEndpoint
 
-__all__ = ["SCRAPE_TIMEOUT_S", "Federation", "WorkerEndpoint"]
+__all__ = ["SCRAPE_TIMEOUT_S", "Federation", "WorkerEndpoint", "WorkerProbes"]
 
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -55,15 +62,15 @@ class _Collector:
         self._lock = threading.Lock()
 
     def _scrape(self, port: int) -> str | None:
-        url = f"http://127.0.0.1:{port}/metrics"
         try:
-            with urllib.request.urlopen(url, timeout=self._timeout_s) as response:
-                text: str = response.read().decode()
-                return text
+            status, body = _get(port, "/metrics", self._timeout_s)
         except OSError:
+            status, body = 0, b""
+        if status != 200:
             with self._lock:
                 self._scrape_errors += 1
             return None
+        return body.decode()
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
@@ -117,3 +124,63 @@ class Federation(MetricsEndpoint):
     ) -> None:
         super().__init__(CollectorRegistry())
         self.registry.register(_Collector(workers, timeout_s))
+
+
+class WorkerProbes:
+    """The supervisor's ``/healthz`` and ``/readyz``: every worker's, asked at once.
+
+    Args:
+        workers: the worker slots; read at each probe (from the HTTP server's thread).
+        timeout_s: how long a probe waits for the workers' answers.
+    """
+
+    def __init__(
+        self, workers: Sequence[WorkerEndpoint], timeout_s: float = SCRAPE_TIMEOUT_S
+    ) -> None:
+        self._workers = workers
+        self._timeout_s = timeout_s
+
+    def liveness(self) -> tuple[bool, Mapping[str, object]]:
+        return self._ask("/healthz", missing_ok=True)
+
+    def readiness(self) -> tuple[bool, Mapping[str, object]]:
+        return self._ask("/readyz", missing_ok=False)
+
+    def _ask(self, path: str, *, missing_ok: bool) -> tuple[bool, Mapping[str, object]]:
+        ports = {w.index: w.metrics_port() for w in self._workers}
+        running = {index: port for index, port in ports.items() if port is not None}
+        with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+            asked = pool.map(self._probe, running.values(), [path] * len(running))
+            answers = dict(zip(running, asked, strict=True))
+        workers = {str(index): answers.get(index, "restarting") for index in ports}
+        ok = all(answer == "ok" for answer in answers.values())
+        ok = ok and (missing_ok or len(running) == len(ports))
+        return ok, {"status": "ok" if ok else "failing", "workers": workers}
+
+    def _probe(self, port: int, path: str) -> object:
+        """``"ok"``, or why not: the worker's JSON reasons, or that it did not answer."""
+        try:
+            status, body = _get(port, path, self._timeout_s)
+        except OSError as exc:
+            return f"no answer: {exc}"
+        if status == 200:
+            return "ok"
+        try:
+            reasons: object = json.loads(body)
+        except ValueError:
+            reasons = f"HTTP {status}"
+        return reasons
+
+
+def _get(port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
+    """A page of a worker's endpoint: its HTTP status and body.
+
+    Raises:
+        OSError: the worker did not answer in time.
+    """
+    url = f"http://127.0.0.1:{port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, bytes(exc.read())

@@ -279,6 +279,7 @@ class _Supervisor:
         self.stop_signal: int | None = None  # the signal the shutdown forwards
         self.failure: str | None = None
         self.exit_codes: dict[int, int] = {}
+        self.stopped = asyncio.Event()  # the shutdown began
         self.done = asyncio.Event()
 
     async def start(self, slot: _Slot) -> None:
@@ -336,6 +337,7 @@ class _Supervisor:
         if not self.stopping:
             self.stopping = True
             self.stop_signal = signum
+            self.stopped.set()
             log.info("stopping the workers", signal=signal.Signals(signum).name)
         for slot in self.slots:
             if slot.proc is not None and slot.proc.returncode is None:
@@ -345,6 +347,14 @@ class _Supervisor:
     def _check_all_stopped(self) -> None:
         if all(s.proc is None or s.proc.returncode is not None for s in self.slots):
             self.done.set()
+
+    async def drain(self) -> None:
+        """Wait for the workers to stop, up to the drain timeout; then kill the rest."""
+        try:
+            async with asyncio.timeout(self.config.drain_timeout_s):
+                await self.done.wait()
+        except TimeoutError:
+            await self.kill_stragglers()
 
     async def kill_stragglers(self) -> None:
         for slot in self.slots:
@@ -376,32 +386,32 @@ async def supervise(
     Raises:
         DecatonError: a worker crashed more than ``config.max_restarts`` times in a row.
     """
-    from decaton_aio.cli._federation import Federation
+    from decaton_aio.cli._federation import Federation, WorkerProbes
 
     loop = asyncio.get_running_loop()
     with tempfile.TemporaryDirectory(prefix="decaton-aio-workers-") as workdir:
         sup = _Supervisor(config, argv, Path(workdir))
         federation = Federation(sup.slots)
         if metrics_port is not None:
-            port = federation.start_http_server(metrics_port, metrics_addr)
+            probes = WorkerProbes(sup.slots)
+            port = federation.start_http_server(metrics_port, metrics_addr, probes=probes)
             log.info("metrics endpoint of all workers", url=f"http://{metrics_addr}:{port}/metrics")
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, sup.stop, signum)
         try:
             for slot in sup.slots:
                 await sup.start(slot)
-            await sup.done.wait()
+            # A signal, or a worker that keeps crashing, starts the shutdown; a worker that
+            # does not drain in time (its event loop blocked) is killed.
+            await sup.stopped.wait()
+            await sup.drain()
             await asyncio.sleep(0)  # let the watchers record the last exit codes
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             if not sup.done.is_set():
                 sup.stop(signal.SIGTERM)
-                try:
-                    async with asyncio.timeout(config.drain_timeout_s):
-                        await sup.done.wait()
-                except TimeoutError:
-                    await sup.kill_stragglers()
+                await sup.drain()
             for slot in sup.slots:
                 if slot.waiter is not None and not slot.waiter.done():
                     slot.waiter.cancel()

@@ -13,6 +13,8 @@ import signal
 import socket
 import sys
 import textwrap
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from decaton_aio.cli import EXIT_UNAVAILABLE, _commands, main
-from decaton_aio.cli._federation import Federation
+from decaton_aio.cli._federation import Federation, WorkerProbes
 from decaton_aio.cli._supervisor import (
     AUTO,
     WORKER_ENV_VAR,
@@ -32,6 +34,7 @@ from decaton_aio.cli._supervisor import (
     _Supervisor,
     choose_workers,
     parse_workers,
+    supervise,
     usable_cpus,
     worker_role,
 )
@@ -383,3 +386,75 @@ async def test_a_worker_ended_by_the_signal_it_was_forwarded_has_stopped_cleanly
         sup.stop(signum)
         await sup.done.wait()
         assert sup.exit_codes == {1: code}, signum
+
+
+class _Probes:
+    def __init__(self, live: bool, ready: bool) -> None:
+        self.live, self.ready = live, ready
+
+    def liveness(self) -> tuple[bool, dict[str, object]]:
+        return self.live, {"status": "alive" if self.live else "blocked"}
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        return self.ready, {"status": "ready" if self.ready else "restoring"}
+
+
+def test_the_supervisors_probes_answer_for_every_worker(tmp_path: Path) -> None:
+    """The supervisor's endpoint answers /healthz and /readyz (it answered 404, so a
+    Kubernetes liveness probe on the metrics port restarted the pod again and again):
+    alive while every running worker is (one being restarted does not count against it),
+    ready once every worker runs and is ready, with each worker's answer."""
+    runtimes = [Metrics(), Metrics()]
+    probes = [_Probes(live=True, ready=True), _Probes(live=True, ready=False)]
+    workers = []
+    try:
+        for i, (metrics, probe) in enumerate(zip(runtimes, probes, strict=True), start=1):
+            port_file = tmp_path / f"w{i}"
+            port_file.write_text(str(metrics.start_http_server(0, probes=probe)))
+            workers.append(_Worker(i, port_file))
+        restarting = _Worker(3, tmp_path / "not-started-yet")
+        endpoint = Federation([*workers, restarting])
+        port = endpoint.start_http_server(0, probes=WorkerProbes([*workers, restarting]))
+        try:
+
+            def probe(path: str) -> tuple[int, dict[str, Any]]:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}") as response:
+                        return response.status, json.loads(response.read())
+                except urllib.error.HTTPError as exc:
+                    return exc.code, json.loads(exc.read())
+
+            assert probe("/healthz") == (
+                200,
+                {"status": "ok", "workers": {"1": "ok", "2": "ok", "3": "restarting"}},
+            )
+            code, body = probe("/readyz")
+            assert code == 503
+            assert body["workers"] == {"1": "ok", "2": {"status": "restoring"}, "3": "restarting"}
+            probes[1].ready = True
+            (tmp_path / "w3").write_text((tmp_path / "w1").read_text())  # worker 3 is back
+            restarting.port_file = tmp_path / "w3"
+            assert probe("/readyz")[0] == 200
+            probes[0].live = False
+            code, body = probe("/healthz")
+            assert code == 503
+            assert body["workers"]["1"] == {"status": "blocked"}
+        finally:
+            endpoint.stop()
+    finally:
+        for metrics in runtimes:
+            metrics.stop()
+
+
+async def test_a_worker_that_does_not_drain_in_time_is_killed(tmp_path: Path) -> None:
+    """A signal starts the shutdown; a worker that does not end within the drain timeout
+    (its event loop blocked, or it ignores the signal) is killed and its exit reported, so
+    the supervisor ends (it waited for it forever)."""
+    script = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
+    )
+    config = SupervisorConfig(workers=1, drain_timeout_s=0.5)
+    async with asyncio.timeout(30):
+        code = await supervise(config, [sys.executable, "-c", script])
+    assert code == -signal.SIGKILL
