@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from decaton_aio import Application, ProcessingContext, RetryConfig, RetryPolicy
 from decaton_aio.consumer.commit._group_txn import TxnOffsetCommitRequest
 from decaton_aio.offsets import group_positions
-from decaton_aio.testing import BrokerHandle, wait_until
+from decaton_aio.testing import BrokerHandle, committed_offsets, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -346,3 +346,37 @@ async def test_a_reloaded_commit_interval_past_the_transaction_timeout_is_capped
     assert sorted(values) == sorted(b"out-%d" % i for i in range(50))
     (capped,) = [e for e in logs if e["event"].startswith("decaton.commit.interval.ms is above")]
     assert (capped["wanted_ms"], capped["commit_interval_ms"]) == (60_000, 3_333)
+
+
+async def test_an_output_the_broker_refuses_aborts_the_transaction(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """An output larger than its topic takes (the client sends it, the broker refuses
+    it) aborts the transaction: the task's offset is not committed and it runs again.
+    The client commits a transaction whatever became of its records, so the offset was
+    committed and the output lost."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=1)
+    out = await topic_factory(partitions=1, configs={"max.message.bytes": "1000"})
+    runs: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        runs.append(ctx.offset)
+        await ctx.produce(out, b"x" * 5000, key=ctx.key)
+
+    app = Application(
+        process,
+        topics=(topic,),
+        exactly_once=True,
+        properties={"decaton.commit.interval.ms": 200},
+    )
+    await produce_inputs(task_producer, topic, 1)
+    group = f"refused-{uuid.uuid4().hex[:8]}"
+    with capture_logs() as logs:
+        async with kafka_broker.subscription(app, group_id=group):
+            await wait_until(lambda: len(runs) >= 3, timeout_s=60, what="the task run 3 times")
+    assert set(runs) == {0}
+    assert any(e["event"].startswith("the broker refused a record") for e in logs)
+    committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
+    assert committed[0] in (None, 0)
+    assert await read_committed(kafka_broker.bootstrap_servers, out, at_least=0) == []

@@ -147,6 +147,10 @@ class Transaction:
         self.listeners: list[TransactionListener] = []
         #: Transactions committed since the start.
         self.commits = 0
+        # The delivery futures of the open transaction's records: the client commits a
+        # transaction even when the broker refused one of its records (too large), so the
+        # commit checks them first.
+        self._sent: list[asyncio.Future[Any]] = []
 
     @property
     def open(self) -> bool:
@@ -207,6 +211,7 @@ class Transaction:
             await asyncio.wait([starting])
         producer, self._producer = self._producer, None
         self._open = False
+        self._forget_sent()
         self._dropped_all()
         if producer is not None:
             # The failure that ended the transaction was handled: not left unretrieved.
@@ -307,7 +312,30 @@ class Transaction:
         sent: asyncio.Future[Any] = await producer.send(
             topic, value, key=key, headers=headers, partition=partition
         )
+        self._sent.append(sent)
         return sent
+
+    async def _check_sent(self) -> None:
+        """Wait for the open transaction's records; raise what the broker refused one of
+        them with (the commit then aborts: committed, the record would be lost)."""
+        sent, self._sent = self._sent, []
+        if not sent:
+            return
+        await asyncio.wait(sent)
+        refused = [exc for f in sent if not f.cancelled() and (exc := f.exception()) is not None]
+        if refused:
+            log.error(
+                "the broker refused a record of the transaction; it is aborted",
+                refused=len(refused),
+                error=repr(refused[0]),
+            )
+            raise KafkaError(f"a record of the transaction was refused: {refused[0]!r}")
+
+    def _forget_sent(self) -> None:
+        for future in self._sent:  # their failures were handled: not left unretrieved
+            if future.done() and not future.cancelled():
+                future.exception()
+        self._sent = []
 
     async def send_checkpoint(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         """Write a checkpoint record in the open transaction; its offset. Call it only
@@ -350,6 +378,7 @@ class Transaction:
                 if not planned and not self._open:
                     return None
                 producer = await self._begin()
+                await self._check_sent()
                 offsets = {
                     tp: OffsetAndMetadata(offset, metadata)
                     for tp, (offset, metadata) in (unchanged() | planned).items()
