@@ -181,7 +181,7 @@ async def test_a_task_too_large_to_send_names_its_line_and_what_was_delivered(
     lines.append({"key": "c", "task": 3})
     tasks.write_text("".join(f"{json.dumps(line) if line else ''}\n" for line in lines))
     run = await asyncio.to_thread(
-        _produce_cli, "--topic", topic, "--file", str(tasks),
+        _produce_cli, "--topic", topic, "--file", str(tasks), "--idempotence", "off",
         "--bootstrap-servers", kafka_broker.bootstrap_servers,
     )  # fmt: skip
     assert run.returncode == 65, run.stdout + run.stderr

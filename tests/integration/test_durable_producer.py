@@ -467,7 +467,9 @@ async def test_a_topic_the_cluster_does_not_have_never_holds_up_the_spool(tmp_pa
         for n in range(3):
             assert (await away.send("orders", b"order-%d" % n, key=b"k")).spooled
 
-    broker = EmbeddedBroker(port=port, settings={"auto.create.topics.enable": "false"})
+    broker = EmbeddedBroker(
+        flavor="apache", port=port, settings={"auto.create.topics.enable": "false"}
+    )
     broker.start()
     try:
         await create_topic(servers, name="orders", partitions=1)

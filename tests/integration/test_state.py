@@ -11,8 +11,10 @@ from typing import Any
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from structlog.testing import capture_logs
 
 from decaton_aio import Application, DurableSender, ProcessingContext, StateStoreConfig
+from decaton_aio._connect import start_admin
 from decaton_aio.testing import BrokerHandle, read_records, wait_until
 
 pytestmark = pytest.mark.integration
@@ -342,3 +344,31 @@ async def test_an_at_least_once_restore_skips_changes_of_aborted_transactions(
     seen.clear()
     await run_until(kafka_broker, app, group, lambda: "k" in seen, "the second count")
     assert seen == {"k": 2}
+
+
+async def test_a_recreated_changelog_drops_the_copy_restored_from_the_old_one(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any, tmp_path: Path
+) -> None:
+    """A copy on disk whose checkpoint is past the end of its changelog (deleted and made
+    again, e.g. to reset the application's state) is dropped and restored from the new
+    changelog: the counter starts again. It was trusted as it was: its values came back
+    and its checkpoint stayed past every new change."""
+    topic = await topic_factory(partitions=1)
+    group = f"recreated-{uuid.uuid4().hex[:8]}"
+    store = StateStoreConfig("counts", directory=tmp_path)
+    seen: dict[str, int] = {}
+    app = counting_app(topic, store, seen)
+    await produce(task_producer, topic, ["k"] * 3)
+    await run_until(kafka_broker, app, group, lambda: seen.get("k") == 3, "three counts")
+
+    admin = await start_admin(kafka_broker.bootstrap_servers, kafka_broker.security)
+    try:
+        await admin.delete_topics([store.changelog_topic(group)])
+    finally:
+        await admin.close()
+    await produce(task_producer, topic, ["k"])
+    seen.clear()
+    with capture_logs() as logs:
+        await run_until(kafka_broker, app, group, lambda: "k" in seen, "the next count")
+    assert seen == {"k": 1}
+    assert any(e["event"].startswith("the changelog ends before this copy") for e in logs)

@@ -159,7 +159,8 @@ class ChangelogReader:
             group_id=None,
             client_id=self._client_id,
             enable_auto_commit=False,
-            # A checkpoint beyond the log (the changelog was recreated) reads it all.
+            # A checkpoint beyond the log (the changelog was recreated) reads it all; the
+            # restore then drops the copy's values (_check_restores).
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,  # an empty partition's restore waits for one fetch
             isolation_level=self._isolation_level,
@@ -324,6 +325,22 @@ class ChangelogReader:
             high = consumer.last_stable_offset(tp) if committed else consumer.highwater(tp)
             if high is None:
                 continue  # no fetch answered yet
+            if high < follow.store.position:
+                # The log ends below what the copy applied: the changelog was recreated.
+                # Its values and checkpoint belong to the old log: restored from the new
+                # one's start instead (the reader fell back to it already).
+                log.warning(
+                    "the changelog ends before this copy's checkpoint (it was recreated): "
+                    "the copy is dropped and restored from the changelog's start",
+                    topic=self.topic,
+                    partition=p,
+                    checkpoint=follow.store.position,
+                    end_offset=high,
+                )
+                follow.store.reset()
+                follow.stats.start_offset = 0
+                consumer.seek(tp, 0)
+                continue
             if high > target:
                 target = follow.target = follow.stats.end_offset = high
             position = follow.store.position

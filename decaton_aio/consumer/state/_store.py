@@ -123,6 +123,15 @@ class LocalStore:
             self.position = offset
             self._dirty = True
 
+    def reset(self) -> None:
+        """Forget every value and start again from the changelog's first offset: the
+        changelog no longer holds what this copy was restored from (it was recreated).
+        Caller: a restore, before the partition's tasks run."""
+        self._db.execute("DELETE FROM kv")
+        self.position = 0
+        self._dirty = True
+        self.flush()
+
     def begin(self) -> _Write:
         """A task's change is being sent to the changelog; pass the handle to
         :meth:`acked` with the offset the changelog gave it."""
