@@ -9,11 +9,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiokafka.errors import KafkaTimeoutError
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from decaton_aio import Application, ConfigError, ConsumerConfig, KeyState, StateStoreConfig
-from decaton_aio.consumer.state import LocalStore, StateStore
+from decaton_aio.consumer.state import LocalStore, StateStore, _changelog
 from decaton_aio.consumer.state._assignor import MemberState, plan_assignment
 from decaton_aio.consumer.state._state_txn import TransactionalChangelog
 from decaton_aio.producer import ProducerConfig
@@ -238,3 +240,55 @@ async def test_exactly_once_restores_read_committed_and_wait_for_the_fence() -> 
     assert not store.restoring(0)
     for p in (0, 1):
         store._close(p)
+
+
+class _EndlessLeader:
+    """A changelog reader's consumer whose first end-offset look-ups time out (no leader
+    for the partition yet), on an empty changelog partition."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def assign(self, tps: Any) -> None:
+        return None
+
+    def seek(self, tp: Any, offset: int) -> None:
+        return None
+
+    async def end_offsets(self, tps: Any) -> dict[Any, int]:
+        if self.failures:
+            self.failures -= 1
+            raise KafkaTimeoutError("Failed to get offsets by times in 40000 ms")
+        return dict.fromkeys(tps, 0)
+
+    async def getmany(self, **kwargs: Any) -> dict[Any, list[Any]]:
+        await asyncio.sleep(0)
+        return {}
+
+    def last_stable_offset(self, tp: Any) -> int:
+        return 0
+
+    async def position(self, tp: Any) -> int:
+        return 0
+
+
+async def test_a_changelog_end_that_cannot_be_read_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look-up of a changelog partition's end that times out (no leader now, or a
+    partition the changelog does not have) is logged and asked again: the restore goes
+    on once it is answered. It ended the reader, and the subscription with it."""
+    monkeypatch.setattr(_changelog, "_RETRY_S", 0.0)
+    reader = _changelog.ChangelogReader("unused:9", "g-counts-changelog")
+    reader._consumer = _EndlessLeader(failures=2)  # type: ignore[assignment]
+    restored = reader.restore(0, LocalStore(None))
+    with capture_logs() as logs:
+        routine = asyncio.create_task(reader._run())
+        try:
+            async with asyncio.timeout(10):
+                await restored
+        finally:
+            routine.cancel()
+            await asyncio.wait([routine])
+    asked_again = [e for e in logs if e["event"].startswith("cannot read where the changelog")]
+    assert len(asked_again) == 2

@@ -45,6 +45,7 @@ log = structlog.get_logger("decaton_aio.state")
 
 _READ_TIMEOUT_MS = 100
 _READ_MAX_RECORDS = 10_000
+_RETRY_S = 0.5  # the wait before reading again after the cluster failed a request
 
 
 class ChangelogWriter:
@@ -249,7 +250,21 @@ class ChangelogReader:
         while True:
             if self._changed.is_set() or not self._follows:
                 self._changed.clear()
-                await self._reassign(consumer, assigned)
+                try:
+                    await self._reassign(consumer, assigned)
+                except KafkaError as exc:
+                    # No end offset within the request timeout: no leader for a changelog
+                    # partition now, or one the changelog does not have (the task topic
+                    # grew): the restore waits, and the log says which.
+                    log.warning(
+                        "cannot read where the changelog ends; trying again",
+                        topic=self.topic,
+                        partitions=sorted(self._follows),
+                        error=repr(exc),
+                    )
+                    self._changed.set()
+                    await asyncio.sleep(_RETRY_S)
+                    continue
                 if not self._follows:
                     await self._changed.wait()
                     continue
@@ -260,7 +275,7 @@ class ChangelogReader:
                 )
             except KafkaError as exc:
                 log.warning("reading the changelog failed; trying again", error=repr(exc))
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(_RETRY_S)
                 continue
             for tp, records in batches.items():
                 if records:
