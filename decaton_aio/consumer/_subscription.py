@@ -170,6 +170,15 @@ class Subscription:
         )
         if self.state_store is not None:
             self.metrics.registry.register(StateCollector(app.subscription_id, self.state_store))
+            if len(app.subscribed_topics) > 1:
+                log.warning(
+                    "the state is shared by the topics read here, and a key's tasks from "
+                    "different topics (a queued retry, a shaped task, another task topic) "
+                    "can run at the same time, so one's update of the key can be lost; "
+                    "where that matters, use in-place retries (RetryConfig(mode='in_place')) "
+                    "and one task topic without shaping",
+                    topics=list(app.subscribed_topics),
+                )
         self._owns_sender = sender is None
         self._sender = sender if sender is not None else DurableSender(self.producer_config)
         self._executor = _executor(

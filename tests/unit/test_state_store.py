@@ -14,7 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from decaton_aio import Application, ConfigError, ConsumerConfig, KeyState, StateStoreConfig
+from decaton_aio import (
+    Application,
+    ConfigError,
+    ConsumerConfig,
+    KeyState,
+    RetryConfig,
+    RetryPolicy,
+    StateStoreConfig,
+    Subscription,
+)
 from decaton_aio.consumer.state import LocalStore, StateStore, _changelog
 from decaton_aio.consumer.state._assignor import MemberState, plan_assignment
 from decaton_aio.consumer.state._state_txn import TransactionalChangelog
@@ -292,3 +301,31 @@ async def test_a_changelog_end_that_cannot_be_read_is_asked_again(
             await asyncio.wait([routine])
     asked_again = [e for e in logs if e["event"].startswith("cannot read where the changelog")]
     assert len(asked_again) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "warned"),
+    [
+        ({"retry": RetryConfig(RetryPolicy(), mode="queue")}, True),
+        ({"retry": RetryConfig(RetryPolicy(), mode="in_place")}, False),
+        ({"shaping": True}, True),
+        ({"topics": ("a", "b")}, True),
+        ({}, False),
+    ],
+)
+def test_state_read_from_several_topics_warns_that_a_keys_updates_can_interleave(
+    options: dict[str, Any], warned: bool
+) -> None:
+    """Each topic's partition has its own key lanes, and they share the partition's
+    state: a queued retry of a key can run beside the key's next task and one update be
+    lost. A subscription that reads its state from several topics says so at start, and
+    what to use instead."""
+
+    async def process(ctx: Any, task: Any) -> None:
+        pass
+
+    app = Application(process, **{"topics": ("t",), "state": StateStoreConfig("s"), **options})
+    with capture_logs() as logs:
+        Subscription(app, ConsumerConfig("localhost:9", "g"))
+    said = [e for e in logs if e["event"].startswith("the state is shared by the topics")]
+    assert len(said) == warned
