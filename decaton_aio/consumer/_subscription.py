@@ -52,6 +52,8 @@ from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
 from decaton_aio._connect import connect_error, stop_member, watch_metadata
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
+from decaton_aio.batching import BatchingProcessor
+from decaton_aio.compaction import CompactingProcessor
 from decaton_aio.consumer._assignment import Assignment, key_set
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._fetch_pace import FetchPacer
@@ -168,6 +170,14 @@ class Subscription:
         self.state_store = (
             StateStore(app, consumer, self.producer_config) if app.state is not None else None
         )
+        retry = app.retry
+        if retry is not None and retry.mode == "in_place" and _completes_later(app.processor):
+            log.warning(
+                "in-place retries need the task's key lane, which a task completed later "
+                "(batched, compacted) gave up: its failures go to the dead letter topic at "
+                "once; use queue retries (RetryConfig(mode='queue'))",
+                processor=type(app.processor).__name__,
+            )
         if self.state_store is not None:
             self.metrics.registry.register(StateCollector(app.subscription_id, self.state_store))
             if len(app.subscribed_topics) > 1:
@@ -708,6 +718,12 @@ class Subscription:
             return True
         results = await asyncio.gather(*(p.wait_idle(timeout_s) for p in processors))
         return all(results)
+
+
+def _completes_later(processor: object) -> bool:
+    """Whether ``processor`` completes its tasks after it returned (a wrapper that holds
+    them: batching, compaction)."""
+    return isinstance(processor, BatchingProcessor | CompactingProcessor)
 
 
 def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> TaskExecutor:

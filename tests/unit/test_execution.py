@@ -9,7 +9,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
+from decaton_aio import Application, ConsumerConfig, Subscription
 from decaton_aio.backoff import RetryPolicy, RetryTask, SkipTask
 from decaton_aio.batching import BatchingProcessor, BatchItem
 from decaton_aio.compaction import CompactedTask, CompactingProcessor, CompactionChoice
@@ -739,3 +741,40 @@ async def test_pre_decaton_9_records_give_back_the_bytes_they_took() -> None:
     go.set()
     await settle()
     assert (proc.pending_bytes, total.used) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("wrapped", "mode", "warned"),
+    [
+        ("batching", "in_place", True),
+        ("compaction", "in_place", True),
+        ("batching", "queue", False),
+        ("plain", "in_place", False),
+    ],
+)
+def test_in_place_retries_of_tasks_completed_later_warn_at_start(
+    wrapped: str, mode: str, warned: bool
+) -> None:
+    """A batched or compacted task completes after its processor returned, without its
+    key lane: an in-place retry cannot run it again there, so its failures go to the
+    dead letter topic at once. A subscription given both says so at start."""
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        return None
+
+    async def batch(items: list[BatchItem[Any]]) -> None:
+        return None
+
+    def keep(left: CompactedTask[Any], right: CompactedTask[Any]) -> CompactionChoice:
+        return CompactionChoice.PICK_LEFT
+
+    processor: Any = {
+        "batching": lambda: BatchingProcessor(batch, max_size=10, linger_s=0.1),
+        "compaction": lambda: CompactingProcessor(process, keep, window_s=0.1),
+        "plain": lambda: process,
+    }[wrapped]()
+    app = Application(processor, topics=("t",), retry=RetryConfig(FAST, mode=mode))
+    with capture_logs() as logs:
+        Subscription(app, ConsumerConfig("localhost:9", "g"))
+    said = [e for e in logs if e["event"].startswith("in-place retries need the task's")]
+    assert len(said) == warned
