@@ -27,6 +27,7 @@ from decaton_aio.consumer.commit import deliver_outputs
 from decaton_aio.context import OutputRecord
 from decaton_aio.errors import RecordRejectedError
 from decaton_aio.metadata import METADATA_HEADER
+from decaton_aio.producer import oversized
 from decaton_aio.retry import SideTopics, dead_letter_headers
 from decaton_aio.typing import Record, RecordSender
 
@@ -98,7 +99,15 @@ class SideRecords:
             # Exactly-once: the record joins the partition's transaction with the task's
             # completion, so an aborted transaction takes it back and the task's next run
             # sends it again: read_committed readers see it once.
-            out = OutputRecord(topic, value, record.key, list(headers))
+            key = record.key
+            too_large = oversized(topic, key, value, list(headers))
+            if too_large is not None:
+                # The transaction's client would refuse it, attempt after attempt: the
+                # dead letter topic gets a reference to it instead, as without a transaction.
+                topic, headers = self._reference(partition, record, what, too_large)
+                key, value = None, b""
+                queued = _SEND_COUNTERS["dead letter"][0]
+            out = OutputRecord(topic, value, key, list(headers))
             await deliver_outputs(txn, partition, record, [out])
             stats = partition.stats
             setattr(stats, queued, getattr(stats, queued) + 1)
@@ -127,14 +136,7 @@ class SideRecords:
                 # The record as it is can never be sent (too large, too many headers):
                 # the dead letter topic gets a reference to it instead, which names its
                 # origin and why.
-                log.error(
-                    f"the {what} record can never be sent as it is; a reference to it goes "
-                    "to the dead letter topic",
-                    origin=origin,
-                    error=repr(exc),
-                )
-                topic = self._topics.dead_letter_topic(partition.tp.topic)
-                headers = _reference_headers(partition, record, what, exc)
+                topic, headers = self._reference(partition, record, what, exc)
                 key, value, timestamp_ms, reference = None, b"", None, True
                 queued, failed = _SEND_COUNTERS["dead letter"]
                 continue
@@ -158,6 +160,20 @@ class SideRecords:
                 stats.completion_duration.observe(perf_counter() - started_at)
             partition.finish_released(record)
             return
+
+    def _reference(
+        self, partition: TaskHost, record: Record, what: str, exc: RecordRejectedError
+    ) -> tuple[str, Sequence[tuple[str, bytes]]]:
+        """The topic and headers of the reference that goes to the dead letter topic for
+        a side record that can never be sent as it is (logged)."""
+        log.error(
+            f"the {what} record can never be sent as it is; a reference to it goes to the "
+            "dead letter topic",
+            origin=f"{partition.tp.topic}-{partition.tp.partition}@{record.offset}",
+            error=repr(exc),
+        )
+        topic = self._topics.dead_letter_topic(partition.tp.topic)
+        return topic, _reference_headers(partition, record, what, exc)
 
 
 def _reference_headers(

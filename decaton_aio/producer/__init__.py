@@ -14,7 +14,7 @@ spool's delivery), ``_spool``, ``_spool_files`` and ``_spool_format`` (the spool
 
 from __future__ import annotations
 
-from decaton_aio.producer._client import start_client, stop_client
+from decaton_aio.producer._client import oversized, start_client, stop_client
 from decaton_aio.producer._config import COMPRESSION_TYPES, Idempotence, ProducerConfig
 from decaton_aio.producer._inflight import RecordLocation
 from decaton_aio.producer._sender import DurableSender, SenderMode
@@ -35,6 +35,7 @@ __all__ = [
     "SpoolSummary",
     "TaskProducer",
     "gather_for_workers",
+    "oversized",
     "start_client",
     "stop_client",
     "summarize_spool",

@@ -380,3 +380,40 @@ async def test_an_output_the_broker_refuses_aborts_the_transaction(
     committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
     assert committed[0] in (None, 0)
     assert await read_committed(kafka_broker.bootstrap_servers, out, at_least=0) == []
+
+
+async def test_a_dead_letter_too_large_to_send_becomes_a_reference_in_the_transaction(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """Exactly-once: a task whose dead letter record (its value plus the error headers)
+    is larger than the client sends gets a reference to it in the dead letter topic, in
+    the transaction, and its offset is committed, as without a transaction (the client
+    refused the record at every try and the partition never committed again)."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=1)
+    ran: list[int] = []
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        ran.append(ctx.offset)
+        raise ValueError("refused: " + "x" * 900)
+
+    app = Application(
+        process,
+        topics=(topic,),
+        exactly_once=True,
+        retry=RetryConfig(RetryPolicy(no_retry_on=(ValueError,))),
+        properties={"decaton.commit.interval.ms": 200},
+    )
+    producer = await task_producer(topic)
+    await (await producer.submit(b"k", b"v" * 1_047_800))  # just under what is sent
+    group = f"reference-{uuid.uuid4().hex[:8]}"
+    async with kafka_broker.subscription(app, group_id=group):
+        dead = await read_all(kafka_broker.bootstrap_servers, f"{topic}-dlq", at_least=1)
+    assert ran == [0]
+    ((reference),) = dead
+    headers = dict(reference.headers)
+    assert reference.value == b""
+    assert headers["dt_dlq_error_type"] == b"RecordRejected"
+    assert headers["dt_dlq_origin_offset"] == b"0"
+    committed = await committed_offsets(kafka_broker.bootstrap_servers, group, topic, [0])
+    assert committed[0] == 1
