@@ -303,7 +303,11 @@ class FilePropertySource:
         Raises:
             ConfigError: missing, unreadable or unparsable file.
         """
-        return read_property_file(self._path)
+        values = read_property_file(self._path)
+        # The names the layer starts with: one gone from the file by the time the source
+        # starts (or later) is reset.
+        self._names = set(values)
+        return values
 
     async def start(self, properties: Properties, *, layer: int | None = None) -> None:
         """Apply the file now, then watch it in the background.

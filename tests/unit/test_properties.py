@@ -584,6 +584,23 @@ async def test_broken_file_changes_nothing_until_fixed(tmp_path: Path) -> None:
         await source.stop()
 
 
+async def test_a_line_removed_between_load_and_start_is_reset(tmp_path: Path) -> None:
+    """The layer a file source loaded at start loses a line removed before the source
+    starts watching: the property goes back to the layers below (it kept the loaded value
+    until the line came and went again)."""
+    path = tmp_path / "props.json"
+    path.write_text(json.dumps({"decaton.partition.concurrency": 16}))
+    source = FilePropertySource(path, interval_s=0.01)
+    props = Properties({}, await source.load())
+    assert props[PARTITION_CONCURRENCY].value == 16
+    _rewrite(path, "{}")
+    await source.start(props, layer=1)
+    try:
+        assert props[PARTITION_CONCURRENCY].value == 384
+    finally:
+        await source.stop()
+
+
 async def test_file_source_keeps_values_when_the_file_is_deleted(tmp_path: Path) -> None:
     """Deleting the file keeps the current values; recreating it applies again."""
     path = tmp_path / "props.json"
