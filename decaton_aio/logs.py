@@ -25,6 +25,7 @@ Tasks a processor spawns itself run outside both: bind what they need with
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -87,10 +88,13 @@ def register_task_source(source: Callable[[], ProcessingContext | None]) -> None
 
 def current_task_context() -> ProcessingContext | None:
     """The context of the task whose code is running now, or ``None`` outside a task."""
-    for source in _TASK_SOURCES:
-        running = source()
-        if running is not None:
-            return running
+    # The sources tell the task the event loop is starting; a thread without a running
+    # loop (a task's asyncio.to_thread work) is not starting one, whatever they say.
+    if _TASK_SOURCES and asyncio.events._get_running_loop() is not None:
+        for source in _TASK_SOURCES:
+            running = source()
+            if running is not None:
+                return running
     frames = _TASK_FRAMES
     frame = sys._getframe(1)
     while frame is not None:

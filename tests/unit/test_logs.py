@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import logging
+import threading
 
 import pytest
 import structlog
@@ -194,6 +195,40 @@ async def test_lines_while_a_task_starts_carry_its_fields_and_none_after() -> No
         ("decoding", 1, "b"),
         ("decoding", 2, "c"),
     ]
+
+
+async def test_a_thread_of_one_task_does_not_log_with_the_fields_of_a_task_starting() -> None:
+    """A line logged by a task's worker thread (asyncio.to_thread) while the event loop
+    starts another task carries no task's fields: the line was given the starting task's
+    topic, partition, offset and key."""
+    from tests.unit.test_execution import until
+    from tests.unit.test_partition import make, records
+
+    out = io.StringIO()
+    configure_logging("info", json=True, stream=out)
+    b_starting, logged = threading.Event(), threading.Event()
+
+    def in_a_thread() -> None:
+        b_starting.wait(5)
+        structlog.get_logger("user").info("from a thread")
+        logged.set()
+
+    async def process(ctx: ProcessingContext, task: object) -> None:
+        if ctx.offset == 0:
+            await asyncio.to_thread(in_a_thread)
+        else:  # task b's first step, while the loop is starting it
+            b_starting.set()
+            assert logged.wait(5)
+
+    proc = make(process)
+    proc.feed(records([b"a"]))
+    await asyncio.sleep(0)  # task a's thread is waiting
+    proc.feed(records([b"b"], first=1))
+    await until(lambda: proc.committable() == 2)
+    (line,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert line["event"] == "from a thread"
+    assert "offset" not in line
+    assert "key" not in line
 
 
 def test_no_task_outside_the_runtime() -> None:
