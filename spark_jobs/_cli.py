@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -37,6 +38,7 @@ from decaton_aio.cli import (
     cluster_from_args,
     password_on_command_line,
 )
+from decaton_aio.client_properties import parse_client_properties
 from decaton_aio.errors import (
     BrokerError,
     ConfigError,
@@ -212,6 +214,23 @@ def _resolve_cluster(args: argparse.Namespace) -> None:
     args.kafka_extra = (
         {} if args.kafka_properties is None else read_kafka_properties(args.kafka_properties)
     )
+    # The job's own Python clients (end offsets, partition counts) connect as Spark's
+    # connector does: the security keys of --kafka-properties win for them too.
+    secured = {k: v for k, v in args.kafka_extra.items() if k.startswith(_SECURITY_KEYS)}
+    if secured:
+        where = f"--kafka-properties {args.kafka_properties}"
+        try:
+            fields = parse_client_properties(secured, source=where).security_fields
+            args.security = dataclasses.replace(args.security, **fields)
+        except ConfigError as exc:
+            said = str(exc).removeprefix(f"{where}: ")
+            raise ConfigError(
+                f"{where}: {said} (the job also reads end offsets and partition counts with "
+                "a Python client, which needs security settings it can use)"
+            ) from None
+
+
+_SECURITY_KEYS: Final = ("security.", "sasl.", "ssl.")
 
 
 def read_kafka_properties(path: Path) -> dict[str, str]:

@@ -10,7 +10,6 @@ appends its entries only after the broker acknowledged its records (see
 
 from __future__ import annotations
 
-import os
 from typing import Final
 
 from pyspark.errors import AnalysisException
@@ -37,8 +36,10 @@ def known_ids(spark: SparkSession, ledger: str | None) -> DataFrame | None:
     Raises:
         ConfigError: when the ledger exists but cannot be read.
     """
-    if ledger is None or ("://" not in ledger and not os.path.exists(ledger)):
+    if ledger is None:
         return None
+    # A path is Spark's to resolve (a path without a scheme is on the default file
+    # system: HDFS on YARN); a ledger not written yet is a path Spark does not find.
     try:
         entries = spark.read.schema(LEDGER_SCHEMA).parquet(ledger)
     except AnalysisException as exc:

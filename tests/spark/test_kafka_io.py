@@ -28,8 +28,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import __main__ as command
+from spark_jobs import retry_backfill
 from spark_jobs._bundle import MAIN_FILE, ZIP_FILE, build
-from spark_jobs._cli import read_kafka_properties
+from spark_jobs._cli import _resolve_cluster, read_kafka_properties
 from spark_jobs._connector import connector_jars, package
 from spark_jobs.kafka_io import (
     choose_partition,
@@ -201,7 +202,7 @@ def test_kafka_properties_file(tmp_path: Path) -> None:
     good = tmp_path / "good.properties"
     good.write_text("# comment\nkafka.client.id = x\nsasl.jaas.config=a=b;\n\n")
     bad = tmp_path / "bad.properties"
-    bad.write_text("client.id=x\nsecret-without-equals\n")
+    bad.write_text("client.id=x\n=secret-without-a-name\n")
 
     assert read_kafka_properties(good) == {"client.id": "x", "sasl.jaas.config": "a=b;"}
     with pytest.raises(ConfigError, match="line 2 is not key=value") as caught:
@@ -249,3 +250,39 @@ def test_the_connector_is_pysparks_version_and_cached() -> None:
     assert f"spark-token-provider-kafka-0-10_2.13-{pyspark.__version__}.jar" in names
     assert [n.split("-")[0] for n in names] == ["commons", "kafka", "spark", "spark"]
     assert package() == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def test_the_security_of_kafka_properties_reaches_the_jobs_python_clients(
+    tmp_path: Path,
+) -> None:
+    """Security keys given with --kafka-properties (they win over the flags for Spark's
+    connector) reach the job's own Python clients too, which read the end offsets and
+    partition counts: they connected in plaintext and the job ended at once, unable to
+    reach the cluster. Keys those clients cannot use are one line naming the file."""
+    scram = tmp_path / "scram.properties"
+    scram.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.jaas.config="
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="jobs" password="PW-SECRET";\nclient.id=repair\n'
+    )
+    args = retry_backfill.build_parser().parse_args(
+        ["--bootstrap-servers", "h:1", "--dlq-topic", "t-dlq", "--kafka-properties", str(scram)]
+    )
+    _resolve_cluster(args)
+    assert (args.security.security_protocol, args.security.sasl_mechanism) == (
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+    )
+    assert (args.security.sasl_username, args.security.sasl_password) == (
+        "jobs",
+        "PW-SECRET",
+    )
+    oauth = tmp_path / "oauth.properties"
+    oauth.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\nsasl.jaas.config="
+        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;\n"
+    )
+    args.kafka_properties = oauth
+    with pytest.raises(ConfigError, match="a Python client") as caught:
+        _resolve_cluster(args)
+    assert str(oauth) in str(caught.value)
