@@ -34,6 +34,7 @@ pytest.importorskip("pyspark", reason="PySpark is not installed: pip install -e 
 
 from pyspark.sql import SparkSession
 
+from spark_jobs._ledger import append_run, known_ids
 from spark_jobs.retry_backfill import (
     BackfillFilter,
     BackfillOptions,
@@ -296,3 +297,19 @@ def test_bad_arguments_give_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert message in err
+
+
+def test_a_ledger_named_with_a_scheme_is_read(spark: Any, tmp_path: Path) -> None:
+    """A ledger path Spark resolves (a scheme, or none on YARN's default HDFS) is read:
+    a path not on the driver's disk was taken as a ledger not written yet, so every run
+    sent everything again."""
+    ledger = f"file:{tmp_path / 'ledger'}"
+    assert known_ids(spark, ledger) is None  # not written yet
+    sent = spark.createDataFrame(
+        [("d:0:7", "d:0:7:f1", "ValueError", "orders")],
+        "source_id string, failure_id string, error_type string, target string",
+    )
+    append_run(sent, ledger, "run-1", 1_700_000_000_000)
+    ids = known_ids(spark, ledger)
+    assert ids is not None
+    assert sorted(row.id for row in ids.collect()) == ["d:0:7", "d:0:7:f1"]
