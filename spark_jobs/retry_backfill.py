@@ -151,8 +151,8 @@ class BackfillOptions:
         compression_type: the codec of produced batches, or ``None``.
         side_topics: the runtime's side topic suffixes.
         show: how many selected records the report lists.
-        isolation_level: how the dead letter topic is read (``read_committed`` skips
-            records of aborted transactions).
+        isolation_level: how the dead letter topic is read (``read_committed``, the
+            default, skips records of aborted transactions).
         security: TLS and SASL settings of every Kafka client of the run.
         kafka_extra: Kafka client properties for Spark's connector (``--kafka-properties``).
     """
@@ -169,7 +169,7 @@ class BackfillOptions:
     compression_type: str | None = None
     side_topics: SideTopics = field(default_factory=SideTopics)
     show: int = 5
-    isolation_level: str = "read_uncommitted"
+    isolation_level: str = "read_committed"
     security: SecuritySettings = PLAINTEXT
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -353,8 +353,9 @@ def build_parser() -> JobParser:
     )
     parser.add_argument("--show", type=int, default=5, metavar="N", help="list N selected records")
     parser.add_argument(
-        "--isolation-level", choices=ISOLATION_LEVELS, default="read_uncommitted",
-        help="read_committed: skip dead letters of aborted transactions",
+        "--isolation-level", choices=ISOLATION_LEVELS, default="read_committed",
+        help="read_committed (default): skip dead letters of aborted transactions, which an "
+        "exactly-once application leaves beside the copy its task's next run wrote",
     )  # fmt: skip
     return parser
 
