@@ -201,11 +201,11 @@ def _classify(spark: SparkSession, options: BackfillOptions, df: DataFrame) -> D
     if ids is None:
         known = F.lit(False)
     else:
-        by_source = ids.select(F.col("id").alias("_by_source"))
+        # By failure: a record read again (or its spool copy) has the same one; where it
+        # was read does not tell (a dead letter topic made again starts at offset 0).
         by_failure = ids.select(F.col("id").alias("_by_failure"))
-        df = df.join(by_source, df.source_id == by_source._by_source, "left")
         df = df.join(by_failure, df.failure_id == by_failure._by_failure, "left")
-        known = F.col("_by_source").isNotNull() | F.col("_by_failure").isNotNull()
+        known = F.col("_by_failure").isNotNull()
     if options.to_topic is not None:
         target = F.lit(options.to_topic)
     elif options.to_retry_topic:
