@@ -28,7 +28,9 @@ LEDGER_SCHEMA: Final = (
 
 
 def known_ids(spark: SparkSession, ledger: str | None) -> DataFrame | None:
-    """Every ``source_id`` and ``failure_id`` the ledger holds, as one column ``id``.
+    """Every ``failure_id`` the ledger holds, as one column ``id`` (a record's failure:
+    the same for a record read again or its spool copy, while where it was read, the
+    ``source_id``, starts again at offset 0 in a dead letter topic made again).
 
     Returns:
         The distinct ids, or ``None`` when there is no ledger (yet).
@@ -46,7 +48,7 @@ def known_ids(spark: SparkSession, ledger: str | None) -> DataFrame | None:
         if "PATH_NOT_FOUND" in str(exc):
             return None
         raise ConfigError(f"cannot read the ledger {ledger}: {str(exc).splitlines()[0]}") from exc
-    ids = entries.select(F.col("source_id").alias("id")).union(entries.select("failure_id"))
+    ids = entries.select(F.col("failure_id").alias("id"))
     return ids.where(F.col("id").isNotNull()).distinct()
 
 
