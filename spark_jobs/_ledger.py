@@ -3,8 +3,8 @@
 This module owns the ledger's format and both its reads and its writes. The ledger is a
 Parquet data set with one ``run_id=<run id>`` directory per run that sent something; each
 entry names a re-sent dead letter twice, by where it was read (``source_id``) and by its
-failure (``failure_id``), with its error type, the topic it went to and when. A run
-appends its entries only after the broker acknowledged its records (see
+failure (``failure_id``, what a later run skips by), with its error type, the topic it
+went to and when. A run appends its entries only after the broker acknowledged its records (see
 :mod:`spark_jobs.retry_backfill`); nothing here ever rewrites or removes an entry.
 """
 
