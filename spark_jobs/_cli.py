@@ -320,6 +320,8 @@ def run_job(
     try:
         args = parser.parse_args(argv)
         _resolve_cluster(args)
+        if args.summary_json is not None and args.summary_json.is_dir():
+            raise ConfigError(f"--summary-json {args.summary_json} is a directory: name a file")
         if check is not None:
             check(args)
     except ConfigError as exc:
@@ -341,5 +343,13 @@ def run_job(
         return code
     print(summary.render())
     if args.summary_json is not None:
-        write_json(args.summary_json, summary.to_dict())
+        try:
+            write_json(args.summary_json, summary.to_dict())
+        except OSError as exc:
+            return _fail(
+                EXIT_FAILURE,
+                prog,
+                f"cannot write the summary to {args.summary_json}: {exc.strerror}; the job's "
+                "work is done (its summary is above)",
+            )
     return EXIT_OK

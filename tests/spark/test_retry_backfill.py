@@ -286,6 +286,11 @@ async def test_runtime_dead_letters_and_spools_go_to_the_retry_topic_and_run_aga
              "--to-retry-topic"],
             "not allowed with argument",
         ),
+        (
+            ["--bootstrap-servers", "h:1", "--dlq-topic", "d", "--dry-run", "--summary-json",
+             "/tmp"],
+            "--summary-json /tmp is a directory: name a file",
+        ),
     ],
 )  # fmt: skip
 def test_bad_arguments_give_one_line_and_exit_2(
