@@ -160,6 +160,9 @@ class SideRecords:
                 stats.completion_duration.observe(perf_counter() - started_at)
             partition.finish_released(record)
             return
+        # The partition closed first: nothing to complete (its next owner runs the task
+        # again), but what the task opened ends (a traced task's span).
+        partition.finish_released(record)
 
     def _reference(
         self, partition: TaskHost, record: Record, what: str, exc: RecordRejectedError

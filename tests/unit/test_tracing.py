@@ -203,6 +203,27 @@ async def test_retry_and_dead_letter_records_carry_the_task_span(
     assert proc.committable() == 2
 
 
+async def test_a_task_whose_retry_outlives_its_partition_ends_its_span(
+    tracing: Tracing, exporter: InMemorySpanExporter
+) -> None:
+    """A failed task whose retry record the cluster does not take while its partition is
+    revoked gives up with the partition (the next owner runs it again), and its span
+    ends: it was never ended nor exported."""
+    sender = FakeSender(failures=10**6)
+
+    async def process(ctx: ProcessingContext, task: Any) -> None:
+        raise RuntimeError("boom")
+
+    proc = traced(process, tracing, sender, retry=RetryConfig(FAST))
+    proc.feed([FakeRecord(0, b"k")])
+    await settle()
+    assert task_spans(exporter) == []  # the retry send keeps trying
+    proc.close()
+    await until(lambda: len(task_spans(exporter)) == 1)
+    (span,) = task_spans(exporter)
+    assert span.attributes[OUTCOME_ATTRIBUTE] == "retry"  # type: ignore[index]
+
+
 async def test_skipped_and_timed_out_tasks_say_so(
     tracing: Tracing, exporter: InMemorySpanExporter
 ) -> None:

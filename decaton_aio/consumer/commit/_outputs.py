@@ -55,7 +55,8 @@ async def deliver_outputs(
     while not partition.closed:
         try:
             await sink.deliver(partition, record, outputs)
-            return
+            if not partition.closed:
+                return
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -69,3 +70,6 @@ async def deliver_outputs(
                 retry_in_s=round(delay, 3),
             )
             await asyncio.sleep(delay)
+    # The partition closed first: nothing to complete (the record comes again), but what
+    # the task opened ends (a traced task's span).
+    partition.finish_released(record)
