@@ -16,6 +16,7 @@ into aiokafka's arguments; :mod:`decaton_aio.client_properties` reads them from 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from collections.abc import Mapping
@@ -306,16 +307,36 @@ def _readable(path: str, setting: str) -> None:
         raise ConfigError(f"{setting} {path}: not readable by this user")
 
 
+#: How long a token provider may take for one token before the connection that asked
+#: for it fails (and is tried again, as any failed connection is).
+TOKEN_TIMEOUT_S: Final = 30.0
+
+
 def _as_aiokafka_provider(provider: Any) -> Any:
     from aiokafka.abc import AbstractTokenProvider
-
-    if isinstance(provider, AbstractTokenProvider):
-        return provider
+    from aiokafka.errors import KafkaConnectionError
 
     class _Adapter(AbstractTokenProvider):  # type: ignore[misc]
         # aiokafka insists on its own base class; any object with async token() will do.
+        # It asks for a token on every new connection and ends the client's routines on
+        # any error but a connection error: a provider that fails or hangs (its identity
+        # service down) fails that connection, which is tried again.
         async def token(self) -> str:
-            return str(await provider.token())
+            try:
+                async with asyncio.timeout(TOKEN_TIMEOUT_S):
+                    return str(await provider.token())
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                raise KafkaConnectionError(
+                    f"the OAUTHBEARER token provider {type(provider).__name__} gave no token "
+                    f"within {TOKEN_TIMEOUT_S:g} s"
+                ) from None
+            except Exception as exc:
+                raise KafkaConnectionError(
+                    f"the OAUTHBEARER token provider {type(provider).__name__} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
 
         def extensions(self) -> dict[str, str]:
             found = getattr(provider, "extensions", None)

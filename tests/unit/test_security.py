@@ -3,6 +3,7 @@ built from it, files checked with errors that name them."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,37 @@ async def test_any_object_with_async_token_is_a_token_provider() -> None:
     assert isinstance(provider, AbstractTokenProvider)
     assert await provider.token() == "t0ken"
     assert provider.extensions() == {"tenant": "a"}
+
+
+async def test_a_token_provider_that_fails_or_hangs_fails_the_connection_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A provider whose token() raises or never returns (its identity service down) gives
+    aiokafka a connection error naming the provider, which it retries as any failed
+    connection; another error ended the client's fetch, send or group routine for good,
+    and a hang froze every new connection."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from decaton_aio import security
+
+    class Down:
+        async def token(self) -> str:
+            raise RuntimeError("identity service unreachable")
+
+    class Stuck:
+        async def token(self) -> str:
+            await asyncio.Event().wait()
+            return "never"
+
+    monkeypatch.setattr(security, "TOKEN_TIMEOUT_S", 0.01)
+    for provider, said in (
+        (Down(), "failed: RuntimeError: identity service"),
+        (Stuck(), "gave no"),
+    ):
+        settings = SecuritySettings("SASL_SSL", "OAUTHBEARER", sasl_oauth_token_provider=provider)
+        adapted = settings.client_kwargs()["sasl_oauth_token_provider"]
+        with pytest.raises(KafkaConnectionError, match=f"{type(provider).__name__} {said}"):
+            await adapted.token()
 
 
 def test_tls_file_errors_name_the_file(tmp_path: Path) -> None:
