@@ -267,8 +267,7 @@ class Application:
         on_startup: ``async def hook()`` (or a sequence of them, run in order) that
             ``run`` (``python -m decaton_aio run``) awaits once per process before it
             starts consuming: open a database pool, warm a cache. A hook that raises stops
-            the process before any task runs (the shutdown hooks of the startup hooks that
-            completed still run).
+            the process before any task runs (the shutdown hooks do not run).
         on_shutdown: hooks ``run`` awaits once per process after the subscription drained
             its tasks and committed: close the pool. Run in order, each even if an earlier
             one raised.

@@ -9,7 +9,7 @@ This module owns the two processors of the example and the applications that run
   newest one. A compactor keeps one of two tasks and completes the other unprocessed, so
   it is only correct when the kept task makes the dropped one redundant: the newest event
   of a pair does (it alone decides the pair's edge), an event of another pair does not.
-  Seed 001's "+1 -1 +1 = +1" summing would need a merged task carrying several event ids;
+  Summing +1/-1 across events would need a merged task carrying several event ids;
   a crash after the dropped offsets were committed would then lose their effect.
 - :class:`RepairProcessor` recounts one user from the edge table when a repair task
   arrives (written by ``spark_jobs.batch_repair``).

@@ -1,7 +1,7 @@
 """The tasks of the follow service: follow/unfollow events and repair requests.
 
 This module owns the task types (msgspec structs, JSON on the wire) and the topic names
-of the example, after LINE's follow service:
+of the example:
 
 - :class:`FollowEvent` on ``follow-events``, keyed by the *followee's* user id, so every
   event about one influencer lands in one partition and one key lane, where a burst of
