@@ -96,7 +96,9 @@ def maven_into_cache(
         if verify is not None:
             verify(staging)
         (staging / COMPLETE_MARKER).write_text(what)
-        if cache.exists():  # another process finished first, or a stale partial copy
+        if (cache / COMPLETE_MARKER).exists():
+            return cache  # another process finished first: its copy may be in use
+        if cache.exists():  # a partial copy left by an older layout or a crash
             shutil.rmtree(cache, ignore_errors=True)
         try:
             staging.rename(cache)

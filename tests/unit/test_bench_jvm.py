@@ -160,3 +160,30 @@ def test_a_copy_still_stale_after_the_purge_fails_the_build(
         jvm.build(("decaton",), (tmp_path / "repo").as_uri())
     assert len(maven.calls) == 2
     assert not list((tmp_path / "cache" / "decaton-aio").glob("jvm-*/.complete"))
+
+
+def test_the_first_copy_finished_stays_when_two_processes_fill_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process finished its copy while this one's Maven ran: that copy stays (a
+    JVM may be running from it), this one's is thrown away. It was deleted and replaced,
+    under the feet of the process using it."""
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(_maven, "find_mvn", lambda: "mvn")
+
+    def maven(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        (cache / "lib").mkdir(parents=True)  # the other process, meanwhile
+        (cache / "lib" / "kafka.jar").write_text("the first copy")
+        (cache / _maven.COMPLETE_MARKER).write_text("first")
+        staging = Path(argv[-1])
+        (staging / "lib").mkdir(parents=True)
+        (staging / "lib" / "kafka.jar").write_text("the second copy")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(_maven.subprocess, "run", maven)
+    filled = _maven.maven_into_cache(
+        cache, lambda staging: [str(staging)], what="the test", error=RuntimeError
+    )
+    assert filled == cache
+    assert (cache / "lib" / "kafka.jar").read_text() == "the first copy"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # no staging left
