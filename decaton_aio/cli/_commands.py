@@ -69,7 +69,7 @@ from decaton_aio.producer import (
 )
 from decaton_aio.properties import PROCESSING_SHUTDOWN_TIMEOUT_MS, parse_assignments
 from decaton_aio.retry import RetryConfig
-from decaton_aio.security import SecuritySettings
+from decaton_aio.security import SECURITY_ENV_VARS, SecuritySettings
 from decaton_aio.serializers import JsonSerializer
 from decaton_aio.tracing import Tracing
 
@@ -278,8 +278,15 @@ def _broker_security(args: argparse.Namespace) -> BrokerSecurity | None:
         return None
     users: dict[str, str] = {}
     if args.sasl_scram:
-        user, _, password = args.sasl_scram.partition(":")
-        users[user] = password or secrets.token_urlsafe(16)
+        variable = SECURITY_ENV_VARS["sasl_password"]
+        if ":" in args.sasl_scram:
+            raise ConfigError(
+                "--sasl-scram takes a user only: a password on the command line is visible "
+                f"to every user of the machine; set {variable}, or let the broker make one "
+                "(written to the printed client.properties)"
+            )
+        password = os.environ.get(variable, "").strip()
+        users[args.sasl_scram] = password or secrets.token_urlsafe(16)
     return BrokerSecurity(users, mtls=args.mtls)
 
 

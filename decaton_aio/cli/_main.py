@@ -102,9 +102,10 @@ def _build_parser() -> _Parser:
     broker.add_argument("--log-file", type=Path, help="broker log file (default: a temp file)")
     broker.add_argument(
         "--sasl-scram",
-        metavar="USER[:PASSWORD]",
-        help="Apache Kafka only: a SASL_SSL listener with this SCRAM-SHA-512 user (a random "
-        "password when none is given; it is written to the printed client.properties only)",
+        metavar="USER",
+        help="Apache Kafka only: a SASL_SSL listener with this SCRAM-SHA-512 user; its "
+        "password from DECATON_AIO_SASL_PASSWORD, else a random one written to the printed "
+        "client.properties only",
     )
     broker.add_argument(
         "--mtls",

@@ -191,10 +191,19 @@ class KafkaCluster:
         self.wait_ready(timeout_s, probe)
 
     def _format(self, java: str, classpath: str, cluster_id: str, config: Path) -> None:
+        extra = []
+        if self.format_args:
+            # In a file of the private work directory, which the storage tool reads (an
+            # argument a line, "@file"): salted SCRAM passwords log a user in, and a
+            # command line is public (ps).
+            argfile = config.with_suffix(".format-args")
+            argfile.touch(mode=0o600)
+            argfile.write_text("".join(f"{arg}\n" for arg in self.format_args))
+            extra = [f"@{argfile}"]
         result = subprocess.run(
             [java, "-cp", classpath, f"-Dlog4j2.configurationFile={_LOG_CONFIG}",
              "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
-             *self.format_args],
+             *extra],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

@@ -496,3 +496,16 @@ def test_a_bad_choice_from_the_environment_is_one_line(
     monkeypatch.setenv(variable, value)
     assert main(argv) == EXIT_USAGE
     assert f"{variable}='{value}' is not one of" in _one_line_error(capsys)
+
+
+def test_the_embedded_brokers_scram_user_takes_no_password_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``broker --sasl-scram USER:PASSWORD`` put the password on the broker command's line
+    (visible to every user of the machine, for its whole life): refused with one line
+    that says where a password goes, without repeating it."""
+    assert main(["broker", "--sasl-scram", "alice:PW-SECRET"]) == EXIT_USAGE
+    err = _one_line_error(capsys)
+    assert "--sasl-scram takes a user only" in err
+    assert "DECATON_AIO_SASL_PASSWORD" in err
+    assert "PW-SECRET" not in err
