@@ -14,7 +14,8 @@ Inside (private): ``_broker`` (the broker process: ports, probes, logs, stop, Ta
 ``_apache_kafka`` (Apache Kafka's jars, configuration and nodes; its pom and log
 configuration in ``kafka-jvm/``), ``_kafka_security`` and ``_tls`` (a secured broker: SCRAM
 users, listeners, a CA per start), ``_maven`` (java, mvn, Maven into the user's cache;
-``bench/jvm.py`` builds the project's Java with it too).
+``bench/jvm.py`` builds the project's Java with it too), ``_spawn`` (broker processes
+forked by a thread that lives as long as the process).
 """
 
 from __future__ import annotations

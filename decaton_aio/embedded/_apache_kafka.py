@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from decaton_aio.embedded._maven import cache_root, find_java, maven_into_cache
+from decaton_aio.embedded._spawn import popen_for_life
 from decaton_aio.errors import BrokerError
 
 __all__ = [
@@ -223,7 +224,7 @@ class KafkaCluster:
                 f"config {node.config}\n".encode()
             )
             log.flush()
-            node.process = subprocess.Popen(
+            node.process = popen_for_life(
                 [java, _HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
                  f"-Dlog4j2.configurationFile={_LOG_CONFIG}", "-cp", classpath,
                  "kafka.Kafka", str(node.config)],

@@ -44,6 +44,7 @@ from decaton_aio.embedded._kafka_security import (
     SecuredSetup,
     prepare,
 )
+from decaton_aio.embedded._spawn import popen_for_life
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 
@@ -402,7 +403,7 @@ class EmbeddedBroker:
         argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
         argv += ["--storage-engine", self._storage_engine]
         with open(self._log_path, "ab") as log:
-            self._process = subprocess.Popen(
+            self._process = popen_for_life(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
