@@ -281,20 +281,25 @@ class KafkaCluster:
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL what is left after a grace period, remove the data."""
         running = [n.process for n in self.nodes if n.process is not None and n.alive()]
-        for process in running:
-            process.terminate()
-        deadline = time.monotonic() + _STOP_GRACE_S
-        for process in running:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for node in self.nodes:
-            node.process = None
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
+        try:
+            for process in running:
+                process.terminate()
+            deadline = time.monotonic() + _STOP_GRACE_S
+            for process in running:
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        finally:  # a second Ctrl-C during the wait: the nodes are killed, the data removed
+            for process in running:
+                if process.poll() is None:
+                    process.kill()
+            for node in self.nodes:
+                node.process = None
+            if self.workdir is not None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+                self.workdir = None
 
     def pids(self) -> list[int]:
         return [n.process.pid for n in self.nodes if n.process is not None and n.alive()]

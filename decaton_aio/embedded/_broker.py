@@ -471,12 +471,14 @@ class EmbeddedBroker:
         """
         process, self._process = self._process, None
         cluster, self._cluster = self._cluster, None
-        atexit.unregister(self.stop)
-        if cluster is not None:
-            cluster.stop()
         secured, self._secured = self._secured, None
-        if secured is not None:
-            shutil.rmtree(secured.directory, ignore_errors=True)
+        atexit.unregister(self.stop)
+        try:
+            if cluster is not None:
+                cluster.stop()
+        finally:  # keys and a client.properties with a password: removed whatever happens
+            if secured is not None:
+                shutil.rmtree(secured.directory, ignore_errors=True)
         if process is None or process.poll() is not None:
             return
         process.terminate()

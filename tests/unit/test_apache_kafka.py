@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from decaton_aio.embedded import _apache_kafka
+from decaton_aio.embedded import EmbeddedBroker, _apache_kafka
 from decaton_aio.embedded._broker import _die_with_parent
 from decaton_aio.embedded._spawn import popen_for_life
 
@@ -62,3 +62,23 @@ def test_a_process_started_from_a_short_lived_thread_outlives_it() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_stop_interrupted_while_waiting_still_removes_the_secrets(tmp_path: Path) -> None:
+    """A second Ctrl-C while the nodes stop (KeyboardInterrupt out of the wait) still
+    removes the secured broker's directory (its keys, a client.properties with the
+    password): the stop had forgotten it, and nothing removed it later."""
+
+    class Interrupted:
+        def stop(self) -> None:
+            raise KeyboardInterrupt
+
+    secrets = tmp_path / "decaton-aio-tls-x"
+    secrets.mkdir()
+    (secrets / "client.properties").write_text('sasl.jaas.config=... password="pw";\n')
+    broker = EmbeddedBroker(flavor="apache")
+    broker._cluster = Interrupted()  # type: ignore[assignment]
+    broker._secured = type("Secured", (), {"directory": secrets})()  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        broker.stop()
+    assert not secrets.exists()
