@@ -19,8 +19,8 @@ __all__ = ["PartitionStats", "SubscriptionStats"]
 # Counters added together by merge_counters (ints and float seconds alike).
 _SUMMED = (
     "processed", "errors", "discarded", "retries", "compactions", "timeouts", "throttled_s",
-    "consumed", "without_metadata", "retry_queued", "retry_failed", "dead_letter_queued",
-    "dead_letter_failed", "shaping_queued", "shaping_failed",
+    "consumed", "with_metadata", "without_metadata", "retry_queued", "retry_failed",
+    "dead_letter_queued", "dead_letter_failed", "shaping_queued", "shaping_failed",
 )  # fmt: skip
 _HISTOGRAMS = (
     "process_duration", "completion_duration", "done_at_once", "delivery_latency",
@@ -33,8 +33,9 @@ class PartitionStats:
 
     Counters only grow: ``processed``, ``errors``, ``discarded``, ``retries``,
     ``compactions``, ``timeouts`` (deferred completions past their timeout), ``consumed``
-    (records fetched) and ``without_metadata`` (those of them without a ``dt_meta``
-    header, counted when they first run), ``retry_queued`` / ``retry_failed``,
+    (records fetched), ``with_metadata`` and ``without_metadata`` (tasks with and without
+    a ``dt_meta`` header, both counted when they first run), ``retry_queued`` /
+    ``retry_failed``,
     ``dead_letter_queued`` / ``dead_letter_failed`` and ``shaping_queued`` /
     ``shaping_failed`` (records sent to a side topic, and failed sends, each retried),
     ``throttled_s`` (float seconds), and the time counters read through
@@ -107,6 +108,7 @@ class PartitionStats:
     timeouts: int
     throttled_s: float
     consumed: int
+    with_metadata: int
     without_metadata: int
     retry_queued: int
     retry_failed: int

@@ -106,11 +106,12 @@ _COUNTERS: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
     ("decaton_shaping_queueing_failed", "Sends to the shaping topic that failed (each is "
      "tried again).", lambda s: s.shaping_failed),
 )  # fmt: skip
-# Records fetched, by format: one series per value of the ``format`` label.
+# Records run, by format: one series per value of the ``format`` label.
 _CONSUMED = (
     "decaton_records_consumed",
-    "Records fetched from the partition, by format: with_dt_meta (a Decaton task with its "
-    "metadata header) or without_dt_meta (a plain record; counted when it first runs).",
+    "Records of the partition run as tasks, by format: with_dt_meta (a Decaton task with "
+    "its metadata header) or without_dt_meta (a plain record); each counted when it first "
+    "runs.",
 )
 _HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], ...] = (
     ("decaton_task_process_duration_seconds", "Seconds the processor ran per task.",
@@ -237,9 +238,8 @@ class DecatonCollector:
             values = (labels.subscription, labels.topic, str(labels.partition))
             for counter, (_, _, read) in zip(counters, _COUNTERS, strict=True):
                 counter.add_metric(values, float(read(stats)))
-            without = stats.without_metadata
-            consumed.add_metric((*values, "with_dt_meta"), float(stats.consumed - without))
-            consumed.add_metric((*values, "without_dt_meta"), float(without))
+            consumed.add_metric((*values, "with_dt_meta"), float(stats.with_metadata))
+            consumed.add_metric((*values, "without_dt_meta"), float(stats.without_metadata))
             for histogram, (_, _, read_hist) in zip(histograms, _HISTOGRAMS, strict=True):
                 hist = read_hist(stats)
                 histogram.add_metric(values, hist.cumulative(), hist.sum)

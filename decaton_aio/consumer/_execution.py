@@ -183,13 +183,18 @@ class TaskExecutor:
                         ctx.record = task_rec
                         headers = task_rec.headers
                     scheduled = scheduled_time_of(headers)
-                    if attempt == 1 and (
-                        not headers or all(name != METADATA_HEADER for name, _ in headers)
-                    ):
-                        partition.stats.without_metadata += 1
+                    raw = None
+                    if headers and any(name == METADATA_HEADER for name, _ in headers):
+                        raw = b""  # has one (in another shape): counted as a task with it
             except DecodeError as exc:
                 self._poison_pill(partition, ctx, exc)
                 return
+            if attempt == 1:  # the format of each record, once, when it first runs
+                stats = partition.stats
+                if raw is None:
+                    stats.without_metadata += 1
+                else:
+                    stats.with_metadata += 1
             now = _CLOCK()
             if scheduled and scheduled > now * 1000:
                 delay = scheduled / 1000 - now

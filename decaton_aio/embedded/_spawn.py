@@ -24,6 +24,7 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decaton-aio-bro
 def popen_for_life(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """``subprocess.Popen(argv, **kwargs)``, forked by a thread that lives as long as
     this process (the main thread, or the spawner thread)."""
+
     def fork() -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, **kwargs)
 

@@ -510,7 +510,7 @@ def test_time_counters_consumed_formats_and_new_counters_are_exported() -> None:
     counters reach the text format under their Decaton names."""
     metrics = Metrics(process_metrics=False)
     stats = metrics.register_partition("sub", "t", 0)
-    stats.consumed, stats.without_metadata = 10, 3
+    stats.consumed, stats.with_metadata, stats.without_metadata = 10, 7, 3
     stats.retry_queued, stats.retry_failed, stats.timeouts = 2, 1, 4
     stats.paused_s, stats.starved_since = 1.5, -1.0
     stats.starved_s = 2.5
@@ -524,6 +524,19 @@ def test_time_counters_consumed_formats_and_new_counters_are_exported() -> None:
     metrics.retire_partition("sub", "t", 0)  # counters survive the partition
     assert value(metrics, "decaton_partition_paused_seconds_total", **P0) == 1.5
     assert value(metrics, "decaton_records_consumed_total", **P0, format="with_dt_meta") == 7
+
+
+def test_the_formats_of_records_fetched_and_not_run_yet_never_go_down() -> None:
+    """Records are counted by format when they first run, both formats alike: fetched
+    plain records waiting to run were counted as with_dt_meta (fetched minus those run
+    without it) until they ran, and that counter then went down."""
+    metrics = Metrics(process_metrics=False)
+    stats = metrics.register_partition("sub", "t", 0)
+    stats.consumed = 100  # fetched, none run yet
+    assert value(metrics, "decaton_records_consumed_total", **P0, format="with_dt_meta") == 0
+    stats.without_metadata = 100  # they run: plain records
+    assert value(metrics, "decaton_records_consumed_total", **P0, format="with_dt_meta") == 0
+    assert value(metrics, "decaton_records_consumed_total", **P0, format="without_dt_meta") == 100
 
 
 def test_subscription_state_is_one_series_per_state() -> None:
