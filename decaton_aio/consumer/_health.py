@@ -153,10 +153,11 @@ class HealthCheck:
         if state != "running":
             reasons.append(f"the subscription is {state.replace('_', ' ')}, not running")
         partitions = sub.partitions
-        if not partitions and state == "running":
-            reasons.append("no partition is assigned to this instance")
+        # A running member the group gave no partition (more members than partitions, a
+        # rolling update's extra pod) is ready: it takes partitions at the next rebalance.
         last = sub.last_fetch_at
-        if state == "running" and (last is None or now - last > config.fetch_timeout_ms / 1000):
+        fetching = state == "running" and bool(partitions)
+        if fetching and (last is None or now - last > config.fetch_timeout_ms / 1000):
             since = "ever" if last is None else f"for {now - last:.1f} s"
             reasons.append(f"no fetch returned {since}")
         stalled = self._stalled(partitions.values(), now)

@@ -47,9 +47,11 @@ def running(sub: Subscription, clock: Clock, *processors: Any) -> None:
     sub.last_fetch_at = clock.now
 
 
-async def test_not_ready_until_running_assigned_and_fetching() -> None:
-    """Each missing condition is a reason of its own: not running, nothing assigned, no
-    fetch yet; all met, the body says ready with the partition count."""
+async def test_not_ready_until_running_and_fetching_what_it_was_given() -> None:
+    """Not running is not ready; a running member the group gave no partition is ready
+    (more members than partitions, or a rolling update's extra pod: it was not ready
+    forever, and the rollout stalled on it); with partitions, it is ready once a fetch
+    returned, the body giving the partition count."""
     clock = Clock()
     sub = subscription()
     health = HealthCheck(sub, clock=clock)
@@ -58,11 +60,13 @@ async def test_not_ready_until_running_assigned_and_fetching() -> None:
     assert body["reasons"] == ["the subscription is initializing, not running"]
     sub._set_state(SubscriptionState.RUNNING)
     ready, body = health.check_readiness()
+    assert ready
+    assert body == {"status": "ready", "state": "running", "partitions": 0}
+    sub._partitions[TopicPartition("tasks", 0)] = make(_noop)  # assigned, nothing fetched
+    ready, body = health.check_readiness()
     assert not ready
-    assert body["reasons"] == [
-        "no partition is assigned to this instance",
-        "no fetch returned ever",
-    ]
+    assert body["reasons"] == ["no fetch returned ever"]
+    sub._partitions.clear()
     running(sub, clock, make(_noop))
     ready, body = health.check_readiness()
     assert ready
