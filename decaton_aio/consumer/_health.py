@@ -9,8 +9,9 @@ Readiness is computed on the loop (so it reads the runtime's state without races
 fails, with every reason, when:
 
 - the subscription is not ``RUNNING`` (starting, rebalancing, shutting down);
-- no partition is assigned;
-- the fetch routine has not returned from a fetch call for ``fetch_timeout_ms``;
+- it has partitions and the fetch routine has not returned from a fetch call for
+  ``fetch_timeout_ms`` (a member the group gave no partition is ready: it takes some at
+  the next rebalance);
 - a partition is *stalled*: it has pending records and its watermark (the first offset
   not complete) has not moved for ``stall_timeout_ms``, i.e. a task at the head of the
   partition is not finishing (a stuck processor, a deferred completion never completed, a
