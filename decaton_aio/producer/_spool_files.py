@@ -182,13 +182,13 @@ class SpoolSummary:
 
 
 def summarize(directory: Path) -> SpoolSummary:
-    """Read what ``directory`` holds, the spools of its workers included, without taking a
-    lock (a producer using it may be changing it meanwhile). A missing directory holds
-    nothing."""
+    """Read what ``directory`` holds, with the spools of its workers that a producer on it
+    would take over (those no running process holds), without taking its lock (a producer
+    using it may be changing it meanwhile). A missing directory holds nothing."""
     if not directory.is_dir():
         return SpoolSummary(0, None)
     entries, oldest = 0, None
-    for spool in (directory, *worker_spools(directory)):
+    for spool in (directory, *(w for w in worker_spools(directory) if not _in_use(w))):
         segments = scan(spool)
         entries += sum(s.lines for s in segments)
         for segment in segments:
@@ -246,6 +246,17 @@ def adopt(
             if fd is not None:
                 os.close(fd)
     return adopted, busy
+
+
+def _in_use(directory: Path) -> bool:
+    """Whether another producer holds ``directory``'s lock now."""
+    try:
+        fd = lock(directory)
+    except ConfigError:
+        return True
+    if fd is not None:
+        os.close(fd)
+    return False
 
 
 def worker_spool(directory: Path, worker: int) -> Path:
