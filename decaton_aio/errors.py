@@ -96,6 +96,8 @@ class MissingTopicError(ProducerError):
     """The cluster answers but has no such topic (or this principal may not describe it),
     and does not create topics on first use: create the topic or correct its name."""
 
+    retriable = False
+
 
 class ProcessingError(DecatonError):
     """Raised when a processor failed a task and the failure is reported to the caller."""

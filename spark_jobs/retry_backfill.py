@@ -12,9 +12,11 @@ record was read) and ``dt_backfill_run`` (the run id) are added.
 
 Once only: every run appends what it sent to a ledger (``--ledger PATH``: a Parquet data
 set, one ``run_id=...`` directory per run) and skips what an earlier run sent. A record is
-known by where it was read (``<dlq topic>:<partition>:<offset>``, or ``spool:<entry id>``)
-and by its failure (origin topic, partition, offset and last failure time), so a dead letter
-found both in a spool and, after the spool was replayed, on the topic is sent once. The
+known by its failure (origin topic, partition, offset and last failure time; where it was
+read, ``<dlq topic>:<partition>:<offset>`` or ``spool:<entry id>``, when it has no failure
+headers), so a dead letter found both in a spool and, after the spool was replayed, on the
+topic is sent once, and a dead letter topic made again (its offsets from 0) is not taken
+for what was sent before. The
 ledger is written after the broker acknowledged the run's records: a crash in between sends
 them again on the next run (at-least-once, like the rest of the runtime); run one backfill
 per ledger at a time. ``--dry-run`` reads the ledger, sends nothing and writes no ledger.

@@ -69,7 +69,7 @@ from decaton_aio.producer import (
 )
 from decaton_aio.properties import PROCESSING_SHUTDOWN_TIMEOUT_MS, parse_assignments
 from decaton_aio.retry import RetryConfig
-from decaton_aio.security import SECURITY_ENV_VARS, SecuritySettings
+from decaton_aio.security import SECURITY_ENV_VARS, SecuritySettings, env_security_fields
 from decaton_aio.serializers import JsonSerializer
 from decaton_aio.tracing import Tracing
 
@@ -285,7 +285,7 @@ def _broker_security(args: argparse.Namespace) -> BrokerSecurity | None:
                 f"to every user of the machine; set {variable}, or let the broker make one "
                 "(written to the printed client.properties)"
             )
-        password = os.environ.get(variable, "").strip()
+        password = env_security_fields(os.environ).get("sasl_password")  # or ..._FILE
         users[args.sasl_scram] = password or secrets.token_urlsafe(16)
     return BrokerSecurity(users, mtls=args.mtls)
 

@@ -104,8 +104,8 @@ def _build_parser() -> _Parser:
         "--sasl-scram",
         metavar="USER",
         help="Apache Kafka only: a SASL_SSL listener with this SCRAM-SHA-512 user; its "
-        "password from DECATON_AIO_SASL_PASSWORD, else a random one written to the printed "
-        "client.properties only",
+        "password from DECATON_AIO_SASL_PASSWORD(_FILE), else a random one written to the "
+        "printed client.properties only",
     )
     broker.add_argument(
         "--mtls",
@@ -387,16 +387,37 @@ def _env_list(variable: environment.EnvironmentVariable) -> list[str] | None:
 def _env_choice(
     variable: environment.EnvironmentVariable, choices: Sequence[str], default: str | None = None
 ) -> str | None:
-    """The variable's value, one of ``choices`` (argparse checks a flag's value, not a
-    default's); ``default`` when it is unset or empty."""
+    """The variable's value as an option's default (``default`` when it is unset or
+    empty), checked against ``choices`` once the command is known (:func:`_check_choices`:
+    argparse checks a flag's value, not a default's, and a bad variable for one command
+    must not stop another)."""
     raw = variable.get()
     if raw is None or not raw.strip():
         return default
-    if raw.strip() not in choices:
-        raise _UsageError(
-            f"decaton-aio: {variable.name}={raw!r} is not one of {', '.join(choices)} (see --help)"
-        )
-    return raw.strip()
+    return _FromEnvironment(raw.strip(), variable.name, tuple(choices))
+
+
+class _FromEnvironment(str):
+    """An option's default read from an environment variable, with what it may be."""
+
+    variable: str
+    choices: tuple[str, ...]
+
+    def __new__(cls, value: str, variable: str, choices: tuple[str, ...]) -> _FromEnvironment:
+        made = super().__new__(cls, value)
+        made.variable, made.choices = variable, choices
+        return made
+
+
+def _check_choices(args: argparse.Namespace) -> None:
+    """Refuse an option of the chosen command whose default came from a variable that is
+    none of its choices."""
+    for value in vars(args).values():
+        if isinstance(value, _FromEnvironment) and value not in value.choices:
+            raise _UsageError(
+                f"decaton-aio: {value.variable}={str(value)!r} is not one of "
+                f"{', '.join(value.choices)} (see --help)"
+            )
 
 
 class _AppendReplacingDefault(argparse._AppendAction):
@@ -454,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         args = _build_parser().parse_args(argv)
+        _check_choices(args)
     except _UsageError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE

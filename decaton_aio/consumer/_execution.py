@@ -189,18 +189,18 @@ class TaskExecutor:
             except DecodeError as exc:
                 self._poison_pill(partition, ctx, exc)
                 return
-            if attempt == 1:  # the format of each record, once, when it first runs
-                stats = partition.stats
-                if raw is None:
-                    stats.without_metadata += 1
-                else:
-                    stats.with_metadata += 1
             now = _CLOCK()
             if scheduled and scheduled > now * 1000:
                 delay = scheduled / 1000 - now
                 partition.stats.scheduling_delay.observe(delay)
                 partition.run_again(task_rec, attempt, delay)
                 return
+            if attempt == 1:  # the format of each record, once, when it first runs
+                stats = partition.stats
+                if raw is None:
+                    stats.without_metadata += 1
+                else:
+                    stats.with_metadata += 1
             try:
                 value = task_rec.value
                 if value is None:

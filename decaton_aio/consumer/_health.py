@@ -76,7 +76,7 @@ class HealthCheck:
     ::
 
         health = HealthCheck(subscription)
-        metrics.start_http_server(9100, probes=health)   # /healthz, /readyz, /metrics
+        subscription.metrics.start_http_server(9100, probes=health)  # /healthz, /readyz, ...
 
     Args:
         subscription: the subscription to watch.

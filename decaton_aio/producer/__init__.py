@@ -14,7 +14,7 @@ spool's delivery), ``_spool``, ``_spool_files`` and ``_spool_format`` (the spool
 
 from __future__ import annotations
 
-from decaton_aio.producer._client import oversized, start_client, stop_client
+from decaton_aio.producer._client import MAX_REQUEST_SIZE, oversized, start_client, stop_client
 from decaton_aio.producer._config import COMPRESSION_TYPES, Idempotence, ProducerConfig
 from decaton_aio.producer._inflight import RecordLocation
 from decaton_aio.producer._sender import DurableSender, SenderMode
@@ -25,6 +25,7 @@ from decaton_aio.producer._task_producer import TaskProducer
 
 __all__ = [
     "COMPRESSION_TYPES",
+    "MAX_REQUEST_SIZE",
     "SPOOL_FORMAT_VERSION",
     "DurableSender",
     "Idempotence",

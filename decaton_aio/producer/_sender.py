@@ -299,7 +299,11 @@ class DurableSender:
         except KafkaError as exc:
             # No metadata or no buffer space within request_timeout_ms: the client gave
             # up before it even took the record.
-            missing = await missing_topic(client, topic, exc)
+            try:
+                missing = await missing_topic(client, topic, exc)
+            except BaseException:  # cancelled while asking: the record was never taken
+                self._settlement.settle_one()
+                raise
             if missing is not None:
                 self._settlement.settle_one()
                 raise missing from exc

@@ -478,7 +478,11 @@ def test_topic_flags_replace_the_environments_topics(monkeypatch: pytest.MonkeyP
     ("variable", "value", "argv"),
     [
         ("DECATON_AIO_RETRY_MODE", "in_place", ["run", "m:app"]),
-        ("DECATON_AIO_ISOLATION_LEVEL", "read-committed", ["inspect", "--group", "g"]),
+        (
+            "DECATON_AIO_ISOLATION_LEVEL",
+            "read-committed",
+            ["inspect", "--group", "g", "--topic", "t"],
+        ),
         ("DECATON_AIO_COMPRESSION_TYPE", "zip", ["produce", "--topic", "t"]),
         ("DECATON_AIO_BROKER", "kafka", ["broker"]),
     ],
@@ -496,6 +500,9 @@ def test_a_bad_choice_from_the_environment_is_one_line(
     monkeypatch.setenv(variable, value)
     assert main(argv) == EXIT_USAGE
     assert f"{variable}='{value}' is not one of" in _one_line_error(capsys)
+    # --version (and any other command) is not stopped by a variable it does not read.
+    assert main(["--version"]) == EXIT_OK
+    assert capsys.readouterr().err == ""
 
 
 def test_the_embedded_brokers_scram_user_takes_no_password_on_the_command_line(

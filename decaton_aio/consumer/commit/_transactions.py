@@ -53,7 +53,7 @@ from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer.commit._group_txn import GroupMetadata, send_group_metadata
 from decaton_aio.context import OutputRecord
 from decaton_aio.errors import DecatonError
-from decaton_aio.producer import ProducerConfig
+from decaton_aio.producer import MAX_REQUEST_SIZE, ProducerConfig
 from decaton_aio.typing import Record
 
 __all__ = [
@@ -180,6 +180,7 @@ class Transaction:
             compression_type=config.compression_type,
             linger_ms=config.linger_ms,
             max_batch_size=config.max_batch_bytes,
+            max_request_size=MAX_REQUEST_SIZE,  # what oversized() checks side records against
             request_timeout_ms=config.request_timeout_ms,
             client_id=f"decaton-aio-txn-{self.transactional_id}",
             **config.security.client_kwargs(),
