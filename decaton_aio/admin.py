@@ -28,7 +28,6 @@ __all__ = [
     "COPIED_TOPIC_CONFIGS",
     "DEFAULT_SIDE_TOPIC_REPLICATION",
     "TopicAdmin",
-    "delete_retention_ms",
     "ensure_changelog_topic",
     "ensure_side_topics",
     "side_topics_of",
@@ -262,20 +261,24 @@ async def _plan(
 
 
 async def _topic_configs(
-    admin: AIOKafkaAdminClient,
-    topics: list[str],
-    names: tuple[str, ...] = COPIED_TOPIC_CONFIGS,
-    unknown: str = "cannot read the task topics' settings; side topics get the cluster defaults",
+    admin: AIOKafkaAdminClient, topics: list[str]
 ) -> dict[str, dict[str, str]]:
     # The effective values, defaults included: a side topic keeps the task topic's limits
     # even if the broker defaults change later.
-    resources = [ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(names)) for t in topics]
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(COPIED_TOPIC_CONFIGS))
+        for t in topics
+    ]
     found: dict[str, dict[str, str]] = {}
     try:
         responses = await admin.describe_configs(resources)
     except KafkaError as exc:
-        # A courtesy: without DescribeConfigs the caller goes on without the values.
-        log.warning(unknown, topics=topics, error=repr(exc))
+        # Copying is a courtesy: without DescribeConfigs the cluster defaults apply.
+        log.warning(
+            "cannot read the task topics' settings; side topics get the cluster defaults",
+            topics=topics,
+            error=repr(exc),
+        )
         return found
     for response in responses:
         for resource in response.resources:
@@ -285,30 +288,9 @@ async def _topic_configs(
             found[name] = {
                 entry[0]: entry[1]
                 for entry in entries
-                if entry[0] in names and entry[1] is not None
+                if entry[0] in COPIED_TOPIC_CONFIGS and entry[1] is not None
             }
     return found
-
-
-async def delete_retention_ms(
-    bootstrap_servers: str, topic: str, *, security: SecuritySettings = PLAINTEXT
-) -> int | None:
-    """How long the compacted ``topic`` keeps a deletion (``delete.retention.ms``);
-    ``None`` when the cluster does not tell (logged).
-
-    Raises:
-        BrokerError: the cluster could not be asked.
-    """
-    admin = await start_admin(bootstrap_servers, security)
-    try:
-        unknown = "cannot read how long the changelog keeps deletions; old copies are trusted"
-        configs = await _topic_configs(admin, [topic], ("delete.retention.ms",), unknown)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot read the settings of {topic}: {exc!r}") from exc
-    finally:
-        await admin.close()
-    value = configs.get(topic, {}).get("delete.retention.ms")
-    return int(value) if value is not None and value.lstrip("-").isdigit() else None
 
 
 def _creation_failures(response: Any, plans: list[_SideTopicPlan]) -> list[str]:

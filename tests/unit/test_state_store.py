@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from decaton_aio import (
     StateStoreConfig,
     Subscription,
 )
-from decaton_aio.consumer.state import LocalStore, StateStore, _changelog, _state
+from decaton_aio.consumer.state import LocalStore, StateStore, _changelog
 from decaton_aio.consumer.state._assignor import MemberState, plan_assignment
 from decaton_aio.consumer.state._state_txn import TransactionalChangelog
 from decaton_aio.producer import ProducerConfig
@@ -330,21 +329,3 @@ def test_state_read_from_several_topics_warns_that_a_keys_updates_can_interleave
         Subscription(app, ConsumerConfig("localhost:9", "g"))
     said = [e for e in logs if e["event"].startswith("the state is shared by the topics")]
     assert len(said) == warned
-
-
-def test_a_copy_older_than_the_changelog_keeps_deletions_is_dropped(tmp_path: Path) -> None:
-    """A copy on disk last written longer ago than the changelog's delete.retention.ms
-    is deleted at start (a deletion made after its checkpoint may have been compacted
-    away: restoring on top of it would bring the key back); a younger one is kept with
-    its checkpoint, and a changelog that does not tell keeps every copy."""
-    for partition in (0, 1):
-        copy = LocalStore(tmp_path / f"{partition}.sqlite")
-        copy.replay(b"k", b"v", 41)
-        copy.close()
-    now = 1_000_000_000.0
-    day_ms = 86_400_000
-    os.utime(tmp_path / "0.sqlite", (now - 2 * 86_400, now - 2 * 86_400))
-    os.utime(tmp_path / "1.sqlite", (now - 3_600, now - 3_600))
-    assert _state._checkpoints_in(tmp_path, None, now) == {0: 42, 1: 42}
-    assert _state._checkpoints_in(tmp_path, day_ms, now) == {1: 42}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1.sqlite"]

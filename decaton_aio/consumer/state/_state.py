@@ -28,7 +28,6 @@ import asyncio
 import dataclasses
 import fcntl
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -36,7 +35,7 @@ from typing import IO
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from decaton_aio.admin import delete_retention_ms, ensure_changelog_topic
+from decaton_aio.admin import ensure_changelog_topic
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.consumer._contract import StateWriter
 from decaton_aio.consumer.state._assignor import MemberState, StateAwareAssignor
@@ -112,13 +111,10 @@ class StateStore:
         """
         if self._dir is not None:
             self._lock = _lock(self._dir)
+            self._on_disk = _checkpoints_in(self._dir)
         await ensure_changelog_topic(
             self._bootstrap, self._app, self.topic, security=self._security
         )
-        if self._dir is not None:
-            security = self._security
-            kept_ms = await delete_retention_ms(self._bootstrap, self.topic, security=security)
-            self._on_disk = _checkpoints_in(self._dir, kept_ms, time.time())
         if self._sender is not None:
             await self._sender.start()
         try:
@@ -303,31 +299,13 @@ def _lock(directory: Path) -> IO[str]:
     return lock
 
 
-def _checkpoints_in(directory: Path, kept_ms: int | None, now: float) -> dict[int, int]:
-    """The copies a previous run left, by partition: their checkpoints tell the group how
-    warm they are. A copy last written longer ago than the changelog keeps a deletion
-    (``kept_ms``, its ``delete.retention.ms``) is deleted: the compaction may have removed
-    a deletion made after its checkpoint, and restoring on top of it would bring the
-    deleted key back."""
+def _checkpoints_in(directory: Path) -> dict[int, int]:
+    # The copies a previous run left: their checkpoints tell the group how warm they are.
     found = {}
     for entry in os.scandir(directory):
         name = entry.name
-        if not (name.endswith(".sqlite") and name[: -len(".sqlite")].isdigit()):
-            continue
-        path = Path(entry.path)
-        siblings = [path, path.with_name(name + "-wal"), path.with_name(name + "-shm")]
-        written = max(f.stat().st_mtime for f in siblings if f.exists())
-        if kept_ms is not None and (now - written) * 1000 > kept_ms:
-            log.info(
-                "a copy older than the changelog keeps deletions is dropped; restored anew",
-                path=str(path),
-                written_s_ago=round(now - written),
-                delete_retention_ms=kept_ms,
-            )
-            for f in siblings:
-                f.unlink(missing_ok=True)
-            continue
-        store = LocalStore(path)
-        found[int(name[: -len(".sqlite")])] = store.checkpoint
-        store.close()
+        if name.endswith(".sqlite") and name[: -len(".sqlite")].isdigit():
+            store = LocalStore(Path(entry.path))
+            found[int(name[: -len(".sqlite")])] = store.checkpoint
+            store.close()
     return found
