@@ -567,7 +567,12 @@ async def partition_counts(
 def _gather_spools(directory: Path, workers: int) -> None:
     """Hand what no worker of this run would deliver (a spool left by a run with another
     worker count) to worker 1's spool."""
-    moved, busy = gather_for_workers(directory, workers)
+    try:
+        moved, busy = gather_for_workers(directory, workers)
+    except OSError as exc:
+        raise ProducerError(
+            f"cannot prepare the spool directory {directory} for the workers: {exc}"
+        ) from exc
     if moved:
         log.info(
             "spools of a run with another worker count go to worker 1's spool",

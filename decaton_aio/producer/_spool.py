@@ -62,6 +62,10 @@ __all__ = [
 DEFAULT_SEGMENT_BYTES: Final = 1024 * 1024
 """A segment is closed and a new one started once it holds this many bytes."""
 
+# Tries to take a spool directory's lock, a short wait apart (a summary's probe of it).
+_LOCK_TRIES: Final = 10
+_LOCK_RETRY_S: Final = 0.05
+
 log = structlog.get_logger("decaton_aio.producer")
 
 # Writes each batch; looked up here at every write, so tests can patch it.
@@ -153,7 +157,7 @@ class Spool:
             return
         try:
             await asyncio.to_thread(self._dir.mkdir, parents=True, exist_ok=True)
-            self._lock_fd = await asyncio.to_thread(spool_files.lock, self._dir)
+            self._lock_fd = await self._take_lock()
             found = await asyncio.to_thread(spool_files.scan, self._dir)
             next_seq = found[-1].seq + 1 if found else 1
             workers = await asyncio.to_thread(spool_files.worker_spools, self._dir)
@@ -194,6 +198,15 @@ class Spool:
         self._sealed.clear()
         self._loaded, self._loaded_entries = None, {}
         self._release_lock()
+
+    async def _take_lock(self) -> int | None:
+        # A summary of the parent directory (produce) holds a worker spool's lock for an
+        # instant to tell whether it is in use: tried again for a short while.
+        for _ in range(_LOCK_TRIES - 1):
+            with contextlib.suppress(ConfigError):
+                return await asyncio.to_thread(spool_files.lock, self._dir)
+            await asyncio.sleep(_LOCK_RETRY_S)
+        return await asyncio.to_thread(spool_files.lock, self._dir)
 
     def _release_lock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None

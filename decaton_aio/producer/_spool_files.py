@@ -249,12 +249,19 @@ def adopt(
 
 
 def _in_use(directory: Path) -> bool:
-    """Whether another producer holds ``directory``'s lock now."""
+    """Whether another producer holds ``directory``'s lock now (asked with a lock held for
+    an instant; a spool that opens meanwhile tries again, see :meth:`Spool.open`)."""
+    if fcntl is None:  # pragma: no cover
+        return False
     try:
-        fd = lock(directory)
-    except ConfigError:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR)  # no lock file: never opened
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    if fd is not None:
+    finally:
         os.close(fd)
     return False
 
