@@ -98,7 +98,10 @@ def maven_into_cache(
         (staging / COMPLETE_MARKER).write_text(what)
         if (cache / COMPLETE_MARKER).exists():
             return cache  # another process finished first: its copy may be in use
-        if cache.exists():  # a partial copy left by an older layout or a crash
+        if cache.exists():
+            # Only a copy without the marker (an older layout, a crash) is in the way: a
+            # finished copy is renamed in with its marker, and cannot replace a directory
+            # that is still there.
             shutil.rmtree(cache, ignore_errors=True)
         try:
             staging.rename(cache)
