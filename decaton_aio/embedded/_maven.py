@@ -7,6 +7,7 @@ Users: ``_apache_kafka`` (the embedded broker's jars) and the project's Java bui
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -96,18 +97,14 @@ def maven_into_cache(
         if verify is not None:
             verify(staging)
         (staging / COMPLETE_MARKER).write_text(what)
-        if (cache / COMPLETE_MARKER).exists():
-            return cache  # another process finished first: its copy may be in use
-        if cache.exists():
-            # Only a copy without the marker (an older layout, a crash) is in the way: a
-            # finished copy is renamed in with its marker, and cannot replace a directory
-            # that is still there.
-            shutil.rmtree(cache, ignore_errors=True)
-        try:
+        # One process at a time puts a copy in place, so none removes a finished one.
+        with open(cache.parent / f".{cache.name}.lock", "w") as placing:
+            fcntl.flock(placing, fcntl.LOCK_EX)
+            if (cache / COMPLETE_MARKER).exists():
+                return cache  # another process finished first: its copy may be in use
+            if cache.exists():  # a copy without the marker (an older layout, a crash)
+                shutil.rmtree(cache, ignore_errors=True)
             staging.rename(cache)
-        except OSError:
-            if not (cache / COMPLETE_MARKER).exists():
-                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return cache
