@@ -158,10 +158,10 @@ class Spool:
         try:
             await asyncio.to_thread(self._dir.mkdir, parents=True, exist_ok=True)
             self._lock_fd = await self._take_lock()
-            found = await asyncio.to_thread(spool_files.scan, self._dir)
-            next_seq = found[-1].seq + 1 if found else 1
             workers = await asyncio.to_thread(spool_files.worker_spools, self._dir)
-            adopted, busy = await asyncio.to_thread(spool_files.adopt, self._dir, workers, next_seq)
+            found, adopted, busy = await asyncio.to_thread(
+                spool_files.take_over, self._dir, workers
+            )
         except OSError as exc:
             self._release_lock()
             raise ProducerError(f"cannot open the spool directory {self._dir}: {exc}") from exc
@@ -210,8 +210,7 @@ class Spool:
 
     def _release_lock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)  # closing the descriptor drops the flock
+        spool_files.unlock(fd)
 
     # ----------------------------------------------------------------------- append
 

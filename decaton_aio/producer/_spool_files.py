@@ -11,7 +11,7 @@ Directory layout::
                                   laid out the same way
 
 A spool takes over the segments of spools no process holds when it opens
-(:func:`adopt`): a spool on ``D`` those of ``D/worker-<n>``, and before ``run --workers N``
+(:func:`take_over`): a spool on ``D`` those of ``D/worker-<n>``, and before ``run --workers N``
 starts its workers, ``D/worker-1`` those of ``D`` and of ``D/worker-<n>`` for n > N
 (:func:`gather_for_workers`). A spool left by a run with other settings is so delivered by the next.
 
@@ -50,7 +50,6 @@ __all__ = [
     "SEGMENT_RE",
     "WORKER_SPOOL_RE",
     "Segment",
-    "adopt",
     "append_lines",
     "append_rejected",
     "delete",
@@ -61,6 +60,8 @@ __all__ = [
     "read_segment",
     "scan",
     "summarize",
+    "take_over",
+    "unlock",
     "worker_spool",
     "worker_spools",
     "write_durably",
@@ -212,17 +213,19 @@ def worker_spools(directory: Path) -> list[Path]:
     return sorted(found, key=_worker_number)
 
 
-def adopt(
-    directory: Path, sources: Sequence[Path], next_seq: int
-) -> tuple[list[Segment], list[Path]]:
-    """Move the segments of the spools in ``sources`` into ``directory``, numbered on from
-    ``next_seq`` in their order; returns them, and the sources another producer holds
-    (left as they are).
+def take_over(
+    directory: Path, sources: Sequence[Path]
+) -> tuple[list[Segment], list[Segment], list[Path]]:
+    """The segments ``directory`` holds, oldest first, then those of the spools in
+    ``sources`` moved into it and numbered after them, in their order; and the sources
+    another producer holds (left as they are).
 
     The caller holds ``directory``'s lock. Each segment is renamed, so an entry is in
     exactly one spool at every moment, a crash included; the ``.corrupt`` and
     ``.rejected`` files stay where they are.
     """
+    found = scan(directory)
+    next_seq = found[-1].seq + 1 if found else 1
     adopted: list[Segment] = []
     busy: list[Path] = []
     for source in sources:
@@ -243,9 +246,8 @@ def adopt(
                 fsync_dir(source)
             adopted.extend(moved)
         finally:
-            if fd is not None:
-                os.close(fd)
-    return adopted, busy
+            unlock(fd)
+    return found, adopted, busy
 
 
 def _in_use(directory: Path) -> bool:
@@ -275,7 +277,7 @@ def gather_for_workers(directory: Path, workers: int) -> tuple[int, list[Path]]:
     """Before ``run --workers N`` starts its workers: worker 1's spool takes over the
     segments no worker of this run would deliver, those of ``directory`` itself (left by
     a run of one process) and of ``worker-<n>`` for n > N (left by a run of more workers),
-    by :func:`adopt` under its lock. Returns how many entries moved, and the spools
+    by :func:`take_over` under its lock. Returns how many entries moved, and the spools
     another producer holds (left as they are).
 
     Raises:
@@ -287,11 +289,9 @@ def gather_for_workers(directory: Path, workers: int) -> tuple[int, list[Path]]:
     sources += [path for path in worker_spools(directory) if _worker_number(path) > workers]
     fd = lock(target)
     try:
-        found = scan(target)
-        adopted, busy = adopt(target, sources, found[-1].seq + 1 if found else 1)
+        _, adopted, busy = take_over(target, sources)
     finally:
-        if fd is not None:
-            os.close(fd)
+        unlock(fd)
     return sum(s.lines for s in adopted), busy
 
 
@@ -299,6 +299,12 @@ def _worker_number(path: Path) -> int:
     match = WORKER_SPOOL_RE.match(path.name)
     assert match is not None
     return int(match.group(1))
+
+
+def unlock(fd: int | None) -> None:
+    """Release a lock :func:`lock` took (closing its descriptor drops the ``flock``)."""
+    if fd is not None:
+        os.close(fd)
 
 
 def lock(directory: Path) -> int | None:
