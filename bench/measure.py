@@ -41,6 +41,7 @@ from bench.procs import (
 from bench.taskfacts import count_facts, load_facts, pacer_ack_ms, produce_to_done_ms
 from bench.workload import RunSpec, pace_with_librdkafka, security_of
 from decaton_aio.cli._run_args import _FLAGS as RUN_FLAGS
+from decaton_aio.cli._supervisor import usable_cpus
 from decaton_aio.security import SecuritySettings
 
 __all__ = ["COMMIT_WAIT_S", "Harness", "command_line"]
@@ -84,7 +85,8 @@ def command_line(
             target = who.module.replace(":app", ":no_checkpoints_app")
         argv = [python, "-m", "decaton_aio", "--log-level", "warning", "--log-format", "json"]
         argv += ["run", target, "--bootstrap-servers", spec.bootstrap]
-        argv += ["--topic", spec.topic, "--group", spec.group, "--workers", who.workers]
+        workers = str(usable_cpus()) if who.workers == "cpus" else who.workers
+        argv += ["--topic", spec.topic, "--group", spec.group, "--workers", workers]
         argv += ["--session-timeout-ms", str(spec.session_timeout_ms)]
         argv += ["--heartbeat-interval-ms", str(max(100, spec.session_timeout_ms // 10))]
         if spec.client_properties is not None:

@@ -84,6 +84,7 @@ SWEEPS: dict[str, list[dict[str, Any]]] = {
         {"concurrency": 1000, "max_pending": 30_000},
     ],
     "ours-auto": [{}, {"concurrency": 1000}],
+    "ours-cores": [{}, {"concurrency": 1000}],
     "ours-keyshare": [{}, {"concurrency": 1000}],
     # getmany(max_records=...) and an optional cap of tasks in flight.
     "sequential": [{"batch_records": 500}, {"batch_records": 10_000}],
@@ -236,7 +237,7 @@ _PYTHON_PEERS = (
 _JAVA_PEERS = ("decaton-threads", "decaton-virtual", "parallel-consumer")
 ALL = ("ours", "ours-auto", *_PYTHON_PEERS, *_JAVA_PEERS)
 #: Options of ours measured only when named (``--contenders``): S1-S3 and the ladder.
-ON_REQUEST = ("ours-keyshare",)
+ON_REQUEST = ("ours-cores", "ours-keyshare")
 _ALL_AND_OPTIONS = (*ALL, *ON_REQUEST)
 
 

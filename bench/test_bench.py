@@ -4,6 +4,7 @@ they time code, which a unit test must not."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -776,6 +777,8 @@ def test_ours_as_deployed_runs_with_workers_auto_and_topics_fit_the_fastest() ->
     assert argv[argv.index("--workers") + 1] == "auto"
     one = command_line(RunSpec("ours", "b", "t", "g", 3, "/tmp/facts"), sys.executable)
     assert one[one.index("--workers") + 1] == "1"
+    cores = command_line(RunSpec("ours-cores", "b", "t", "g", 3, "/tmp/facts"), sys.executable)
+    assert cores[cores.index("--workers") + 1] == str(len(os.sched_getaffinity(0)))
     # A ConsumerConfig field goes to its `run` flag, anything else is a property.
     opts = {"busy_fetch_min_bytes": 0, "max_fetch_records": 50, "concurrency": 8}
     tuned = command_line(
@@ -813,6 +816,6 @@ def test_an_option_measured_on_request_runs_only_when_named() -> None:
     from bench.scenarios import plan
 
     s1 = next(s for s in plan(False)[1] if s.name == "S1")
-    assert "ours-keyshare" not in s1.chosen([])
+    assert not {"ours-keyshare", "ours-cores"} & set(s1.chosen([]))
     assert {"ours", "ours-auto", "decaton-virtual"} <= set(s1.chosen([]))
     assert s1.chosen(["ours-keyshare", "ours"]) == ["ours", "ours-keyshare"]

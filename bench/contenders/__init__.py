@@ -29,7 +29,8 @@ class Contender(NamedTuple):
         batch_based: processes a polled batch to its end before the next (head-of-line).
         processes: consumer processes it runs (0: chosen at start, ``--workers auto``;
             a result row then says how many its run had).
-        workers: ours (``cli``): the ``--workers`` it is started with (``1``, ``auto``).
+        workers: ours (``cli``): the ``--workers`` it is started with (``1``, ``auto``,
+            or ``cpus``: the count of CPUs the harness may use).
         requires: the import (python) that must work, for "not available".
         plain_only: why it cannot connect to a secured broker (``--secured``); empty
             when it takes the broker's TLS and SASL settings.
@@ -68,6 +69,16 @@ CONTENDERS: dict[str, Contender] = {
         kind="cli",
         processes=0,
         workers="auto",
+    ),
+    # An option for cores that do not divide the partitions: a worker per CPU, the
+    # partitions shared unevenly (3 on 2 CPUs: one worker holds two).
+    "ours-cores": Contender(
+        "bench.contenders.ours_app:app",
+        "decaton-aio, run --workers <usable CPUs> (uneven partition shares)",
+        True,
+        kind="cli",
+        processes=0,
+        workers="cpus",
     ),
     # An option for cores that do not divide the partitions: a process per CPU, each
     # reading every partition and running its share of the keys (bench.contenders.keyshare).
