@@ -70,8 +70,10 @@ CONTENDERS: dict[str, Contender] = {
         processes=0,
         workers="auto",
     ),
-    # An option for cores that do not divide the partitions: a worker per CPU, the
-    # partitions shared unevenly (3 on 2 CPUs: one worker holds two).
+    # Options for cores that do not divide the partitions, measured on request: a worker
+    # per CPU, the partitions shared unevenly (3 on 2 CPUs: one worker holds two); a
+    # process per CPU, each reading every partition and running its share of the keys
+    # (bench.contenders.keyshare).
     "ours-cores": Contender(
         "bench.contenders.ours_app:app",
         "decaton-aio, run --workers <usable CPUs> (uneven partition shares)",
@@ -80,8 +82,6 @@ CONTENDERS: dict[str, Contender] = {
         processes=0,
         workers="cpus",
     ),
-    # An option for cores that do not divide the partitions: a process per CPU, each
-    # reading every partition and running its share of the keys (bench.contenders.keyshare).
     "ours-keyshare": Contender(
         "bench.contenders.keyshare",
         "decaton-aio, a process per CPU sharing every partition's keys",
