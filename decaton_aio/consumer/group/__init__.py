@@ -1,0 +1,8 @@
+"""The consumer's group membership: which partitions this member owns, and commits the
+coordinator checks against it (see :mod:`decaton_aio.consumer.group._contract`)."""
+
+from __future__ import annotations
+
+from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol, Membership
+
+__all__ = ["GroupListener", "GroupProtocol", "Membership"]
