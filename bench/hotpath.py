@@ -43,10 +43,8 @@ from typing import Any
 
 import msgspec
 from aiokafka import TopicPartition
-from aiokafka.consumer.fetcher import PartitionRecords
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from aiokafka.record.memory_records import MemoryRecords
 
+from decaton_aio._aiokafka import DefaultRecordBatchBuilder, MemoryRecords, PartitionRecords
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._partition import PartitionProcessor
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records

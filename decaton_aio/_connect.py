@@ -21,7 +21,6 @@ from typing import Any, Final
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.conn import create_conn
 from aiokafka.errors import (
     AuthenticationFailedError,
     IllegalSaslStateError,
@@ -29,8 +28,15 @@ from aiokafka.errors import (
     SaslAuthenticationFailed,
     UnsupportedSaslMechanismError,
 )
-from aiokafka.protocol.metadata import MetadataRequest
 
+from decaton_aio._aiokafka import (
+    MetadataRequest,
+    MetadataSync,
+    check_version,
+    client_of,
+    close_consumer_parts,
+    create_conn,
+)
 from decaton_aio.errors import BrokerError, SecurityError
 from decaton_aio.security import SecuritySettings
 
@@ -93,6 +99,7 @@ async def start_client(
         BrokerError: the cluster cannot be reached.
         BaseException: anything else the start raised, as it was.
     """
+    check_version()
     try:
         await start_or_close(client)
     except KafkaError as exc:
@@ -140,19 +147,7 @@ async def stop_member(consumer: AIOKafkaConsumer, *, timeout_s: float) -> None:
     stopping.cancel()  # and with it the coordination routine its stop awaits
     with contextlib.suppress(asyncio.CancelledError):
         await stopping
-    inner: Any = consumer  # aiokafka's parts, whose own stop did not reach them
-    coordinator = inner._coordinator
-    if coordinator is not None:
-        for task in (
-            coordinator._coordination_task,
-            coordinator._heartbeat_task,
-            coordinator._commit_refresh_task,
-        ):
-            if task is not None:
-                task.cancel()
-    if inner._fetcher is not None:
-        await inner._fetcher.close()
-    await inner._client.close()
+    await close_consumer_parts(consumer)  # whose own stop did not reach them
 
 
 #: How often :func:`watch_metadata` looks at a client's metadata synchronizer.
@@ -181,26 +176,24 @@ async def watch_metadata(
     and started again. The future it left is resolved (``False``: "not updated"), so its
     waiters retry.
     """
-    inner: Any = consumer
-    client = inner._client
-    if not hasattr(client, "_md_update_waiter"):
+    sync = MetadataSync(client_of(consumer))
+    if not sync.known:
         return  # an aiokafka whose synchronizer this does not know
     loop = asyncio.get_running_loop()
     if stuck_s is None:
-        stuck_s = 2 * client._request_timeout_ms / 1000 + 5
+        stuck_s = 2 * sync.request_timeout_ms / 1000 + 5
     seen: asyncio.Future[Any] | None = None
     since = 0.0
     while True:
         await asyncio.sleep(every_s)
-        task, fut = client._sync_task, client._md_update_fut
+        task, fut = sync.task, sync.update
         if task is None or task.cancelled():
             continue  # not started, or closing
         if not task.done():
             if fut is None or fut.done():
                 seen = None
                 continue
-            if not client._md_update_waiter.done():
-                client._md_update_waiter.set_result(None)
+            sync.wake()
             if fut is not seen:
                 seen, since = fut, loop.time()
                 continue
@@ -217,12 +210,11 @@ async def watch_metadata(
                 "the client's metadata synchronizer ended: starting it again",
                 error=repr(task.exception()),
             )
-        if client._sync_task is not task:
+        if sync.task is not task:
             continue  # the client closed (or restarted it) meanwhile
-        client._md_update_fut = None
+        sync.start()
         if fut is not None and not fut.done():
             fut.set_result(False)
-        client._sync_task = loop.create_task(client._md_synchronizer())
         seen = None
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from decaton_aio._aiokafka import client_of
 from decaton_aio._connect import start_admin, start_client
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
@@ -84,7 +85,7 @@ async def topic_partitions(
             return sorted(found)
         # The consumer tracks only the topics it subscribed to; a Metadata request
         # for all topics sees the others without creating ``topic`` by accident.
-        cluster = await consumer._client.fetch_all_metadata()
+        cluster = await client_of(consumer).fetch_all_metadata()
         found = cluster.partitions_for_topic(topic)
         if found:
             return sorted(found)

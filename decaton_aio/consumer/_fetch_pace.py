@@ -12,7 +12,8 @@ and ``fetch_max_wait_ms``): the first record after a quiet spell is answered at 
 an idle consumer does not ask the broker every few milliseconds.
 
 aiokafka builds each fetch request from its fetcher's settings of the moment; the pacer
-sets those two (:data:`FETCHER_SETTINGS`, checked when the pacer is made).
+sets those two (:func:`~decaton_aio._aiokafka.set_fetch_pacing`, checked when the pacer is
+made).
 
 Caller: the subscription's fetch routine only, after each fetch call (:meth:`after`).
 """
@@ -23,25 +24,24 @@ from typing import Any
 
 import structlog
 
-__all__ = ["FETCHER_SETTINGS", "FetchPacer"]
+from decaton_aio._aiokafka import fetch_pacing, set_fetch_pacing
+
+__all__ = ["FetchPacer"]
 
 log = structlog.get_logger("decaton_aio.consumer")
-
-# The fetcher's attributes each fetch request is built from (aiokafka 0.14).
-FETCHER_SETTINGS = ("_fetch_min_bytes", "_fetch_max_wait_ms")
 
 
 class FetchPacer:
     """Switches a fetcher between its idle and busy settings.
 
     Args:
-        fetcher: the consumer's fetcher (its :data:`FETCHER_SETTINGS` are set).
+        consumer: the aiokafka consumer whose fetch requests are paced.
         idle: ``(min_bytes, max_wait_ms)`` after a fetch call that returned nothing.
         busy: ``(min_bytes, max_wait_ms)`` after one that returned records.
     """
 
-    def __init__(self, fetcher: Any, idle: tuple[int, int], busy: tuple[int, int]) -> None:
-        self._fetcher = fetcher
+    def __init__(self, consumer: Any, idle: tuple[int, int], busy: tuple[int, int]) -> None:
+        self._consumer = consumer
         self._settings = {False: idle, True: busy}
         self.busy = False
 
@@ -51,15 +51,13 @@ class FetchPacer:
         (pacing off) or the fetcher has not the settings it sets (logged)."""
         if busy[0] <= idle[0]:
             return None
-        fetcher = getattr(consumer, "_fetcher", None)
-        if fetcher is None or not all(hasattr(fetcher, name) for name in FETCHER_SETTINGS):
+        if fetch_pacing(consumer) is None:
             log.warning(
                 "fetch pacing is off: this aiokafka's fetcher has not the settings it sets; "
-                "fetches use fetch_min_bytes and fetch_max_wait_ms throughout",
-                settings=FETCHER_SETTINGS,
+                "fetches use fetch_min_bytes and fetch_max_wait_ms throughout"
             )
             return None
-        return cls(fetcher, idle, busy)
+        return cls(consumer, idle, busy)
 
     def after(self, got_records: bool) -> None:
         """Note a fetch call's outcome; the next fetch request asks with the settings it
@@ -68,5 +66,4 @@ class FetchPacer:
             return
         self.busy = got_records
         min_bytes, max_wait_ms = self._settings[got_records]
-        self._fetcher._fetch_min_bytes = min_bytes
-        self._fetcher._fetch_max_wait_ms = max_wait_ms
+        set_fetch_pacing(self._consumer, min_bytes, max_wait_ms)

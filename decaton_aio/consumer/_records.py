@@ -9,10 +9,11 @@ a consumer made with :data:`RAW_RECORDS` as its key deserializer gets those obje
 are. Topic and partition are known from the partition a record was fetched for.
 
 :func:`install_raw_records` adds that choice to aiokafka's ``PartitionRecords`` once per
-process. Consumers without the marker get ``ConsumerRecord`` exactly as before (one
-identity check per record). If aiokafka's internals ever change shape, nothing is hooked
-and the marker behaves as an identity key deserializer: the runtime then receives
-``ConsumerRecord`` objects, which carry the same five fields.
+process (:func:`decaton_aio._aiokafka.install_record_hook`). Consumers without the marker
+get ``ConsumerRecord`` exactly as before (one identity check per record). If aiokafka's
+internals ever change shape, nothing is hooked and the marker behaves as an identity key
+deserializer: the runtime then receives ``ConsumerRecord`` objects, which carry the same
+five fields.
 
 A partition keeps each record it is fed as a :class:`TaskRecord` (:func:`task_record`):
 its fields read once, compact while it waits for its key or a slot.
@@ -23,15 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
 from mypy_extensions import i64
 
 from decaton_aio.metadata import METADATA_HEADER
 from decaton_aio.typing import Record
 
 __all__ = ["RAW_RECORDS", "TaskRecord", "install_raw_records", "scheduled_time_in", "task_record"]
-
-log = structlog.get_logger("decaton_aio.consumer")
 
 
 class TaskRecord:
@@ -180,22 +178,6 @@ def install_raw_records() -> bool:
         Whether the hook is in place (``False``: this aiokafka version is not supported
         and marked consumers get ordinary ``ConsumerRecord`` objects).
     """
-    try:
-        from aiokafka.consumer.fetcher import PartitionRecords
-    except ImportError:  # pragma: no cover - aiokafka moved its fetcher
-        return False
-    build = getattr(PartitionRecords, "_consumer_record", None)
-    if build is None:  # pragma: no cover - aiokafka changed its record building
-        log.warning("aiokafka's fetcher has changed; consuming ConsumerRecord objects")
-        return False
-    if getattr(build, "__wrapped__", None) is not None:
-        return True  # installed already
+    from decaton_aio._aiokafka import install_record_hook
 
-    def consumer_record(self: Any, tp: Any, record: Any) -> Any:
-        if self._key_deserializer is RAW_RECORDS:
-            return record
-        return build(self, tp, record)
-
-    consumer_record.__wrapped__ = build  # type: ignore[attr-defined]
-    PartitionRecords._consumer_record = consumer_record
-    return True
+    return install_record_hook(RAW_RECORDS)

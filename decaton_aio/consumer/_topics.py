@@ -37,6 +37,8 @@ from typing import Final
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError
 
+from decaton_aio._aiokafka import client_of, request_rejoin
+
 __all__ = ["CHECK_INTERVAL_S", "REFRESH_TIMEOUT_S", "TopicCheck"]
 
 #: How often a subscription looks for assigned partitions that might be gone.
@@ -62,7 +64,7 @@ class TopicCheck:
         """
         try:
             async with asyncio.timeout(REFRESH_TIMEOUT_S):
-                return bool(await self._consumer._client.force_metadata_update())
+                return bool(await client_of(self._consumer).force_metadata_update())
         except TimeoutError:
             return False
 
@@ -94,6 +96,4 @@ class TopicCheck:
     def rejoin(self) -> None:
         """Ask the group to rebalance (each member of this runtime refreshes its metadata
         before it joins again, see :meth:`refresh`)."""
-        coordinator = getattr(self._consumer, "_coordinator", None)
-        if coordinator is not None:
-            coordinator.request_rejoin()
+        request_rejoin(self._consumer)

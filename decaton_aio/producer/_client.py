@@ -36,8 +36,13 @@ from aiokafka.errors import (
     UnknownError,
     UnknownTopicOrPartitionError,
 )
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from decaton_aio._aiokafka import (
+    DefaultRecordBatchBuilder,
+    check_version,
+    fail_unsent,
+    is_idempotent,
+)
 from decaton_aio._connect import diagnose
 from decaton_aio.errors import (
     AccessDeniedError,
@@ -215,17 +220,12 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
         return await _start(config, client_id, idempotent=False)
 
 
-def is_idempotent(client: Any) -> bool:
-    """Whether a started client produces idempotently (it holds a producer id)."""
-    # aiokafka keeps no public flag; its transaction manager exists only when idempotent.
-    return getattr(client, "_txn_manager", None) is not None
-
-
 class _IdempotenceRefused(ProducerError):
     """InitProducerId failed: the cluster will not run an idempotent producer for us."""
 
 
 async def _start(config: ProducerConfig, client_id: str, *, idempotent: bool) -> Any:
+    check_version()
     client = AIOKafkaProducer(
         bootstrap_servers=config.bootstrap_servers,
         acks="all",
@@ -280,7 +280,5 @@ async def stop_client(client: Any, *, grace_s: float) -> None:
         async with asyncio.timeout(grace_s):
             await client.flush()
     except TimeoutError:
-        accumulator = getattr(client, "_message_accumulator", None)
-        if accumulator is not None:
-            accumulator.fail_all(KafkaTimeoutError("the producer is stopping"))
+        fail_unsent(client, KafkaTimeoutError("the producer is stopping"))
     await client.stop()

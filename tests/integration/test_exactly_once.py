@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaError
 from structlog.testing import capture_logs
 
 from decaton_aio import Application, ProcessingContext, RetryConfig, RetryPolicy
+from decaton_aio._aiokafka import client_of
 from decaton_aio.consumer.commit._group_txn import TxnOffsetCommitRequest
 from decaton_aio.offsets import group_positions
 from decaton_aio.testing import BrokerHandle, committed_offsets, wait_until
@@ -62,8 +63,8 @@ async def read_all(
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         if not parts:
-            await consumer._client.force_metadata_update()
-            parts = consumer._client.cluster.partitions_for_topic(topic) or set()
+            await client_of(consumer).force_metadata_update()
+            parts = client_of(consumer).cluster.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         for tp in tps:

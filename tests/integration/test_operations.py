@@ -27,6 +27,13 @@ from decaton_aio import (
     RetryPolicy,
     TaskProducer,
 )
+from decaton_aio._aiokafka import (
+    client_of,
+    connections_of,
+    coordinator_of,
+    coordinator_tasks,
+    fetch_pacing,
+)
 from decaton_aio.consumer import HealthCheck, HealthConfig, RunOptions, run_application
 from decaton_aio.consumer import _subscription as subscription_module
 from decaton_aio.testing import TEST_CONSUMER_SETTINGS, BrokerHandle, wait_until
@@ -334,10 +341,10 @@ async def test_fetches_gather_while_records_flow_and_answer_at_once_when_idle(
         busy_fetch_max_wait_ms=7,
     )
     async with kafka_broker.subscription(app, **settings) as subscription:
-        fetcher = subscription._consumer._fetcher  # type: ignore[union-attr]
+        consumer = subscription._consumer
 
-        def asks() -> tuple[int, int]:
-            return (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms)
+        def asks() -> tuple[int, int] | None:
+            return fetch_pacing(consumer)
 
         await wait_until(lambda: asks() == (1, 50), what="idle fetches", timeout_s=30)
         for burst in (1, 2):
@@ -381,12 +388,12 @@ async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
         hung.set()
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(consumer._coordinator, "close", hang)
+    monkeypatch.setattr(coordinator_of(consumer), "close", hang)
     async with asyncio.timeout(30):
         await first.stop()
     assert hung.is_set()
-    assert not any(conn.connected() for conn in consumer._client._conns.values())
-    assert consumer._coordinator._coordination_task.done()
+    assert not any(conn.connected() for conn in connections_of(client_of(consumer)))
+    assert all(task.done() for task in coordinator_tasks(consumer))
     for n in range(20, 30):
         await producer.put(f"k{n}", b"task")
     async with kafka_broker.subscription(app, group):

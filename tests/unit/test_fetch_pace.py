@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from decaton_aio._aiokafka import fetch_pacing
 from decaton_aio.consumer._fetch_pace import FetchPacer
 
 IDLE = (1, 100)
@@ -16,24 +17,21 @@ BUSY = (16384, 5)
 
 
 def _fetcher() -> SimpleNamespace:
+    """A stand-in for aiokafka's fetcher, with the two settings its requests are built from."""
     return SimpleNamespace(_fetch_min_bytes=IDLE[0], _fetch_max_wait_ms=IDLE[1])
-
-
-def _settings(fetcher: SimpleNamespace) -> tuple[int, int]:
-    return (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms)
 
 
 @given(st.lists(st.booleans(), max_size=30))
 def test_the_next_request_follows_the_last_fetch_call(outcomes: list[bool]) -> None:
-    fetcher = _fetcher()
-    pacer = FetchPacer.of(SimpleNamespace(_fetcher=fetcher), idle=IDLE, busy=BUSY)
+    consumer = SimpleNamespace(_fetcher=_fetcher())
+    pacer = FetchPacer.of(consumer, idle=IDLE, busy=BUSY)
     assert pacer is not None
     for got in outcomes:
         pacer.after(got)
         assert pacer.busy is got
-        assert _settings(fetcher) == (BUSY if got else IDLE)
+        assert fetch_pacing(consumer) == (BUSY if got else IDLE)
     if not outcomes:
-        assert _settings(fetcher) == IDLE
+        assert fetch_pacing(consumer) == IDLE
 
 
 def test_busy_asking_no_more_than_idle_turns_pacing_off() -> None:

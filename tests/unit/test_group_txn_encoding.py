@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, NotCoordinatorError, ProducerFenced
-from aiokafka.producer.transaction_manager import TransactionManager
 from aiokafka.structs import OffsetAndMetadata
 
+from decaton_aio._aiokafka import TransactionManager, txn_manager
 from decaton_aio.consumer.commit._group_txn import (
     GroupMetadata,
     OffsetFetchRequest,
@@ -149,7 +149,7 @@ def respond(*partition_codes: tuple[int, int]) -> TxnOffsetCommitResponse_v3:
 
 
 async def pending(sender: _Sender, *parts: int) -> tuple[_GroupOffsetsHandler, Any]:
-    txn = sender._txn_manager
+    txn = txn_manager(sender)
     txn.begin_transaction()
     offsets = {TopicPartition("t", p): OffsetAndMetadata(10 + p, "") for p in parts}
     future = txn.add_offsets_to_txn(dict(offsets), "g")
@@ -173,7 +173,7 @@ async def test_a_generation_that_is_over_fails_the_transaction(code: int) -> Non
     assert handler.handle_response(respond((0, code))) is None
     assert isinstance(future.exception(), CommitFailedError)
     assert "generation 4 of member m1" in str(future.exception())
-    assert sender._txn_manager.state.name == "ABORTABLE_ERROR"
+    assert txn_manager(sender).state.name == "ABORTABLE_ERROR"
 
 
 async def test_a_moved_coordinator_is_asked_again() -> None:

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from aiokafka.client import AIOKafkaClient
 
+from decaton_aio._aiokafka import AIOKafkaClient, MetadataSync
 from decaton_aio._connect import watch_metadata
 
 
@@ -33,15 +33,16 @@ class Updates:
 @pytest.fixture
 async def client() -> AsyncIterator[AIOKafkaClient]:
     made = AIOKafkaClient(bootstrap_servers="127.0.0.1:1", metadata_max_age_ms=600_000)
-    made._topics = {"a", "b"}
+    MetadataSync(made).set_topics_quietly({"a", "b"})
     yield made
     await made.close()
 
 
 def start(client: AIOKafkaClient, updates: Updates) -> asyncio.Task[None]:
     """Start the client's synchronizer on ``updates`` and the watch over it."""
-    client._metadata_update = lambda cluster, topics: updates(client)  # type: ignore[method-assign]
-    client._sync_task = asyncio.create_task(client._md_synchronizer())
+    sync = MetadataSync(client)
+    sync.replace_update(lambda cluster, topics: updates(client))
+    sync.start()
     consumer: Any = types.SimpleNamespace(_client=client)
     return asyncio.create_task(watch_metadata(consumer, every_s=0.01, stuck_s=0.2))
 
@@ -51,10 +52,11 @@ async def test_a_synchronizer_that_died_is_started_again(client: AIOKafkaClient)
         raise RuntimeError("a listener failed")
 
     updates = Updates(fail)
-    client._metadata_update = lambda cluster, topics: updates(client)  # type: ignore[method-assign]
-    client._sync_task = asyncio.create_task(client._md_synchronizer())
+    sync = MetadataSync(client)
+    sync.replace_update(lambda cluster, topics: updates(client))
+    task = sync.start()
     waiting = client.force_metadata_update()
-    await asyncio.wait([client._sync_task])
+    await asyncio.wait([task])
     assert not waiting.done()  # nothing else would ever resolve it
     watch = asyncio.create_task(
         watch_metadata(types.SimpleNamespace(_client=client), every_s=0.01)  # type: ignore[arg-type]
@@ -62,7 +64,8 @@ async def test_a_synchronizer_that_died_is_started_again(client: AIOKafkaClient)
     async with asyncio.timeout(10):
         assert await waiting is False  # "not updated": its waiter retries
         assert await client.force_metadata_update() is True
-    assert not client._sync_task.done()
+    assert sync.task is not None
+    assert not sync.task.done()
     watch.cancel()
 
 
@@ -75,7 +78,7 @@ async def test_a_synchronizer_waiting_on_a_waiter_nobody_sets_is_woken(
     parked = asyncio.Event()
 
     async def narrow(client: AIOKafkaClient) -> None:
-        client._md_update_waiter = asyncio.get_running_loop().create_future()  # as on a timer
+        MetadataSync(client).park()  # as after an update on its own timer
         client.set_topics(["a"])  # a subset: no update of its own
         parked.set()
 

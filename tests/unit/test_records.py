@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from aiokafka import TopicPartition
-from aiokafka.consumer.fetcher import PartitionRecords
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
+from decaton_aio._aiokafka import DefaultRecordBatchBuilder, MemoryRecords, PartitionRecords
 from decaton_aio.consumer._records import RAW_RECORDS, TaskRecord, install_raw_records, task_record
 from tests.unit.test_partition import FakeRecord
 

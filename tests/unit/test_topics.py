@@ -9,6 +9,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 
+from decaton_aio._aiokafka import client_of
 from decaton_aio.consumer import _topics
 from decaton_aio.consumer._topics import TopicCheck
 
@@ -106,5 +107,5 @@ async def test_a_refresh_without_answer_says_so(monkeypatch: Any) -> None:
     next time, rather than judging from old metadata."""
     monkeypatch.setattr(_topics, "REFRESH_TIMEOUT_S", 0.01)
     topics, consumer = check()
-    consumer._client.force_metadata_update = lambda: asyncio.get_running_loop().create_future()
+    client_of(consumer).force_metadata_update = lambda: asyncio.get_running_loop().create_future()
     assert not await topics.refresh()

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.client import CoordinationType
 from aiokafka.errors import (
     CommitFailedError,
     GroupAuthorizationFailedError,
@@ -41,19 +40,30 @@ from aiokafka.errors import (
     UnsupportedVersionError,
     for_code,
 )
-from aiokafka.producer.sender import TxnOffsetCommitHandler
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import (
+from aiokafka.structs import OffsetAndMetadata
+
+from decaton_aio._aiokafka import (
     Boolean,
     CompactArray,
     CompactString,
+    CoordinationType,
     Int16,
     Int32,
     Int64,
+    OffsetCommitHandler,
+    Request,
+    RequestStruct,
+    Response,
     Schema,
     TaggedFields,
+    client_of,
+    find_coordinator,
+    group_member,
+    mark_coordinator_dead,
+    replace_txn_offset_commit,
+    sender_of,
+    txn_manager,
 )
-from aiokafka.structs import OffsetAndMetadata
 
 __all__ = [
     "GenerationOverError",
@@ -113,14 +123,10 @@ class GroupMetadata:
 
 def group_metadata(consumer: Any) -> GroupMetadata:
     """The group metadata of an aiokafka consumer, as of now."""
-    coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is None:
+    member = group_member(consumer)
+    if member is None:
         return GroupMetadata(-1, "")
-    return GroupMetadata(
-        int(coordinator.generation),
-        str(coordinator.member_id or ""),
-        getattr(coordinator, "_group_instance_id", None),
-    )
+    return GroupMetadata(*member)
 
 
 # --------------------------------------------------------------- TxnOffsetCommit v3
@@ -220,7 +226,7 @@ class TxnOffsetCommitRequest(Request[TxnOffsetCommitRequest_v3]):  # type: ignor
         )
 
 
-class _GroupOffsetsHandler(TxnOffsetCommitHandler):  # type: ignore[misc]
+class _GroupOffsetsHandler(OffsetCommitHandler):
     """aiokafka's handler of a transaction's offset commit, sending version 3."""
 
     def __init__(
@@ -234,21 +240,21 @@ class _GroupOffsetsHandler(TxnOffsetCommitHandler):  # type: ignore[misc]
         self._member = member
 
     def create_request(self) -> TxnOffsetCommitRequest:
-        txn = self._sender._txn_manager
+        txn = txn_manager(self.sender)
         return TxnOffsetCommitRequest(
             txn.transactional_id,
-            self._group_id,
+            self.group_id,
             txn.producer_id,
             txn.producer_epoch,
             self._member,
-            self._offsets,
+            self.offsets,
         )
 
     async def do(self, node_id: int) -> bool:
         try:
             return bool(await super().do(node_id))
         except (IncompatibleBrokerVersion, NotImplementedError):
-            self._sender._txn_manager.error_transaction(
+            txn_manager(self.sender).error_transaction(
                 UnsupportedVersionError(
                     "exactly-once needs TxnOffsetCommit version 3 (Apache Kafka 2.5 or newer)"
                 )
@@ -256,18 +262,18 @@ class _GroupOffsetsHandler(TxnOffsetCommitHandler):  # type: ignore[misc]
             return True
 
     def handle_response(self, resp: Any) -> float | None:
-        txn = self._sender._txn_manager
+        txn = txn_manager(self.sender)
         for topic, partitions, _ in resp.topics:
             for partition, code, _ in partitions:
                 tp = TopicPartition(topic, partition)
                 if code == 0:
-                    txn.offset_committed(tp, self._offsets[tp].offset, self._group_id)
+                    txn.offset_committed(tp, self.offsets[tp].offset, self.group_id)
                 elif code in _NOT_COORDINATOR or code == _REQUEST_TIMED_OUT:
                     if code != _LOAD_IN_PROGRESS:
-                        self._sender._coordinator_dead(CoordinationType.GROUP)
-                    return float(self._default_backoff)
+                        mark_coordinator_dead(self.sender, CoordinationType.GROUP)
+                    return self.default_backoff
                 elif code == _UNKNOWN_TOPIC_OR_PARTITION:
-                    return float(self._default_backoff)
+                    return self.default_backoff
                 elif code in _FENCED_PRODUCER:
                     raise ProducerFenced()
                 else:
@@ -295,27 +301,27 @@ def send_group_metadata(producer: Any, member: Callable[[], GroupMetadata]) -> N
     transaction fails with :class:`GenerationOverError`, as does one the coordinator finds
     out of date.
     """
-    sender = producer._sender
+    sender = sender_of(producer)
 
     async def txn_offset_commit(
         offsets: dict[TopicPartition, OffsetAndMetadata], group_id: str
     ) -> None:
         if not offsets:
             return
-        txn = sender._txn_manager
+        txn = txn_manager(sender)
         metadata = member()
         if not metadata.joined:
             # Version 3 without a generation is not checked: never commit that way.
             txn.error_transaction(GenerationOverError("the consumer is not in its group now"))
             return
         try:
-            node_id = await sender._find_coordinator(CoordinationType.GROUP, group_id)
+            node_id = await find_coordinator(sender, CoordinationType.GROUP, group_id)
         except GroupAuthorizationFailedError as exc:
             txn.error_transaction(exc)
             return
         await _GroupOffsetsHandler(sender, offsets, group_id, metadata).do(node_id)
 
-    sender._do_txn_offset_commit = txn_offset_commit
+    replace_txn_offset_commit(producer, txn_offset_commit)
 
 
 # ----------------------------------------------------- OffsetFetch v7, require_stable
@@ -409,7 +415,9 @@ async def read_stable_offsets(
         node_id = await admin.find_coordinator(group_id)
         while wanted:
             try:
-                response = await admin._client.send(node_id, OffsetFetchRequest(group_id, wanted))
+                response = await client_of(admin).send(
+                    node_id, OffsetFetchRequest(group_id, wanted)
+                )
             except (IncompatibleBrokerVersion, NotImplementedError) as exc:
                 raise UnsupportedVersionError(
                     "exactly-once needs OffsetFetch version 7 (Apache Kafka 2.5 or newer)"

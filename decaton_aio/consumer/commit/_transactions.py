@@ -46,9 +46,9 @@ from typing import Any, Protocol
 import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.structs import OffsetAndMetadata
 
+from decaton_aio._aiokafka import TransactionState, sender_running, transaction_waiter, txn_manager
 from decaton_aio.consumer._contract import TaskHost
 from decaton_aio.consumer.commit._group_txn import GroupMetadata, send_group_metadata
 from decaton_aio.context import OutputRecord
@@ -216,7 +216,7 @@ class Transaction:
         self._dropped_all()
         if producer is not None:
             # The failure that ended the transaction was handled: not left unretrieved.
-            waiter = producer._txn_manager._transaction_waiter
+            waiter = transaction_waiter(producer)
             if waiter is not None and waiter.done() and not waiter.cancelled():
                 waiter.exception()
             try:
@@ -415,8 +415,8 @@ class Transaction:
 
 def _abortable(producer: Any) -> bool:
     # A transaction is open (or failed short of fatally) and the client still runs.
-    state = producer._txn_manager.state
-    return state in _ABORTABLE and not producer._sender.sender_task.done()
+    state = txn_manager(producer).state
+    return state in _ABORTABLE and sender_running(producer)
 
 
 _ABORTABLE = (TransactionState.IN_TRANSACTION, TransactionState.ABORTABLE_ERROR)

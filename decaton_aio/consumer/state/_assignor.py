@@ -26,8 +26,9 @@ from typing import Any
 
 import msgspec
 import structlog
-from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.coordinator.protocol import (
+
+from decaton_aio._aiokafka import (
+    AbstractPartitionAssignor,
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
