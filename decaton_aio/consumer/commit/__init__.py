@@ -24,7 +24,7 @@ from __future__ import annotations
 from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore
 from decaton_aio.consumer.commit._committer import Committer
-from decaton_aio.consumer.commit._group_txn import group_metadata
+from decaton_aio.consumer.commit._group_txn import GroupMetadata, group_metadata
 from decaton_aio.consumer.commit._outputs import DurableOutputs, deliver_outputs
 from decaton_aio.consumer.commit._transactions import (
     Transaction,
@@ -38,6 +38,7 @@ __all__ = [
     "CheckpointStore",
     "Committer",
     "DurableOutputs",
+    "GroupMetadata",
     "Transaction",
     "TransactionFailedError",
     "commit_interval_within",

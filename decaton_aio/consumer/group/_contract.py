@@ -30,7 +30,7 @@ from typing import Literal, Protocol
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from decaton_aio.consumer.commit._group_txn import GroupMetadata
+from decaton_aio.consumer.commit import GroupMetadata
 
 __all__ = ["GroupListener", "GroupProtocol", "Membership"]
 
