@@ -61,6 +61,7 @@ from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
 from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.consumer._topic_wait import TopicWait
 from decaton_aio.consumer._topics import CHECK_INTERVAL_S, TopicCheck
 from decaton_aio.consumer.commit import (
     CheckpointStore,
@@ -258,6 +259,9 @@ class Subscription:
         self._assigned = asyncio.Event()  # the topic check runs at once after assignments
         self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self._topic_wait = TopicWait(
+            consumer.bootstrap_servers, app.topics, security=consumer.security
+        )
         self._failure: BaseException | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._listeners: list[Callable[[SubscriptionState], None]] = []
@@ -268,6 +272,12 @@ class Subscription:
     def partitions(self) -> dict[TopicPartition, PartitionProcessor]:
         """The partitions assigned now, with their processors (read only)."""
         return dict(self._partitions)
+
+    @property
+    def waiting_for_topics(self) -> tuple[str, ...]:
+        """The task topics the start waits for, because the cluster does not have them
+        yet (empty otherwise)."""
+        return self._topic_wait.missing
 
     @property
     def stats(self) -> SubscriptionStats:
@@ -296,6 +306,9 @@ class Subscription:
     async def start(self) -> None:
         """Connect, join the group and start fetching.
 
+        A task topic that does not exist yet is waited for (see ``_topic_wait``); a
+        :meth:`stop` meanwhile ends the start without consuming.
+
         Raises:
             ConfigError: when started twice, or when a side topic is missing and cannot be
                 created (the message names it).
@@ -306,6 +319,10 @@ class Subscription:
         if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
             raise ConfigError("a Subscription can be started once; make a new one")
         cfg = self.consumer_config
+        # Deploys often start a service before its topics exist: wait for them, not ready
+        # meanwhile, as Kafka's consumers do. A stop() while waiting ends the start here.
+        if not await self._topic_wait.wait(self._stopped):
+            return
         install_raw_records()
         if self._owns_sender:
             await self._sender.start()
