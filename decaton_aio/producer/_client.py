@@ -3,8 +3,8 @@
 :class:`~decaton_aio.producer.DurableSender` and its :class:`~decaton_aio.producer._replay.Replayer`
 share one ``acks=all`` client. This module starts it (:func:`start_client`, telling an
 unreachable cluster apart from a refused producer and an authorization failure, and
-turning idempotence off with one warning where the cluster refuses it and the settings
-leave it to the cluster), stops it without hanging on a broker
+turning idempotence off, logged once, where the cluster refuses it and the settings leave
+it to the cluster), stops it without hanging on a broker
 that is gone (:func:`stop_client`), and sorts the client's errors: the cluster's fault, so
 the record can be spooled and sent later (:func:`is_spoolable`); the record's own fault, so
 sending it again can never work (:data:`RECORD_ERRORS`); a topic the cluster does not have
@@ -187,7 +187,8 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
 
     With ``idempotence="auto"`` the client is idempotent where the cluster grants it; where
     the cluster refuses (Tansu, or no IdempotentWrite permission) a plain client is
-    started instead, with one warning per cluster and process.
+    started instead, logged once per cluster and process: at debug level where the broker
+    does not support it (Tansu), as a warning where a permission is missing.
 
     Returns:
         The started ``AIOKafkaProducer`` (typed ``Any``: aiokafka ships no types).
@@ -206,7 +207,11 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
     except _IdempotenceRefused as refused:
         if config.bootstrap_servers not in _WARNED_NO_IDEMPOTENCE:
             _WARNED_NO_IDEMPOTENCE.add(config.bootstrap_servers)
-            log.warning(
+            # A broker without aiokafka's InitProducerId (Tansu) answers UnknownError:
+            # what "auto" is for, and nothing the user can change, so not a warning. A
+            # missing IdempotentWrite permission is: an operator can grant it.
+            unsupported = isinstance(refused.__cause__, UnknownError)
+            (log.debug if unsupported else log.warning)(
                 "the cluster refused an idempotent producer; producing without idempotence "
                 "(a client retry can write a record twice); set idempotence=True to require it",
                 cluster=config.bootstrap_servers,

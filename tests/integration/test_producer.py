@@ -115,7 +115,8 @@ async def test_idempotence_auto_takes_what_the_cluster_grants(
     kafka_broker: BrokerHandle, topic_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the default "auto" the producer is idempotent where the cluster grants it;
-    where it does not (Tansu), two producers go on without it after one warning."""
+    where it does not (Tansu), two producers go on without it, logged once, at debug
+    level: the broker does not support it, and nothing the user can do changes that."""
     monkeypatch.setattr(producer_client, "_WARNED_NO_IDEMPOTENCE", set())
     topic = await topic_factory(partitions=1)
     config = ProducerConfig(kafka_broker.bootstrap_servers)
@@ -132,7 +133,7 @@ async def test_idempotence_auto_takes_what_the_cluster_grants(
         assert (granted, warnings) == ([True, True], [])
     else:
         assert granted == [False, False]
-        assert [w["log_level"] for w in warnings] == ["warning"]
+        assert [w["log_level"] for w in warnings] == ["debug"]
 
 
 async def test_idempotence_required_fails_where_refused(
