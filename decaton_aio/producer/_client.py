@@ -14,6 +14,7 @@ sending it again can never work (:data:`RECORD_ERRORS`); a topic the cluster doe
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -92,6 +93,19 @@ larger than this is never sent."""
 # Clusters already warned about falling back to a plain producer: one warning per
 # process, not one per reconnect.
 _WARNED_NO_IDEMPOTENCE: set[str] = set()
+
+
+class _InitProducerIdRefused(logging.Filter):
+    """Drops aiokafka's error line for an InitProducerId the broker answered with
+    UnknownError (Tansu): :func:`start_client` reports that refusal itself, once, at the
+    level it deserves, or raises it with what to do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refused = str(record.msg).startswith("Unexpected error during InitProducerIdRequest")
+        return not (refused and isinstance(record.args, tuple) and UnknownError in record.args)
+
+
+logging.getLogger("aiokafka.producer.sender").addFilter(_InitProducerIdRefused())
 
 RECORD_ERRORS: Final = (
     CorruptRecordException,
