@@ -12,9 +12,9 @@ and ``fetch_max_wait_ms``): the first record after a quiet spell is answered at 
 an idle consumer does not ask the broker every few milliseconds.
 
 aiokafka builds each fetch request from its fetcher's settings of the moment; the pacer
-sets those two (:data:`FETCHER_SETTINGS`, checked when the pacer is made).
+sets those two (`FETCHER_SETTINGS`, checked when the pacer is made).
 
-Caller: the subscription's fetch routine only, after each fetch call (:meth:`after`).
+Caller: the subscription's fetch routine only, after each fetch call (`after()`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class FetchPacer:
     """Switches a fetcher between its idle and busy settings.
 
     Args:
-        fetcher: the consumer's fetcher (its :data:`FETCHER_SETTINGS` are set).
+        fetcher: the consumer's fetcher (its `FETCHER_SETTINGS` are set).
         idle: ``(min_bytes, max_wait_ms)`` after a fetch call that returned nothing.
         busy: ``(min_bytes, max_wait_ms)`` after one that returned records.
     """

@@ -74,10 +74,10 @@ class _Progress:
 class HealthCheck:
     """The probes of one subscription (see the module docstring for what they check).
 
-    ::
-
-        health = HealthCheck(subscription)
-        subscription.metrics.start_http_server(9100, probes=health)  # /healthz, /readyz, ...
+    ```python
+    health = HealthCheck(subscription)
+    subscription.metrics.start_http_server(9100, probes=health)  # /healthz, /readyz, ...
+    ```
 
     Args:
         subscription: the subscription to watch.
@@ -110,7 +110,7 @@ class HealthCheck:
         return ok, answer
 
     def readiness(self) -> tuple[bool, Mapping[str, object]]:
-        """:meth:`check_readiness`, run on the event loop (called from the endpoint's
+        """`check_readiness()`, run on the event loop (called from the endpoint's
         thread)."""
         return self._ask(self.check_readiness)
 

@@ -1,6 +1,6 @@
 """A subscription: one consumer, one event loop, many partitions processed concurrently.
 
-The :class:`Subscription` owns an aiokafka consumer (auto commit off) and its
+The [`Subscription`][decaton_aio.Subscription] owns an aiokafka consumer (auto commit off) and its
 ``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition, their
 lifecycle, and the one place that pauses and resumes fetching. Three routines run on the
 loop:
@@ -29,7 +29,8 @@ exactly-once, its transactional producer started). Shutdown stops fetching, drai
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
 
 Unexpected errors in a routine stop the subscription and are re-raised by
-:meth:`Subscription.wait_stopped`: one supervisor, no silent death.
+[`Subscription.wait_stopped()`][decaton_aio.Subscription.wait_stopped]: one supervisor, no
+silent death.
 """
 
 from __future__ import annotations
@@ -123,10 +124,10 @@ class SubscriptionState(enum.Enum):
 class Subscription:
     """Consumes an application's topics and runs its processor.
 
-    ::
-
-        async with Subscription(app, ConsumerConfig("localhost:9092", "orders")) as sub:
-            await sub.wait_stopped()
+    ```python
+    async with Subscription(app, ConsumerConfig("localhost:9092", "orders")) as sub:
+        await sub.wait_stopped()
+    ```
 
     Args:
         app: the processor, topics and decoder.
@@ -134,7 +135,7 @@ class Subscription:
         producer: settings of the producer for retry, dead letter and shaping records
             (same cluster, idempotent, no spool when omitted; the embedded broker needs
             ``idempotence=False``).
-        sender: a started-elsewhere :class:`~decaton_aio.producer.DurableSender` to use
+        sender: a started-elsewhere [`DurableSender`][decaton_aio.DurableSender] to use
             instead (e.g. the one of the application's own ``TaskProducer``, so both
             share one spool directory); the subscription then does not start or stop it.
         properties: live runtime properties; built from ``app.properties`` when omitted.
@@ -307,7 +308,7 @@ class Subscription:
         """Connect, join the group and start fetching.
 
         A task topic that does not exist yet is waited for (see ``_topic_wait``); a
-        :meth:`stop` meanwhile ends the start without consuming.
+        [`stop()`][decaton_aio.Subscription.stop] meanwhile ends the start without consuming.
 
         Raises:
             ConfigError: when started twice, or when a side topic is missing and cannot be

@@ -2,7 +2,7 @@
 
 Deployments often start a service before its topics are provisioned. As Kafka's own
 consumers do, a subscription whose task topic is missing waits for it instead of failing:
-:class:`TopicWait` asks the cluster's metadata every :data:`WAIT_INTERVAL_S` until every
+`TopicWait` asks the cluster's metadata every `WAIT_INTERVAL_S` until every
 task topic is listed, and logs once what it waits for. The subscription is not ready
 meanwhile (``/readyz`` names the topics it waits for) and starts consuming, side topics
 and group membership included, once they all exist.

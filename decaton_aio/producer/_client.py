@@ -1,14 +1,14 @@
 """The aiokafka producer behind the durable sender: starting it, stopping it, reading its errors.
 
-:class:`~decaton_aio.producer.DurableSender` and its :class:`~decaton_aio.producer._replay.Replayer`
-share one ``acks=all`` client. This module starts it (:func:`start_client`, telling an
+[`DurableSender`][decaton_aio.DurableSender] and its `Replayer`
+share one ``acks=all`` client. This module starts it (`start_client()`, telling an
 unreachable cluster apart from a refused producer and an authorization failure, and
 turning idempotence off, logged once, where the cluster refuses it and the settings leave
 it to the cluster), stops it without hanging on a broker
-that is gone (:func:`stop_client`), and sorts the client's errors: the cluster's fault, so
-the record can be spooled and sent later (:func:`is_spoolable`); the record's own fault, so
-sending it again can never work (:data:`RECORD_ERRORS`); a topic the cluster does not have
-(:func:`missing_topic`); or an error the caller gets (:func:`producer_error`).
+that is gone (`stop_client()`), and sorts the client's errors: the cluster's fault, so
+the record can be spooled and sent later (`is_spoolable()`); the record's own fault, so
+sending it again can never work (`RECORD_ERRORS`); a topic the cluster does not have
+(`missing_topic()`); or an error the caller gets (`producer_error()`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ _WARNED_NO_IDEMPOTENCE: set[str] = set()
 
 class _InitProducerIdRefused(logging.Filter):
     """Drops aiokafka's error line for an InitProducerId the broker answered with
-    UnknownError (Tansu): :func:`start_client` reports that refusal itself, once, at the
+    UnknownError (Tansu): `start_client()` reports that refusal itself, once, at the
     level it deserves, or raises it with what to do."""
 
     def filter(self, record: logging.LogRecord) -> bool:
