@@ -1,12 +1,12 @@
 """Why a client could not connect: telling TLS and SASL failures apart from an absent cluster.
 
 aiokafka reports every failed bootstrap the same way ("Unable to bootstrap from ...") and
-logs the cause. When a client of the library fails to start, :func:`connect_error` probes
+logs the cause. When a client of the library fails to start, `connect_error()` probes
 the first bootstrap server once with the same settings and turns what it finds into a
-:class:`~decaton_aio.errors.SecurityError` that names the setting or file to fix (a wrong
+[`SecurityError`][decaton_aio.errors.SecurityError] that names the setting or file to fix (a wrong
 password, a CA file that does not trust the cluster, a missing client certificate, TLS
 spoken to a plain listener or the other way round); anything else stays a
-:class:`~decaton_aio.errors.BrokerError`. The probe runs only after a failure, so a
+[`BrokerError`][decaton_aio.errors.BrokerError]. The probe runs only after a failure, so a
 healthy start costs nothing, and it never retries: a wrong password ends the start at once.
 """
 
@@ -62,9 +62,10 @@ _TLS_ALERT: Final = b"\x15\x03"
 async def connect_error(
     exc: BaseException, bootstrap_servers: str, security: SecuritySettings
 ) -> BrokerError:
-    """The error to raise for a client that could not start: a :class:`SecurityError`
-    when TLS or SASL is the cause, else a :class:`BrokerError` saying the cluster could not
-    be reached."""
+    """The error to raise for a client that could not start: a
+    [`SecurityError`][decaton_aio.errors.SecurityError] when TLS or SASL is the cause, else
+    a [`BrokerError`][decaton_aio.errors.BrokerError] saying the cluster could not be
+    reached."""
     if isinstance(exc, BrokerError):
         return exc
     found = await diagnose(bootstrap_servers, security)
@@ -150,7 +151,7 @@ async def stop_member(consumer: AIOKafkaConsumer, *, timeout_s: float) -> None:
     await close_consumer_parts(consumer)  # whose own stop did not reach them
 
 
-#: How often :func:`watch_metadata` looks at a client's metadata synchronizer.
+#: How often `watch_metadata()` looks at a client's metadata synchronizer.
 METADATA_WATCH_S: Final = 1.0
 
 

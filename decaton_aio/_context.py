@@ -1,7 +1,7 @@
 """The fields of a task's processing context, compiled with the runtime's hot path.
 
-:class:`~decaton_aio.context.ProcessingContext`, what a processor is handed, is
-:class:`TaskFields` with its methods. The executor makes one per task and reads these
+[`ProcessingContext`][decaton_aio.ProcessingContext], what a processor is handed, is
+`TaskFields` with its methods. The executor makes one per task and reads these
 fields when the task ends: they are its side of the context (what the task asked for:
 a state, a deferred completion, a retry, outputs), read without a call. So they live in a
 class mypyc compiles (``setup.py``), while the public class keeps its documentation and
@@ -26,7 +26,7 @@ __all__ = ["TaskFields"]
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # ProcessingContext is one
 class TaskFields:
-    """What a processing context holds; see :class:`~decaton_aio.context.ProcessingContext`."""
+    """What a processing context holds; see [`ProcessingContext`][decaton_aio.ProcessingContext]."""
 
     __slots__ = (
         "_logger",

@@ -3,7 +3,7 @@
 One small threaded WSGI server on a daemon thread. ``/healthz`` and ``/readyz`` answer
 with a JSON body (200 when the check passes, 503 with the reasons when not); every other
 path serves the metrics in the Prometheus text format. The probes themselves are the
-runtime's business (:class:`Probes`); this module only serves them.
+runtime's business (`Probes`); this module only serves them.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _app(registry: CollectorRegistry, probes: Probes | None) -> Any:
 
 
 class Endpoint:
-    """A running HTTP endpoint; :meth:`start` makes one, :meth:`stop` ends it.
+    """A running HTTP endpoint; `start()` makes one, `stop()` ends it.
 
     Attributes:
         port: the port it is bound to.

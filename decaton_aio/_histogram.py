@@ -1,7 +1,7 @@
 """Fixed-bucket histograms whose observation is one C-level append (the runtime's hot path).
 
-:class:`FastHistogram` queues observations in a list and sorts them into buckets in
-bulk with numpy when read; :mod:`decaton_aio.metrics` exports them to Prometheus.
+`FastHistogram` queues observations in a list and sorts them into buckets in
+bulk with numpy when read; `decaton_aio.metrics` exports them to Prometheus.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ steps): fine below 10 ms, where a healthy loop lives."""
 
 
 class FastHistogram:
-    """A fixed-bucket histogram whose :meth:`observe` is one list append.
+    """A fixed-bucket histogram whose `observe()` is one list append.
 
     Observations are queued in a list and sorted into buckets in bulk (numpy) by
-    :meth:`fold`, which every reader calls first and the runtime calls once per commit
+    `fold()`, which every reader calls first and the runtime calls once per commit
     interval, so the queue stays short (32 bytes per queued observation: a list append
     takes the float as it is, where an ``array("d")`` append would parse it again). Folding may run
     in a scrape thread while the event loop observes: it takes only the observations

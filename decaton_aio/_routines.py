@@ -1,9 +1,9 @@
 """The background routine of a property source: spawned, watched, cancelled.
 
-:class:`~decaton_aio.properties.FilePropertySource` and
-:class:`~decaton_aio.properties.KafkaPropertySource` follow the routine
-vocabulary: ``start()`` spawns ``_x_routine()`` with :func:`spawn`, ``stop()`` cancels and
-awaits it with :func:`cancel_and_wait`. A routine that ends with an unexpected error is
+[`FilePropertySource`][decaton_aio.properties.FilePropertySource] and
+[`KafkaPropertySource`][decaton_aio.properties.KafkaPropertySource] follow the routine
+vocabulary: ``start()`` spawns ``_x_routine()`` with `spawn()`, ``stop()`` cancels and
+awaits it with `cancel_and_wait()`. A routine that ends with an unexpected error is
 logged at once and its error re-raised by ``stop()`` to whoever supervises the source.
 """
 

@@ -1,7 +1,7 @@
 """What the runtime counts: plain attributes per partition and per subscription.
 
 The runtime mutates these objects directly on its event loop (an attribute increment or a
-histogram append per event); :mod:`decaton_aio.metrics` reads them at scrape time from
+histogram append per event); `decaton_aio.metrics` reads them at scrape time from
 its HTTP thread. Durations that accumulate while a state lasts (paused, starved) keep the
 start of the open interval and are read up to "now", so a scrape in the middle of a long
 pause sees it grow.
@@ -39,19 +39,19 @@ class PartitionStats:
     ``dead_letter_queued`` / ``dead_letter_failed`` and ``shaping_queued`` /
     ``shaping_failed`` (records sent to a side topic, and failed sends, each retried),
     ``throttled_s`` (float seconds), and the time counters read through
-    :meth:`paused_total` and :meth:`starved_total`. Gauges are set by the runtime:
+    `paused_total()` and `starved_total()`. Gauges are set by the runtime:
     ``pending`` (records fetched and not completed), ``paused`` (fetching paused for
     back-pressure), ``committed_offset`` (last committed, i.e. the next offset a restart
     reads), ``consumed_offset`` (one past the last fetched record) and ``high_watermark``
     (the partition's end offset, for the lag); ``-1`` means unknown and the gauge is not
     exported. ``commit_current_at`` is when the committer last found the partition's
     commit up to date (it committed, or had nothing new to commit; the assignment to
-    begin with), read as an age through :meth:`commit_age`. Histograms: ``done_at_once``
+    begin with), read as an age through `commit_age()`. Histograms: ``done_at_once``
     (seconds the processor ran, for tasks complete when it returned: their process and
     completion durations are the same, observed once on the hot path),
     ``process_duration`` and ``completion_duration`` (the same two
     durations of the other tasks: deferred, retried, dead-lettered; the completion is
-    longer), read together through :meth:`process_total` and :meth:`completion_total`;
+    longer), read together through `process_total()` and `completion_total()`;
     ``delivery_latency`` (record timestamp to processing start), ``scheduling_delay``
     (seconds a scheduled task waited for its time), ``lane_wait`` (seconds a record waited
     behind an earlier record of its key) and ``slot_wait`` (seconds a ready record waited
@@ -163,7 +163,7 @@ class PartitionStats:
     @property
     def histograms(self) -> tuple[FastHistogram, ...]:
         """Every histogram of the partition; the committer folds their queued
-        observations (:meth:`FastHistogram.fold`) once per commit interval."""
+        observations (`FastHistogram.fold()`) once per commit interval."""
         return tuple(getattr(self, name) for name in _HISTOGRAMS)
 
     def commit_current(self) -> None:

@@ -1,7 +1,7 @@
 """Topic administration: creating topics for tests and demos, and the side topics
 (retry, dead letter, shaping) a subscription needs.
 
-A subscription calls :func:`ensure_side_topics` before it joins its group: a side topic
+A subscription calls `ensure_side_topics()` before it joins its group: a side topic
 that is missing and cannot be created stops the start with an error naming the topic and
 the command that creates it, instead of stalling a partition at its first retry.
 """
@@ -76,7 +76,7 @@ class TopicAdmin:
         security: TLS and SASL settings of the admin client.
     """
 
-    #: How long :meth:`create` waits for the new topic's partitions to have leaders.
+    #: How long `create()` waits for the new topic's partitions to have leaders.
     ready_timeout_s: float = READY_TIMEOUT_S
 
     def __init__(self, bootstrap_servers: str, *, security: SecuritySettings = PLAINTEXT) -> None:

@@ -1,10 +1,11 @@
 """The application object: what to consume, how to decode it, and the processor.
 
-An :class:`Application` is plain configuration, no global state: ``python -m decaton_aio
-run module:app`` imports one (or a bare ``async def process(ctx, task)`` function) and
-command-line flags override its fields. :class:`ConsumerConfig` holds the Kafka consumer
-settings, kept apart so the same application runs against any cluster; each field is named
-after the Kafka consumer setting it maps to (``group.instance.id`` is ``group_instance_id``).
+An [`Application`][decaton_aio.Application] is plain configuration, no global state:
+``python -m decaton_aio run module:app`` imports one (or a bare
+``async def process(ctx, task)`` function) and command-line flags override its fields.
+[`ConsumerConfig`][decaton_aio.ConsumerConfig] holds the Kafka consumer settings, kept apart
+so the same application runs against any cluster; each field is named after the Kafka
+consumer setting it maps to (``group.instance.id`` is ``group_instance_id``).
 
 The consumer group is never guessed: an application names it (``group_id``, or a
 ``subscription_id`` of its own), because a default shared by every application that forgot
@@ -228,18 +229,18 @@ class ConsumerConfig:
 class Application:
     """A processor and what it consumes.
 
-    ::
+    ```python
+    async def process(ctx, task: PageView) -> None:
+        await store.add(task.user_id, task.page)
 
-        async def process(ctx, task: PageView) -> None:
-            await store.add(task.user_id, task.page)
-
-        app = Application(process, topics=("page-views",), serializer=JsonSerializer(PageView))
+    app = Application(process, topics=("page-views",), serializer=JsonSerializer(PageView))
+    ```
 
     Attributes:
         processor: ``async def process(ctx, task)``.
         topics: the task topics.
         group_id: the consumer group. Required, unless ``subscription_id`` is given: then
-            the group is the subscription id (see :attr:`group`).
+            the group is the subscription id (see [`group`][decaton_aio.Application.group]).
         serializer: decodes record values into tasks (raw bytes by default).
         properties: initial runtime properties, by name (see ``decaton_aio.properties``).
         subscription_id: names this subscription in logs and metrics; the group id when
@@ -253,7 +254,7 @@ class Application:
             after ``decaton.deferred.complete.timeout.ms``: ``give_up`` completes it and
             counts it as discarded, ``extend`` waits another timeout (and logs), ``retry``
             sends it to the retry topic.
-        state: the state store behind ``ctx.state`` (see :mod:`decaton_aio.state`);
+        state: the state store behind ``ctx.state`` (see `decaton_aio.state`);
             ``None``: no state.
         checkpoints: at every commit, save which records above the committed offset are
             already done (in the commit metadata, or the checkpoint topic when too large),
@@ -271,7 +272,7 @@ class Application:
         on_shutdown: hooks ``run`` awaits once per process after the subscription drained
             its tasks and committed: close the pool. Run in order, each even if an earlier
             one raised.
-        tracing: OpenTelemetry spans per task (see :mod:`decaton_aio.tracing`; needs the
+        tracing: OpenTelemetry spans per task (see `decaton_aio.tracing`; needs the
             ``tracing`` extra); ``None`` (the default): no tracing code runs.
     """
 

@@ -1,28 +1,33 @@
 """Retry policy: which failures are retried, how often, and how long to wait in between.
 
-This module owns the pure part of retrying: the backoff formula, the :class:`RetryPolicy`
-value object and the :class:`RetryConfig` that carries it with the retry mode, and the
-two control-flow signals a processor raises to steer its task (:class:`RetryTask`,
-:class:`SkipTask`). It performs no I/O and knows nothing about Kafka or asyncio; the
-runtime (``consumer/_outcome.py`` decides, the executor acts) asks it questions and acts
-on the answers.
+This module owns the pure part of retrying: the backoff formula, the
+[`RetryPolicy`][decaton_aio.RetryPolicy] value object and the
+[`RetryConfig`][decaton_aio.RetryConfig] that carries it with the retry mode, and the two
+control-flow signals a processor raises to steer its task
+([`RetryTask`][decaton_aio.RetryTask], [`SkipTask`][decaton_aio.SkipTask]). It performs no
+I/O and knows nothing about Kafka or asyncio; the runtime (``consumer/_outcome.py`` decides,
+the executor acts) asks it questions and acts on the answers.
 
 Counting attempts. Attempts are numbered from 1: attempt 1 is the first delivery of a task,
 attempt ``n`` is its ``(n - 1)``-th retry. A task read from the retry topic with retry count
 ``c`` in its ``dt_meta`` header is running attempt ``c + 1``. Every method that takes an
 ``attempt`` wants the number of the attempt that just *failed*; the same number is the
-number of the retry about to be scheduled, so the runtime's flow is::
+number of the retry about to be scheduled, so the runtime's flow is:
 
-    attempt = metadata.retry_count + 1       # the attempt that just failed
-    if not policy.is_retriable(exc) or policy.exhausted(attempt):
-        ...                                  # the dead letter topic
-    delay = policy.delay_s(attempt)          # or the RetryTask's own delay
-    ...                                      # retry count + 1, after `delay`
+```python
+attempt = metadata.retry_count + 1       # the attempt that just failed
+if not policy.is_retriable(exc) or policy.exhausted(attempt):
+    ...                                  # the dead letter topic
+delay = policy.delay_s(attempt)          # or the RetryTask's own delay
+...                                      # retry count + 1, after `delay`
+```
 
-Backoff formula (:func:`compute_backoff`), for the ``n``-th retry::
+Backoff formula (`compute_backoff()`), for the ``n``-th retry:
 
-    capped = min(max_s, base_s * factor ** (n - 1))
-    delay  = capped * (1 - jitter * u)         u uniform in [0, 1)
+```text
+capped = min(max_s, base_s * factor ** (n - 1))
+delay  = capped * (1 - jitter * u)         u uniform in [0, 1)
+```
 
 ``jitter`` is the fraction of the delay that is randomised: 0 gives the exact exponential
 sequence, 0.5 "equal jitter" (between half and all of ``capped``), 1 "full jitter"
@@ -73,7 +78,7 @@ DEFAULT_JITTER: Final = 0.5
 class TaskControl(Exception):
     """Base of the signals a processor raises to steer its task; never logged as a failure.
 
-    These derive from :class:`Exception`, not :class:`BaseException`, on purpose: asyncio
+    These derive from `Exception`, not `BaseException`, on purpose: asyncio
     (``Task``, ``TaskGroup``, ``gather``) gives non-``Exception`` exceptions special
     treatment meant for cancellation and interpreter exit, and a signal must travel like
     an ordinary exception out of the processor coroutine. The runtime catches
@@ -91,7 +96,7 @@ def checked_retry_delay(delay_s: float | None, where: str) -> float | None:
     """``delay_s`` as asked of ``where`` (``ctx.retry``...), negative taken as no wait.
 
     Raises:
-        ConfigError: ``delay_s`` is not finite, or longer than :data:`MAX_RETRY_DELAY_S`
+        ConfigError: ``delay_s`` is not finite, or longer than `MAX_RETRY_DELAY_S`
             (the caller's task fails with it, as with any exception).
     """
     if delay_s is None:
@@ -168,7 +173,7 @@ def compute_backoff(
         factor: growth per retry; >= 1 so delays never shrink.
         max_s: the cap, in seconds; >= ``base_s``.
         jitter: the randomised fraction of the delay, in ``[0, 1]``.
-        rng: source of ``u``; ``None`` uses the :mod:`random` module's shared generator.
+        rng: source of ``u``; ``None`` uses the `random` module's shared generator.
             Pass a seeded ``random.Random`` for reproducible delays.
 
     Returns:
@@ -248,11 +253,11 @@ class RetryPolicy:
 
     Attributes:
         max_attempts: total attempts of one task, the first delivery included: 1 never
-            retries, 3 allows two retries. See :attr:`max_retries`.
+            retries, 3 allows two retries. See [`max_retries`][decaton_aio.RetryPolicy.max_retries].
         backoff_base_ms: delay before the first retry, before jitter.
         backoff_factor: growth of the delay per retry (>= 1).
         backoff_max_ms: cap on any delay.
-        jitter: randomised fraction of each delay, in ``[0, 1]``; see :func:`compute_backoff`.
+        jitter: randomised fraction of each delay, in ``[0, 1]``; see `compute_backoff()`.
         retry_on: exception types that are retried.
         no_retry_on: exception types never retried; wins over ``retry_on``.
 
@@ -309,11 +314,12 @@ class RetryPolicy:
     def is_retriable(self, exc: BaseException) -> bool:
         """Whether a failure with ``exc`` may be retried (attempts aside).
 
-        In order: a :class:`RetryTask` is always retriable and a :class:`SkipTask` never;
-        exceptions that are not :class:`Exception` (cancellation, interpreter exit) never
-        are, they must propagate; an instance of ``no_retry_on`` is not; an exception whose
-        ``retriable`` attribute (class or instance, as in :mod:`decaton_aio.errors`) is
-        ``False`` is not; otherwise it is retriable when it is an instance of ``retry_on``.
+        In order: a [`RetryTask`][decaton_aio.RetryTask] is always retriable and a
+        [`SkipTask`][decaton_aio.SkipTask] never; exceptions that are not `Exception`
+        (cancellation, interpreter exit) never are, they must propagate; an instance of
+        ``no_retry_on`` is not; an exception whose ``retriable`` attribute (class or
+        instance, as in [`decaton_aio.errors`][decaton_aio.errors]) is ``False`` is not;
+        otherwise it is retriable when it is an instance of ``retry_on``.
 
         Args:
             exc: what the processor raised.
@@ -352,7 +358,7 @@ class RetryPolicy:
         Args:
             attempt: the number of the attempt that just failed, from 1 (so 1 gives the
                 delay of the first retry).
-            rng: source of jitter; ``None`` uses the :mod:`random` module's generator.
+            rng: source of jitter; ``None`` uses the `random` module's generator.
 
         Returns:
             The delay in seconds, within ``[0, backoff_max_ms / 1000]``.

@@ -1,13 +1,13 @@
 """Batching: hand tasks to a processor in lists, by size or linger time.
 
-:class:`BatchingProcessor` wraps an ``async def process_batch(items)``. Each incoming task
-is held with a deferred completion (so its offset is never committed while it waits) and
-added to the current batch of its partition; the batch is processed when it holds
-``max_size`` tasks or ``linger_s`` after its first task arrived. Every item is completed
-or retried on its own: ``item.retry()`` sends just that task to its retry topic (or dead
-letter topic when its attempts are used up) and ``item.fail(exc)`` fails it; items left
-unresolved complete when ``process_batch`` returns, or fail with its exception when it
-raises (then the retry policy decides).
+[`BatchingProcessor`][decaton_aio.BatchingProcessor] wraps an
+``async def process_batch(items)``. Each incoming task is held with a deferred completion
+(so its offset is never committed while it waits) and added to the current batch of its
+partition; the batch is processed when it holds ``max_size`` tasks or ``linger_s`` after its
+first task arrived. Every item is completed or retried on its own: ``item.retry()`` sends
+just that task to its retry topic (or dead letter topic when its attempts are used up) and
+``item.fail(exc)`` fails it; items left unresolved complete when ``process_batch`` returns,
+or fail with its exception when it raises (then the retry policy decides).
 
 Key order: tasks of one key stay in offset order inside a batch; batches of one
 partition run one at a time, so a key's tasks in later batches run after earlier ones.
@@ -64,12 +64,12 @@ class _Batch:
 class BatchingProcessor(Generic[T]):
     """Wraps a batch processor as a per-task processor.
 
-    ::
+    ```python
+    async def store_all(items: list[BatchItem[Event]]) -> None:
+        await db.insert_many([item.task for item in items])
 
-        async def store_all(items: list[BatchItem[Event]]) -> None:
-            await db.insert_many([item.task for item in items])
-
-        app = Application(BatchingProcessor(store_all, max_size=100, linger_s=0.05), ...)
+    app = Application(BatchingProcessor(store_all, max_size=100, linger_s=0.05), ...)
+    ```
 
     Args:
         process_batch: called with each batch, in arrival order.

@@ -1,23 +1,24 @@
 """Kafka's ``client.properties`` format: read the file a team's Java clients already use.
 
-::
+```text
+bootstrap.servers=kafka-1.example.com:9093
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\
+    username="orders" password="...";
+ssl.truststore.type=PEM
+ssl.truststore.location=/etc/kafka/ca.pem
+```
 
-    bootstrap.servers=kafka-1.example.com:9093
-    security.protocol=SASL_SSL
-    sasl.mechanism=SCRAM-SHA-512
-    sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\
-        username="orders" password="...";
-    ssl.truststore.type=PEM
-    ssl.truststore.location=/etc/kafka/ca.pem
-
-:func:`read_client_properties` maps each key through one table (:data:`CLIENT_PROPERTY_KEYS`)
-onto the fields of :class:`~decaton_aio.security.SecuritySettings`, the bootstrap servers,
-and the consumer settings of :class:`~decaton_aio.app.ConsumerConfig` (``run`` uses them;
-its flags win); a key the table does not know is listed in
-:attr:`ClientProperties.unsupported`, by name, so nothing is ignored silently. A known key
-with a value the Python clients cannot honour (a JKS trust store, a GSSAPI login) is an
-error that says what to do instead. :func:`client_property_entries` writes settings back
-in this format (the embedded broker's ``client.properties``, the Spark jobs' options).
+[`read_client_properties()`][decaton_aio.client_properties.read_client_properties] maps each
+key through one table (`CLIENT_PROPERTY_KEYS`) onto the fields of
+[`SecuritySettings`][decaton_aio.SecuritySettings], the bootstrap servers, and the consumer
+settings of [`ConsumerConfig`][decaton_aio.ConsumerConfig] (``run`` uses them; its flags
+win); a key the table does not know is listed in `ClientProperties.unsupported`, by name, so
+nothing is ignored silently. A known key with a value the Python clients cannot honour (a
+JKS trust store, a GSSAPI login) is an error that says what to do instead.
+`client_property_entries()` writes settings back in this format (the embedded broker's
+``client.properties``, the Spark jobs' options).
 """
 
 from __future__ import annotations
@@ -136,10 +137,10 @@ def _endpoint_identification(value: str) -> dict[str, Any]:
 
 
 #: Every key the reader maps, to its section and fields. Sections: ``cluster`` (the
-#: bootstrap servers), ``security`` (:class:`SecuritySettings` fields), ``consumer``
+#: bootstrap servers), ``security`` (`SecuritySettings` fields), ``consumer``
 #: (``ConsumerConfig`` fields) and ``application`` (``Application`` fields). Another section
 #: (consumer settings, say) is one more group of rows here and one more property of
-#: :class:`ClientProperties`; keys without a row are reported as unsupported.
+#: `ClientProperties`; keys without a row are reported as unsupported.
 CLIENT_PROPERTY_KEYS: Final[Mapping[str, _Key]] = {
     "bootstrap.servers": _Key("cluster", _field("bootstrap_servers")),
     "security.protocol": _Key("security", _field("security_protocol")),
@@ -185,9 +186,10 @@ class ClientProperties:
     Attributes:
         source: where it came from (a path), for messages.
         bootstrap_servers: ``bootstrap.servers``, when the file names it.
-        security_fields: the :class:`SecuritySettings` fields the file sets.
-        consumer_fields: the :class:`~decaton_aio.app.ConsumerConfig` fields it sets.
-        application_fields: the :class:`~decaton_aio.app.Application` fields it sets
+        security_fields: the [`SecuritySettings`][decaton_aio.SecuritySettings] fields the
+            file sets.
+        consumer_fields: the [`ConsumerConfig`][decaton_aio.ConsumerConfig] fields it sets.
+        application_fields: the [`Application`][decaton_aio.Application] fields it sets
             (``exactly_once``, from ``processing.guarantee``).
         unsupported: the keys (and ``sasl.jaas.config`` options) the clients do not use,
             in file order.
@@ -231,7 +233,7 @@ class ClientProperties:
 def parse_client_properties(
     entries: Mapping[str, str], *, source: str = "client properties"
 ) -> ClientProperties:
-    """Map Kafka client property keys onto settings (see :data:`CLIENT_PROPERTY_KEYS`).
+    """Map Kafka client property keys onto settings (see `CLIENT_PROPERTY_KEYS`).
 
     Raises:
         ConfigError: a known key has a value the clients cannot use; the message names the
@@ -422,8 +424,9 @@ def cluster_settings(
     """Merge the sources of cluster settings, later ones winning: a ``client.properties``
     file (``client_properties`` or ``$DECATON_AIO_CLIENT_PROPERTIES``), the environment
     (``$DECATON_AIO_BOOTSTRAP_SERVERS`` and the variables of
-    :data:`~decaton_aio.security.SECURITY_ENV_VARS`), then ``bootstrap_servers`` and the
-    :class:`SecuritySettings` fields in ``overrides`` that are not ``None``.
+    `SECURITY_ENV_VARS`), then ``bootstrap_servers`` and the
+    [`SecuritySettings`][decaton_aio.SecuritySettings] fields in ``overrides`` that are not
+    ``None``.
 
     Raises:
         ConfigError: a source cannot be read, or the merged settings are not valid.

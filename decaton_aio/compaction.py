@@ -1,14 +1,14 @@
 """Task compaction: of a key's tasks within a time window, process only the one kept.
 
 For example, an influencer gets thousands of follow/unfollow events a second; the
-count only needs the latest state. :class:`CompactingProcessor` wraps a processor. Each
-task is held (with a deferred completion, so its offset is never committed while it
-waits) until its key's window ends; a task of the same key arriving meanwhile is compared
-with the held one by the user's compactor, which keeps the left (held) task, the right
-(new) task, or neither (then the held one is processed at once and the new one opens a
-window). The dropped task completes without running and counts as a compaction. When the
-window ends, the kept task runs through the wrapped processor, after the key's previous
-survivor finished: one task of a key runs at a time, as without compaction.
+count only needs the latest state. [`CompactingProcessor`][decaton_aio.CompactingProcessor]
+wraps a processor. Each task is held (with a deferred completion, so its offset is never
+committed while it waits) until its key's window ends; a task of the same key arriving
+meanwhile is compared with the held one by the user's compactor, which keeps the left (held)
+task, the right (new) task, or neither (then the held one is processed at once and the new
+one opens a window). The dropped task completes without running and counts as a compaction.
+When the window ends, the kept task runs through the wrapped processor, after the key's
+previous survivor finished: one task of a key runs at a time, as without compaction.
 
 A held task is pending: a crash before its window ends redelivers every task of the
 window, and they are compacted again. So does the end of its partition's assignment (a
@@ -64,12 +64,12 @@ class _Held:
 class CompactingProcessor(Generic[T]):
     """Wraps a processor so each key's tasks are compacted over ``window_s``.
 
-    ::
+    ```python
+    def latest(left, right):
+        return CompactionChoice.PICK_RIGHT
 
-        def latest(left, right):
-            return CompactionChoice.PICK_RIGHT
-
-        app = Application(CompactingProcessor(process, latest, window_s=0.5), topics=...)
+    app = Application(CompactingProcessor(process, latest, window_s=0.5), topics=...)
+    ```
 
     Args:
         processor: the wrapped ``async def process(ctx, task)``; runs kept tasks.

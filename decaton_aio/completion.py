@@ -1,10 +1,10 @@
 """Deferred completion: a task that finishes after its processor returned.
 
-``ctx.deferred()`` hands the processor a :class:`Completion`. The processor returns at
-once (its concurrency slot and key lane are freed, as in Decaton), and the task's offset
-completes only when ``completion.complete()`` is called: from any coroutine, from a
-callback of another library, or from another thread. Until then the watermark stays below
-the offset, so a crash redelivers the task.
+``ctx.deferred()`` hands the processor a [`Completion`][decaton_aio.Completion]. The
+processor returns at once (its concurrency slot and key lane are freed, as in Decaton), and
+the task's offset completes only when ``completion.complete()`` is called: from any
+coroutine, from a callback of another library, or from another thread. Until then the
+watermark stays below the offset, so a crash redelivers the task.
 
 A completion that is never completed must not stall its partition forever: the runtime
 applies ``decaton.deferred.complete.timeout.ms`` with the application's timeout policy.
@@ -28,7 +28,8 @@ DeferredTimeoutPolicy = Literal["give_up", "extend", "retry"]
 
 
 class Completion:
-    """Completes one deferred task. Calling :meth:`complete` more than once is harmless.
+    """Completes one deferred task. Calling [`complete()`][decaton_aio.Completion.complete]
+    more than once is harmless.
 
     Args:
         on_complete: called once, on the event loop, when the task completes.
@@ -51,9 +52,9 @@ class Completion:
         self._loop = loop
         self._thread = threading.get_ident()
         self._done = False
-        #: Set when :meth:`retry` is called before the processor returned.
+        #: Set when `retry()` is called before the processor returned.
         self.retry_delay_s: float | None = None
-        #: Set when :meth:`fail` is called before the processor returned.
+        #: Set when `fail()` is called before the processor returned.
         self.failure: BaseException | None = None
 
     @property

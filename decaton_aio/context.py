@@ -1,8 +1,9 @@
 """The processing context: what a processor knows about the task it is running.
 
-One :class:`ProcessingContext` is made per task and handed to ``process(ctx, task)``. It
-carries the record's coordinates, the task metadata and a structlog logger bound with
-topic, partition, offset, key and subscription id (Decaton's MDC), built only when used.
+One [`ProcessingContext`][decaton_aio.ProcessingContext] is made per task and handed to
+``process(ctx, task)``. It carries the record's coordinates, the task metadata and a
+structlog logger bound with topic, partition, offset, key and subscription id (Decaton's
+MDC), built only when used.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def _noop() -> None:
 
 
 class OutputRecord(NamedTuple):
-    """A record a processor produced with :meth:`ProcessingContext.produce` (or a retry,
-    dead letter or shaping record joining a transaction: ``value`` ``None`` for a
-    tombstone)."""
+    """A record a processor produced with
+    [`ProcessingContext.produce()`][decaton_aio.ProcessingContext.produce] (or a retry, dead
+    letter or shaping record joining a transaction: ``value`` ``None`` for a tombstone)."""
 
     topic: str
     value: bytes | None
@@ -79,22 +80,25 @@ class ProcessingContext(TaskFields):
     Attributes:
         subscription_id: the subscription processing the task.
         record: the Kafka record the task came from (offset, timestamp, key, value,
-            headers; see :class:`~decaton_aio.typing.Record`).
+            headers; see [`Record`][decaton_aio.typing.Record]).
         attempt: 1 for the first run; in-place retries count up.
         completion: the deferred completion, once the processor asked for one with
-            :meth:`deferred` (``None`` before).
-        key_state: the key's state once :attr:`state` was read, changed or not (``None``
-            before; :attr:`state_change` says whether it changed).
-        outputs: the records :meth:`produce` collected, ``None`` while there are none.
-        retry_delay_s: the retry :meth:`retry` asked for (``-1.0``: the policy's
-            backoff), ``None`` when none was.
+            [`deferred()`][decaton_aio.ProcessingContext.deferred] (``None`` before).
+        key_state: the key's state once [`state`][decaton_aio.ProcessingContext.state] was
+            read, changed or not (``None`` before;
+            [`state_change`][decaton_aio.ProcessingContext.state_change] says whether it
+            changed).
+        outputs: the records [`produce()`][decaton_aio.ProcessingContext.produce] collected,
+            ``None`` while there are none.
+        retry_delay_s: the retry [`retry()`][decaton_aio.ProcessingContext.retry] asked for
+            (``-1.0``: the policy's backoff), ``None`` when none was.
         started_at: when the task started (``time.perf_counter()``), set by the runtime.
     """
 
     # The fields and the constructor are TaskFields' (compiled with the hot path).
     __slots__ = ()
     _partition: TaskSource
-    #: The records :meth:`produce` collected, ``None`` while there are none.
+    #: The records `produce()` collected, ``None`` while there are none.
     outputs: list[OutputRecord] | None
 
     @property
@@ -145,7 +149,7 @@ class ProcessingContext(TaskFields):
         With queue retries the task goes to ``<topic>-retry`` and this offset completes
         once the broker has the retry; with in-place retries it runs again in its key
         lane. After the policy's last attempt it goes to the dead letter topic. Raising
-        :class:`~decaton_aio.backoff.RetryTask` does the same.
+        [`RetryTask`][decaton_aio.RetryTask] does the same.
 
         Args:
             delay_s: wait this long before the retry (at most a year); the policy's
@@ -158,7 +162,8 @@ class ProcessingContext(TaskFields):
         self.retry_delay_s = -1.0 if delay_s is None else delay_s
 
     def deferred(self) -> Completion:
-        """Complete this task later: returns the same :class:`Completion` on every call.
+        """Complete this task later: returns the same [`Completion`][decaton_aio.Completion]
+        on every call.
 
         The processor may return at once; the offset completes when
         ``completion.complete()`` is called (from any coroutine, callback or thread).

@@ -1,14 +1,15 @@
 """Every environment variable decaton-aio reads, in one registry.
 
 Code that reads a ``DECATON_AIO_*`` variable takes its name (or its value, with
-:meth:`EnvironmentVariable.get`) from the constants here, never from a string of its own, so
-this module is the complete list: the documentation's table of environment variables is
-generated from :data:`VARIABLES`, and a test fails when a module spells a variable's name
-itself.
+[`EnvironmentVariable.get()`][decaton_aio.environment.EnvironmentVariable.get]) from the
+constants here, never from a string of its own, so this module is the complete list: the
+documentation's table of environment variables is generated from
+[`VARIABLES`][decaton_aio.environment.VARIABLES], and a test fails when a module spells a
+variable's name itself.
 
 Runtime properties have a family of their own: ``DECATON_`` followed by the property name
 in upper case with dots as underscores (``decaton.partition.concurrency`` is
-``DECATON_PARTITION_CONCURRENCY``), see :func:`decaton_aio.properties.env_var_name`.
+``DECATON_PARTITION_CONCURRENCY``), see `decaton_aio.properties.env_var_name()`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,20 @@
 """The error tree of decaton-aio.
 
-Every error the library raises on purpose derives from :class:`DecatonError`::
+Every error the library raises on purpose derives from
+[`DecatonError`][decaton_aio.errors.DecatonError]:
 
-    DecatonError
-     +-- ConfigError            a setting, argument or application object is wrong
-     +-- BrokerError            the embedded broker cannot be found, started or reached
-     |    +-- SecurityError     TLS or SASL failed: untrusted certificate, wrong password
-     +-- DecodeError            a record's body or ``dt_meta`` header cannot be decoded
-     +-- ProducerError          a task could not be delivered to the broker
-     |    +-- AccessDeniedError     the cluster refused the credentials or an ACL
-     |    +-- RecordRejectedError   the record can never be taken as it is
-     |    +-- MissingTopicError     no such topic on a cluster that does not create one
-     +-- ProcessingError        a processor failed a task
+```text
+DecatonError
+ +-- ConfigError            a setting, argument or application object is wrong
+ +-- BrokerError            the embedded broker cannot be found, started or reached
+ |    +-- SecurityError     TLS or SASL failed: untrusted certificate, wrong password
+ +-- DecodeError            a record's body or ``dt_meta`` header cannot be decoded
+ +-- ProducerError          a task could not be delivered to the broker
+ |    +-- AccessDeniedError     the cluster refused the credentials or an ACL
+ |    +-- RecordRejectedError   the record can never be taken as it is
+ |    +-- MissingTopicError     no such topic on a cluster that does not create one
+ +-- ProcessingError        a processor failed a task
+```
 
 Each class carries ``retriable``: whether doing the same thing again may succeed.
 Control flow (asking for a retry, skipping a record) is not an error and lives elsewhere.

@@ -1,20 +1,20 @@
 """Logging setup, and the task fields every log line inside a task carries.
 
-:func:`configure_logging` sets structlog up with a console renderer in a terminal, JSON
-lines otherwise; the level comes from the caller, else ``$DECATON_AIO_LOG_LEVEL``, else
-``info``.
+[`configure_logging()`][decaton_aio.logs.configure_logging] sets structlog up with a console
+renderer in a terminal, JSON lines otherwise; the level comes from the caller, else
+``$DECATON_AIO_LOG_LEVEL``, else ``info``.
 
 Task fields (Decaton's MDC): a log call made while a task runs, through any structlog
 logger or the standard ``logging`` module, gets the task's subscription, topic,
-partition, offset and key. :func:`add_task_context` (a structlog processor) and
-:class:`TaskContextFilter` (a ``logging`` filter) add them; :func:`configure_logging`
-installs both. An application that configures structlog itself adds
-:func:`add_task_context` to its processors.
+partition, offset and key. `add_task_context()` (a structlog processor) and
+`TaskContextFilter` (a ``logging`` filter) add them;
+[`configure_logging()`][decaton_aio.logs.configure_logging] installs both. An application
+that configures structlog itself adds `add_task_context()` to its processors.
 
 How the running task is found, at almost no cost per task: while the executor starts a
 task (its first step included) it keeps the task's context where a *task source* reads
 it, and a task that waited goes on inside a frame of the runtime that holds its context
-in a local variable (the worker that carries it on): :func:`current_task_context` asks
+in a local variable (the worker that carries it on): `current_task_context()` asks
 the task sources, then walks the stack from the log call up to the innermost such frame.
 That costs a few microseconds per log line inside a task, where binding context
 variables for every task would cost every task, logged or not. (A frame could serve for
@@ -157,7 +157,7 @@ def configure_logging(
     """Configure structlog (and the standard ``logging`` module it forwards to).
 
     Args:
-        level: one of :data:`LOG_LEVELS`; ``$DECATON_AIO_LOG_LEVEL`` or ``info`` if omitted.
+        level: one of `LOG_LEVELS`; ``$DECATON_AIO_LOG_LEVEL`` or ``info`` if omitted.
         json: force JSON (True) or console (False) rendering; by default console when the
             stream is a terminal.
         stream: where logs go; standard error by default.

@@ -1,16 +1,19 @@
 """Task metadata and its ``dt_meta`` record header, wire-compatible with Decaton 9.
 
-This module owns :class:`TaskMetadata` and the codec for the header that carries it. Decaton
-9 writes the metadata of every task into a record header named ``dt_meta`` holding the
-protobuf message ``com.linecorp.decaton.protocol.TaskMetadataProto``::
+This module owns [`TaskMetadata`][decaton_aio.TaskMetadata] and the codec for the header
+that carries it. Decaton 9 writes the metadata of every task into a record header named
+``dt_meta`` holding the protobuf message
+``com.linecorp.decaton.protocol.TaskMetadataProto``:
 
-    message TaskMetadataProto {
-        int64  timestamp_millis      = 1;
-        string source_application_id = 2;
-        string source_instance_id    = 3;
-        int64  retry_count           = 4;
-        int64  scheduled_time_millis = 5;
-    }
+```text
+message TaskMetadataProto {
+    int64  timestamp_millis      = 1;
+    string source_application_id = 2;
+    string source_instance_id    = 3;
+    int64  retry_count           = 4;
+    int64  scheduled_time_millis = 5;
+}
+```
 
 The codec is written by hand instead of using generated protobuf code: it runs once per
 consumed record and once per produced task, and a few integer operations beat building a
@@ -379,7 +382,7 @@ def metadata_from_headers(
 def scheduled_time_of(headers: Sequence[tuple[str, bytes]]) -> int:
     """The scheduled time (epoch ms, 0 for none) in a record's ``dt_meta`` header.
 
-    The consume path's check: cheaper than :func:`metadata_from_headers`, and it validates
+    The consume path's check: cheaper than `metadata_from_headers()`, and it validates
     the header the same way.
 
     Raises:
@@ -403,7 +406,7 @@ def _native_class() -> type[Any] | None:
     On the consume path it reads a header about twice as fast as the pure-Python decoder
     and accepts exactly the same inputs with the same values (a property test holds the
     two together), so either may read a header. A header it cannot parse is handed to
-    :func:`decode_metadata`, whose error says why.
+    `decode_metadata()`, whose error says why.
     """
     try:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory

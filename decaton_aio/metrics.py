@@ -1,13 +1,13 @@
 """Prometheus metrics: Decaton's metric set plus consumer lag, at near-zero hot-path cost.
 
 This module owns the per-partition statistics the runtime updates while it processes tasks,
-and their export in the Prometheus text format (an HTTP endpoint and :meth:`Metrics.render`).
+and their export in the Prometheus text format (an HTTP endpoint and `Metrics.render()`).
 
 Hot path: one process must handle hundreds of thousands of tasks per second on one core,
 and a prometheus_client ``Counter.labels(...).inc()`` costs a label lookup, a lock and
 several calls per task. So the runtime never touches prometheus_client while processing:
-it increments plain attributes of a :class:`PartitionStats` (one per assigned partition)
-and observes durations into :class:`FastHistogram`. :class:`DecatonCollector` reads those
+it increments plain attributes of a `PartitionStats` (one per assigned partition)
+and observes durations into `FastHistogram`. `DecatonCollector` reads those
 objects only when Prometheus scrapes.
 
 Threads: stats are written by the event loop and read by prometheus_client's HTTP thread.
@@ -184,15 +184,15 @@ _SUBSCRIPTION_HISTOGRAMS: tuple[_SubscriptionHistogram, ...] = (
 
 
 class DecatonCollector:
-    """A prometheus_client collector that reads :class:`PartitionStats` at scrape time.
+    """A prometheus_client collector that reads `PartitionStats` at scrape time.
 
     Args:
-        source: returns the live partitions; called under :attr:`lock`.
+        source: returns the live partitions; called under `lock`.
         subscriptions: returns the subscriptions' stats by subscription id.
 
     Attributes:
         lock: held while a scrape copies the stats. Change what the source returns and call
-            :meth:`retire` inside one ``with lock`` block, so a scrape sees a partition's
+            `retire()` inside one ``with lock`` block, so a scrape sees a partition's
             counts either live or retired, never both or neither. Re-entrant.
     """
 
@@ -318,7 +318,7 @@ class MetricsEndpoint:
     """A registry and the HTTP endpoint that exports it from a daemon thread.
 
     Args:
-        registry: what :meth:`render` and the endpoint export.
+        registry: what `render()` and the endpoint export.
 
     Attributes:
         registry: the registry.
@@ -335,7 +335,7 @@ class MetricsEndpoint:
     def start_http_server(
         self, port: int, addr: str = DEFAULT_METRICS_ADDR, *, probes: Probes | None = None
     ) -> int:
-        """Serve the metrics over HTTP from a daemon thread until :meth:`stop`.
+        """Serve the metrics over HTTP from a daemon thread until `stop()`.
 
         ``/healthz`` and ``/readyz`` answer the ``probes`` (JSON, 200 or 503; 404 without
         probes); every other path serves the metrics.
@@ -343,7 +343,7 @@ class MetricsEndpoint:
         Args:
             port: the TCP port; 0 picks a free one.
             addr: the address to bind; loopback by default (see
-                :data:`DEFAULT_METRICS_ADDR`).
+                `DEFAULT_METRICS_ADDR`).
             probes: the liveness and readiness checks (the runtime's health check).
 
         Returns:
@@ -376,7 +376,7 @@ class Metrics(MetricsEndpoint):
             collector metrics (CPU, memory, file descriptors, Python version).
 
     Attributes:
-        registry: the registry the endpoint and :meth:`render` export.
+        registry: the registry the endpoint and `render()` export.
     """
 
     def __init__(self, *, process_metrics: bool = True) -> None:

@@ -2,20 +2,20 @@
 
 Fixtures:
 
-- ``kafka_broker``: a session-wide :class:`~decaton_aio.testing.BrokerHandle`; the embedded
+- ``kafka_broker``: a session-wide [`BrokerHandle`][decaton_aio.testing.BrokerHandle]; the embedded
   broker (Apache Kafka, or Tansu with ``DECATON_AIO_BROKER=tansu``; three nodes with
   ``DECATON_AIO_BROKER_NODES=3``), or the cluster named by
   ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
 - ``topic_factory``: ``await topic_factory(partitions=3)`` creates a fresh topic for this
   test (replication factor from ``$DECATON_AIO_REPLICATION_FACTOR``, see
-  :class:`~decaton_aio.testing.BrokerHandle`) and deletes it afterwards.
+  [`BrokerHandle`][decaton_aio.testing.BrokerHandle]) and deletes it afterwards.
 - ``task_producer``: ``await task_producer(topic, serializer)`` gives a started
-  :class:`~decaton_aio.producer.TaskProducer`, stopped after the test; idempotence is on
+  [`TaskProducer`][decaton_aio.TaskProducer], stopped after the test; idempotence is on
   unless the broker is Tansu.
 - ``secured_kafka_broker`` and ``mtls_kafka_broker``: session-wide handles on one embedded
   Apache Kafka started (only when a test asks for them) with a ``SASL_SSL`` listener and a
   mutual TLS listener, a CA and certificates made for the session
-  (:func:`~decaton_aio.testing.start_secured_broker`); ``handle.security`` is what a
+  (`start_secured_broker()`); ``handle.security`` is what a
   client connects with, ``handle.embedded.listeners`` the ``client.properties`` files.
   Skipped on Tansu and on an external cluster.
 

@@ -6,7 +6,7 @@ This module owns the naming of the side topics and the records written to them:
   ``dt_meta`` retry count raised by one and a scheduled time set to now plus the backoff,
   plus headers remembering where the task first came from and when it first failed;
 - a *dead letter* record (``<topic>-dlq``) is the original key, body and headers plus
-  headers saying what went wrong (:data:`DLQ_HEADERS`), readable by the Spark backfill
+  headers saying what went wrong (`DLQ_HEADERS`), readable by the Spark backfill
   job;
 - a *shaping* record (``<topic>-shaping``) is the original record, unchanged.
 
@@ -16,8 +16,8 @@ their topics counts from the failure; when the task was produced stays in ``dt_m
 Retries of a retry go to the same retry topic: names are derived from the *origin* topic,
 with a known suffix stripped.
 
-:class:`~decaton_aio.backoff.RetryConfig` lives with the policy it carries in
-:mod:`decaton_aio.backoff`; it is importable from here too.
+[`RetryConfig`][decaton_aio.RetryConfig] lives with the policy it carries in
+`decaton_aio.backoff`; it is importable from here too.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def dead_letter_headers(
 
     Returns:
         The original headers (without DLQ headers from an earlier dead-lettering) plus
-        :data:`DLQ_HEADERS`, and a ``dt_meta`` if the record had none.
+        `DLQ_HEADERS`, and a ``dt_meta`` if the record had none.
     """
     now = _now_ms() if now_ms is None else now_ms
     origin_topic = _header(headers, "dt_origin_topic") or topic.encode()

@@ -1,17 +1,18 @@
 """How every client of decaton-aio reaches a secured cluster: TLS and SASL settings.
 
-:class:`SecuritySettings` is the one value every Kafka client the library makes takes
-(the runtime's consumer, the task producer and the sender behind retries, dead letters and
-shaping, topic administration, the property topic, ``inspect``, the testing helpers, the
-Spark source and sink). Its fields use Kafka's vocabulary: ``security_protocol``
-(``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT``, ``SASL_SSL``), ``sasl_mechanism`` (``PLAIN``,
-``SCRAM-SHA-256``, ``SCRAM-SHA-512``, ``OAUTHBEARER``), credentials, a CA file, a client
-certificate and key, and hostname verification.
+[`SecuritySettings`][decaton_aio.SecuritySettings] is the one value every Kafka client the
+library makes takes (the runtime's consumer, the task producer and the sender behind
+retries, dead letters and shaping, topic administration, the property topic, ``inspect``,
+the testing helpers, the Spark source and sink). Its fields use Kafka's vocabulary:
+``security_protocol`` (``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT``, ``SASL_SSL``),
+``sasl_mechanism`` (``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``, ``OAUTHBEARER``),
+credentials, a CA file, a client certificate and key, and hostname verification.
 
 Secrets (the SASL password, the key password, the token provider) never show in a repr,
-a log line or an error message. :meth:`SecuritySettings.client_kwargs` turns the settings
-into aiokafka's arguments; :mod:`decaton_aio.client_properties` reads them from a Kafka
-``client.properties`` file; :func:`security_from_env` from the environment.
+a log line or an error message.
+[`SecuritySettings.client_kwargs()`][decaton_aio.SecuritySettings.client_kwargs] turns the
+settings into aiokafka's arguments; `decaton_aio.client_properties` reads them from a Kafka
+``client.properties`` file; `security_from_env()` from the environment.
 """
 
 from __future__ import annotations
@@ -71,15 +72,15 @@ def read_secret_file(path: str | os.PathLike[str], what: str) -> str:
 class SecuritySettings:
     """How a client authenticates to the cluster and protects the connection.
 
-    ::
-
-        SecuritySettings(
-            security_protocol="SASL_SSL",
-            sasl_mechanism="SCRAM-SHA-512",
-            sasl_username="orders-service",
-            sasl_password=read_secret_file("/run/secrets/kafka", "SASL password"),
-            ssl_cafile="/etc/kafka/ca.pem",
-        )
+    ```python
+    SecuritySettings(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="orders-service",
+        sasl_password=read_secret_file("/run/secrets/kafka", "SASL password"),
+        ssl_cafile="/etc/kafka/ca.pem",
+    )
+    ```
 
     Attributes:
         security_protocol: ``PLAINTEXT`` (the default), ``SSL`` (TLS; with a client
@@ -89,7 +90,7 @@ class SecuritySettings:
         sasl_username: the user of ``PLAIN`` and ``SCRAM-*``.
         sasl_password: that user's password (never shown).
         sasl_oauth_token_provider: for ``OAUTHBEARER``: an object whose ``async token()``
-            returns a token (see :class:`~decaton_aio.typing.TokenProvider`).
+            returns a token (see [`TokenProvider`][decaton_aio.typing.TokenProvider]).
         ssl_cafile: a PEM file of the CA certificates that signed the cluster's
             certificates; the system's trusted CAs when omitted.
         ssl_certfile: a PEM client certificate (mutual TLS); it may hold the key too.
@@ -279,7 +280,8 @@ class SecuritySettings:
         """The keyword arguments of aiokafka's clients (consumer, producer, admin).
 
         Raises:
-            ConfigError: when a TLS file cannot be used (see :meth:`ssl_context`).
+            ConfigError: when a TLS file cannot be used (see
+                [`ssl_context()`][decaton_aio.SecuritySettings.ssl_context]).
         """
         kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
         if self.uses_tls:
@@ -345,7 +347,7 @@ def _as_aiokafka_provider(provider: Any) -> Any:
     return _Adapter()
 
 
-#: Environment variables read by :func:`security_from_env` (and the CLI), by field.
+#: Environment variables read by `security_from_env()` (and the CLI), by field.
 SECURITY_ENV_VARS: Final = {
     "security_protocol": environment.SECURITY_PROTOCOL.name,
     "sasl_mechanism": environment.SASL_MECHANISM.name,
@@ -365,7 +367,7 @@ _FALSE: Final = ("0", "false", "no", "off")
 
 
 def env_security_fields(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The security fields the environment sets (see :data:`SECURITY_ENV_VARS`).
+    """The security fields the environment sets (see `SECURITY_ENV_VARS`).
 
     Raises:
         ConfigError: a variable holds a value that cannot be used, or a password is given
@@ -400,7 +402,7 @@ def security_from_env(
     environ: Mapping[str, str] | None = None, *, base: SecuritySettings = PLAINTEXT
 ) -> SecuritySettings:
     """``base`` with what the ``DECATON_AIO_SECURITY_*``, ``DECATON_AIO_SASL_*`` and
-    ``DECATON_AIO_SSL_*`` variables set (see :data:`SECURITY_ENV_VARS`).
+    ``DECATON_AIO_SSL_*`` variables set (see `SECURITY_ENV_VARS`).
 
     Raises:
         ConfigError: a variable holds a value that cannot be used.

@@ -1,13 +1,14 @@
 """Serializers for task bodies: msgspec (JSON, MessagePack), raw bytes and protobuf.
 
-This module owns the built-in implementations of :class:`decaton_aio.typing.Serializer`.
-They share two rules, so the runtime can treat every serializer the same way:
+This module owns the built-in implementations of
+[`decaton_aio.typing.Serializer`][decaton_aio.typing.Serializer]. They share two rules, so
+the runtime can treat every serializer the same way:
 
-- ``decode`` raises only :class:`~decaton_aio.errors.DecodeError` with ``part == "body"``
+- ``decode`` raises only [`DecodeError`][decaton_aio.errors.DecodeError] with ``part == "body"``
   and the underlying library's message as the reason, chained to the original exception.
   The runtime sends such a record to the dead letter topic instead of crashing.
 - ``encode`` of a task the serializer was not built for raises
-  :class:`~decaton_aio.errors.ConfigError`: it is a programming error in the producing
+  [`ConfigError`][decaton_aio.errors.ConfigError]: it is a programming error in the producing
   code, retrying cannot fix it, and it must not silently write a body that consumers
   would then reject as a poison pill.
 
@@ -286,9 +287,10 @@ def unchecked_decode(decode: Callable[[bytes], T]) -> Callable[[bytes], T]:
     """The decoding behind a serializer's ``decode``, without its error translation.
 
     For the runtime's hot path: a msgspec serializer's ``decode`` is its decoder's own
-    method behind one Python call that turns errors into :class:`DecodeError`. The caller
-    of what this returns calls ``decode`` again when it raises, for that error. Any other
-    ``decode`` comes back as it is.
+    method behind one Python call that turns errors into
+    [`DecodeError`][decaton_aio.errors.DecodeError]. The caller of what this returns calls
+    ``decode`` again when it raises, for that error. Any other ``decode`` comes back as it
+    is.
     """
     owner = getattr(decode, "__self__", None)
     if isinstance(owner, _MsgspecSerializer) and getattr(decode, "__func__", None) is (

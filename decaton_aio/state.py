@@ -1,22 +1,24 @@
 """Per-key state: ``ctx.state`` and the settings of the store behind it.
 
 An application that names a store (``Application(state=StateStoreConfig("counts"))``)
-gives every task the state of its record's key::
+gives every task the state of its record's key:
 
-    async def process(ctx, task):
-        count = ctx.state.get(0)
-        ctx.state.set(count + 1)
+```python
+async def process(ctx, task):
+    count = ctx.state.get(0)
+    ctx.state.set(count + 1)
+```
 
 Values are anything msgspec encodes as MessagePack (numbers, strings, lists, dicts,
-msgspec Structs, dataclasses); :meth:`KeyState.get` returns plain Python values unless
-``value_type`` is set. A task's changes take effect when its processor returns: the last
-value it set (or its delete) is written to the store's changelog topic
+msgspec Structs, dataclasses); [`KeyState.get()`][decaton_aio.KeyState.get] returns plain
+Python values unless ``value_type`` is set. A task's changes take effect when its processor
+returns: the last value it set (or its delete) is written to the store's changelog topic
 (``<group>-<store>-changelog``, compacted, one partition per task partition) and, once the
 changelog acknowledged it, to the local copy; only then does the task complete, so a
-committed offset never has a change the changelog lacks (with ``exactly_once`` the change
-is in the same transaction as the task's outputs and offset, and the copy takes it when
-that transaction commits). A processor that raises changes nothing. A key's tasks run
-one at a time in its lane, so reads and writes need no locks.
+committed offset never has a change the changelog lacks (with ``exactly_once`` the change is
+in the same transaction as the task's outputs and offset, and the copy takes it when that
+transaction commits). A processor that raises changes nothing. A key's tasks run one at a
+time in its lane, so reads and writes need no locks.
 
 The local copy is an SQLite database per partition, in ``directory`` (kept across
 restarts, so a restart replays only the changelog written since its checkpoint) or in
@@ -82,7 +84,7 @@ class StateStoreConfig:
 
 
 class LocalCopy(Protocol):
-    """A partition's local copy of a store, as :class:`KeyState` reads it.
+    """A partition's local copy of a store, as [`KeyState`][decaton_aio.KeyState] reads it.
 
     The runtime's copies (SQLite, in ``decaton_aio.consumer.state``) are the ones a task
     sees; the runtime alone writes to them.
@@ -168,6 +170,7 @@ class KeyState:
     def encoded_change(self) -> bytes | None:
         """The change as the changelog stores it: the encoded value, ``None`` for a delete.
 
-        Caller: the runtime, after the processor returned, when :attr:`changed`.
+        Caller: the runtime, after the processor returned, when
+            [`changed`][decaton_aio.KeyState.changed].
         """
         return self._encoded

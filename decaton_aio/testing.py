@@ -1,8 +1,8 @@
 """Helpers for testing code built on decaton-aio against a real broker.
 
-The pytest plugin (:mod:`decaton_aio.pytest_plugin`) is a thin layer of fixtures over
-these. They work the same against the embedded broker and against a real Apache Kafka
-cluster named by ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
+The pytest plugin ([`decaton_aio.pytest_plugin`][decaton_aio.pytest_plugin]) is a thin layer
+of fixtures over these. They work the same against the embedded broker and against a real
+Apache Kafka cluster named by ``$DECATON_AIO_BOOTSTRAP_SERVERS``.
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ def start_secured_broker(*, user: str = "decaton-test") -> EmbeddedBroker:
     """Start an embedded Apache Kafka that takes secured clients only: a ``SASL_SSL``
     listener (``user`` with a random password; SCRAM-SHA-512, SCRAM-SHA-256, PLAIN and,
     for tests, unsecured OAUTHBEARER) and an ``MTLS`` listener requiring client
-    certificates. Its :attr:`~EmbeddedBroker.listeners` give each listener's settings.
+    certificates. Its [`listeners`][decaton_aio.EmbeddedBroker.listeners] give each
+    listener's settings.
 
     Raises:
         BrokerError: when the broker cannot start.
@@ -273,7 +274,7 @@ async def read_records(
 
 @dataclass(frozen=True, slots=True)
 class ProcessedTask:
-    """One task a processor finished during :func:`drain`."""
+    """One task a processor finished during [`drain()`][decaton_aio.testing.drain]."""
 
     topic: str
     partition: int
@@ -284,7 +285,7 @@ class ProcessedTask:
 
 @dataclass
 class DrainResult:
-    """What a processor did during :func:`drain`, with assertions over it.
+    """What a processor did during [`drain()`][decaton_aio.testing.drain], with assertions over it.
 
     Attributes:
         processed: the tasks that completed without error, in completion order.
@@ -369,7 +370,8 @@ async def drain(
         producer: settings of the retry/dead letter producer (the defaults, with
             ``security``, when omitted).
         security: TLS and SASL settings of the consumer (and the default producer).
-        raise_failures: raise :class:`ProcessingError` if any processor call failed.
+        raise_failures: raise [`ProcessingError`][decaton_aio.errors.ProcessingError] if any
+            processor call failed.
 
     Raises:
         TimeoutError: when fewer than ``expected`` tasks finished in time.

@@ -1,7 +1,8 @@
 """OpenTelemetry tracing of tasks, an optional extra (``pip install decaton-aio[tracing]``).
 
-:class:`Tracing` turns it on for an application (``Application(tracing=Tracing())``) or a
-task producer (``TaskProducer(..., tracing=Tracing())``):
+[`Tracing`][decaton_aio.tracing.Tracing] turns it on for an application
+(``Application(tracing=Tracing())``) or a task producer
+(``TaskProducer(..., tracing=Tracing())``):
 
 - the producer opens a ``<topic> publish`` span per task and writes its context into the
   record headers (W3C ``traceparent``, through the configured propagator), so the trace
@@ -18,7 +19,7 @@ task producer (``TaskProducer(..., tracing=Tracing())``):
 
 Without it (the default) none of this code runs: the runtime's hot path is the same as
 without the extra installed. This module imports nothing from OpenTelemetry until a
-:class:`Tracing` is used.
+[`Tracing`][decaton_aio.tracing.Tracing] is used.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 This module owns the structural types the runtime accepts from applications; it holds no
 implementations (those live next to the machinery that uses them, e.g.
-:mod:`decaton_aio.serializers`).
+`decaton_aio.serializers`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The command line: ``python -m decaton_aio`` (or ``decaton-aio``).
 
 The CLI parses arguments, imports and configures, then calls the library; it holds no
-business logic. :func:`main` returns one of the named exit codes and never lets a
+business logic. `main()` returns one of the named exit codes and never lets a
 traceback reach the user for a bad argument: it prints one line saying what to do.
 
 Inside (private): ``_main`` (the parser and the dispatch), ``_commands`` (broker, produce,

@@ -1,7 +1,7 @@
-"""The command implementations behind :mod:`decaton_aio.cli`: produce, broker, inspect, run.
+"""The command implementations behind `decaton_aio.cli`: produce, broker, inspect, run.
 
 Each takes the parsed arguments and returns an exit code; parsing, logging setup and the
-mapping of errors to exit codes stay in :mod:`decaton_aio.cli._main`.
+mapping of errors to exit codes stay in `decaton_aio.cli._main`.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ custom collector that reads its statistics when scraped. With a ``worker`` label
 is summed by the supervisor, so a restarted worker's counters start again at zero as a
 new process's do, which ``rate()`` handles; ``sum without (worker)`` gives the totals.
 
-``/healthz`` and ``/readyz`` answer for the workers together (:class:`WorkerProbes`): each
+``/healthz`` and ``/readyz`` answer for the workers together (`WorkerProbes`): each
 running worker's probe is asked, and the answer passes when every one passes; a worker
 being restarted (no endpoint yet) fails readiness but not liveness, since the supervisor
 is already bringing it back.
 
 The workers are scraped at the same time, each in its own thread, so the page answers
-within :data:`SCRAPE_TIMEOUT_S` however many workers there are (under the 10 s a
+within `SCRAPE_TIMEOUT_S` however many workers there are (under the 10 s a
 Prometheus scrape waits by default). A worker that does not answer in that time, as one
 whose cores are saturated by a backlog may not, is left out of that scrape (and counted
 in ``decaton_supervisor_scrape_errors_total``).

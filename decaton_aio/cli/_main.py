@@ -1,5 +1,5 @@
-"""The parser of the command line and its dispatch: :func:`main` turns every error into
-one line and an exit code of :mod:`decaton_aio.cli._common`."""
+"""The parser of the command line and its dispatch: `main()` turns every error into
+one line and an exit code of `decaton_aio.cli._common`."""
 
 from __future__ import annotations
 
@@ -322,7 +322,7 @@ _IDEMPOTENCE_CHOICES: dict[str, Idempotence] = {"auto": "auto", "on": True, "off
 
 def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--idempotence auto|on|off`` (and ``--no-idempotence``) and
-    ``--compression-type``, parsed into :class:`~decaton_aio.ProducerConfig` values."""
+    ``--compression-type``, parsed into [`ProducerConfig`][decaton_aio.ProducerConfig] values."""
     parser.add_argument(
         "--idempotence",
         type=_idempotence,
@@ -388,7 +388,7 @@ def _env_choice(
     variable: environment.EnvironmentVariable, choices: Sequence[str], default: str | None = None
 ) -> str | None:
     """The variable's value as an option's default (``default`` when it is unset or
-    empty), checked against ``choices`` once the command is known (:func:`_check_choices`:
+    empty), checked against ``choices`` once the command is known (`_check_choices()`:
     argparse checks a flag's value, not a default's, and a bad variable for one command
     must not stop another)."""
     raw = variable.get()
@@ -467,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments without the program name; ``sys.argv[1:]`` when omitted.
 
     Returns:
-        One of the ``EXIT_*`` codes of :mod:`decaton_aio.cli`.
+        One of the ``EXIT_*`` codes of `decaton_aio.cli`.
     """
     refused = password_on_command_line(sys.argv[1:] if argv is None else argv)
     if refused is not None:

@@ -1,7 +1,7 @@
 """Flags of ``run`` that map onto config objects: the Kafka consumer settings (one flag,
 and an environment variable where a deployment sets it per instance, per
-:class:`~decaton_aio.ConsumerConfig` field) and the probes' thresholds
-(:class:`~decaton_aio.consumer.HealthConfig`).
+[`ConsumerConfig`][decaton_aio.ConsumerConfig] field) and the probes' thresholds
+([`HealthConfig`][decaton_aio.consumer.HealthConfig]).
 
 A flag left out keeps the field's default, so the defaults live in one place: the config
 classes.

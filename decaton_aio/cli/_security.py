@@ -1,7 +1,7 @@
 """The security flags every command shares, and the cluster settings they resolve to.
 
 ``--client-properties FILE`` (Kafka's own format), then the environment, then the flags,
-later sources winning (see :func:`~decaton_aio.client_properties.cluster_settings`). A
+later sources winning (see `cluster_settings()`). A
 password is never taken from the command line, where other users of the machine can read
 it: only from a file (``--sasl-password-file``) or an environment variable.
 """
@@ -60,7 +60,7 @@ def password_on_command_line(argv: Sequence[str]) -> str | None:
 
 def add_security_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--client-properties`` and the ``--security-protocol``/``--sasl-*``/``--ssl-*``
-    flags (all optional; see :func:`cluster_from_args`)."""
+    flags (all optional; see `cluster_from_args()`)."""
     group = parser.add_argument_group(
         "security", "TLS and SASL; later sources win: --client-properties, environment, flags"
     )

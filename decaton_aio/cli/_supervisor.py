@@ -3,7 +3,7 @@
 Every worker is ``python -m decaton_aio run`` with the supervisor's own arguments, one
 consumer of the application's group; the group spreads the partitions over them, so the
 application uses N cores. ``--workers auto`` picks N once, at start, from the task topics'
-partitions and the usable CPUs (:func:`choose_workers`). The supervisor:
+partitions and the usable CPUs (`choose_workers()`). The supervisor:
 
 - starts the workers in their own session (a terminal's Ctrl-C reaches only the
   supervisor) and forwards every SIGINT/SIGTERM it receives to each worker: the first makes
@@ -11,11 +11,11 @@ partitions and the usable CPUs (:func:`choose_workers`). The supervisor:
 - restarts a worker that exits while nobody asked it to, after a backoff that doubles with
   each consecutive crash of that worker (a worker that ran for ``stable_after_s`` starts
   the count again); after ``max_restarts`` consecutive crashes of one worker it stops the
-  others (they drain) and ends with a :class:`~decaton_aio.errors.DecatonError` saying
+  others (they drain) and ends with a [`DecatonError`][decaton_aio.errors.DecatonError] saying
   which worker crashed, how often and how it last ended;
 - holds the write end of a pipe whose read end each worker watches: when the supervisor
   dies, even by SIGKILL, every worker sees the pipe close and drains as on SIGTERM;
-- serves one metrics endpoint for all workers (:mod:`decaton_aio.cli._federation`).
+- serves one metrics endpoint for all workers (`decaton_aio.cli._federation`).
 
 Caller: the CLI's ``run`` command; the supervisor owns its process's signal handlers
 while it runs.
@@ -56,17 +56,17 @@ __all__ = [
 
 log = structlog.get_logger("decaton_aio.supervisor")
 
-#: Set in a worker's environment: ``index:fd:port_file`` (see :class:`WorkerRole`).
+#: Set in a worker's environment: ``index:fd:port_file`` (see `WorkerRole`).
 WORKER_ENV_VAR = environment.WORKER.name
 
 
-#: ``--workers auto``: the count is chosen at start by :func:`choose_workers`.
+#: ``--workers auto``: the count is chosen at start by `choose_workers()`.
 AUTO: Final = "auto"
 
 
 def parse_workers(text: str) -> int | Literal["auto"]:
-    """``--workers``: a positive number, or :data:`AUTO` (decided at start from the task
-    topics' partitions and the usable CPUs, see :func:`choose_workers`).
+    """``--workers``: a positive number, or `AUTO` (decided at start from the task
+    topics' partitions and the usable CPUs, see `choose_workers()`).
 
     Raises:
         ConfigError: for anything else.
@@ -198,7 +198,7 @@ class SupervisorConfig:
 
 @dataclass(frozen=True)
 class WorkerRole:
-    """What a worker process learns from :data:`WORKER_ENV_VAR`.
+    """What a worker process learns from `WORKER_ENV_VAR`.
 
     Attributes:
         index: the worker's number, from 1 (a restarted worker keeps its number).

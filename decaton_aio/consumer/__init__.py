@@ -1,13 +1,13 @@
 """The consumer runtime: records of a partition processed concurrently, in key order,
 committed by watermark.
 
-:class:`Subscription` consumes an application's topics: its fetch routine hands each
-partition's records to a ``PartitionProcessor``, which keeps one lane per key and a bound
-on tasks in flight, and a ``WatermarkTracker`` over a completion bitmap, so the committed
-offset never passes an unfinished task. The ``TaskExecutor`` runs a task and turns its
-outcome into a finish, a deferred completion, a retry or a dead letter.
-:func:`run_application` is what ``python -m decaton_aio run`` calls; :func:`load_properties`
-is how it checks the runtime properties at start (``run --workers`` before any worker).
+[`Subscription`][decaton_aio.Subscription] consumes an application's topics: its fetch
+routine hands each partition's records to a ``PartitionProcessor``, which keeps one lane per
+key and a bound on tasks in flight, and a ``WatermarkTracker`` over a completion bitmap, so
+the committed offset never passes an unfinished task. The ``TaskExecutor`` runs a task and
+turns its outcome into a finish, a deferred completion, a retry or a dead letter.
+`run_application()` is what ``python -m decaton_aio run`` calls; `load_properties()` is how
+it checks the runtime properties at start (``run --workers`` before any worker).
 
 Inside (private): ``_subscription`` (lifecycle, fetch, rebalance, commit), ``_partition``
 (lanes, slots, pause), ``_execution`` (a task's outcome), ``_contract`` (what the
@@ -18,7 +18,7 @@ partition and the executor call of each other), ``_watermark`` (the commit point
 ``_assignment`` (the partitions' lifecycle and the one decision to fetch each or not),
 ``_loopwatch`` (event loop lag, GC pauses), ``_runner`` (signals, properties, metrics
 around a subscription), ``_health`` (the liveness and readiness probes,
-:class:`HealthCheck`).
+`HealthCheck`).
 
 Wings, each behind its own face: ``commit`` (commits with checkpoints, exactly-once
 transactions, ``ctx.produce`` delivery) and ``state`` (the state store behind

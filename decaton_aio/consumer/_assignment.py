@@ -1,17 +1,17 @@
 """The partitions a subscription holds: their lifecycle, and whether each is fetched.
 
-An :class:`Assignment` owns the live ``PartitionProcessor`` of every partition assigned to
-one subscription. It makes a fresh one per assignment (:meth:`~Assignment.new`), imports
-its checkpoint before any record reaches it (:meth:`~Assignment.load`), replaces it when
-its state must start again (:meth:`~Assignment.restart` when the fetch position went back,
-:meth:`~Assignment.rewind` when a transaction failed), stops it when its topic is gone
-(:meth:`~Assignment.gone`) and closes it (:meth:`~Assignment.close`; every
-one for good when the subscription stops, :meth:`~Assignment.close_all`).
+An `Assignment` owns the live ``PartitionProcessor`` of every partition assigned to
+one subscription. It makes a fresh one per assignment (`new()`), imports
+its checkpoint before any record reaches it (`load()`), replaces it when
+its state must start again (`restart()` when the fetch position went back,
+`rewind()` when a transaction failed), stops it when its topic is gone
+(`gone()`) and closes it (`close()`; every
+one for good when the subscription stops, `close_all()`).
 Reloadable settings reach every live partition the moment they change
-(:meth:`~Assignment.follow`).
+(`follow()`).
 
 Fetching is decided in one place. A partition is not fetched while one of these holds,
-checked in this order (the first one found is its :class:`Hold`):
+checked in this order (the first one found is its `Hold`):
 
 - ``STOPPED``: stopped here (its topic was deleted); it waits for the rebalance that
   takes it away;
@@ -21,11 +21,11 @@ checked in this order (the first one found is its :class:`Hold`):
 - ``BACK_PRESSURE``: its pending records reached ``decaton.max.pending.records``, or its
   rate is 0.
 
-:meth:`Assignment.update` asks a partition what holds it, and calls the consumer's
+`Assignment.update()` asks a partition what holds it, and calls the consumer's
 ``pause`` or ``resume`` only when the answer changes: it is the only caller of either.
 Callers: the fetch routine (after feeding a partition), a partition whose pending records
 fell below the threshold, the state store when a restore ends, a live property change,
-and the lifecycle methods here. :meth:`Assignment.hold` says why a partition is not
+and the lifecycle methods here. `Assignment.hold()` says why a partition is not
 fetched (``None``: it is).
 
 Caller: the subscription's event loop. Nothing here is thread-safe.
@@ -73,7 +73,7 @@ class Assignment:
 
     Args:
         make: builds the processor of a newly assigned partition (its settings, stats and
-            state store); it calls back :meth:`update` when its pending records fall.
+            state store); it calls back `update()` when its pending records fall.
         committer: prepares new processors, imports checkpoints and hands a rewound
             partition's commit state over.
         restoring: ``restoring(partition_number)``: whether that partition's state is
@@ -123,7 +123,7 @@ class Assignment:
         return None
 
     def update(self, processor: PartitionProcessor) -> None:
-        """Pause or resume fetching ``processor``'s partition as :meth:`hold` says, if the
+        """Pause or resume fetching ``processor``'s partition as `hold()` says, if the
         answer changed; a processor that is no longer live is ignored."""
         tp = processor.tp
         if self.partitions.get(tp) is not processor and self._loading.get(tp) is not processor:

@@ -1,20 +1,20 @@
 """The contract between a partition and the executor that runs its tasks.
 
-A :class:`~decaton_aio.consumer._partition.PartitionProcessor` grants a record a slot and
-calls its executor's ``start`` (:class:`~decaton_aio.consumer._execution.TaskExecutor`);
-the executor reports the outcome back through :class:`TaskHost`, exactly once per record:
+A `PartitionProcessor` grants a record a slot and
+calls its executor's ``start`` (`TaskExecutor`);
+the executor reports the outcome back through `TaskHost`, exactly once per record:
 
-- :meth:`TaskHost.finish`: done; the slot and the key lane are freed and the offset
+- `TaskHost.finish()`: done; the slot and the key lane are freed and the offset
   completes;
-- :meth:`TaskHost.release`, later :meth:`TaskHost.finish_released`: the slot and lane
+- `TaskHost.release()`, later `TaskHost.finish_released()`: the slot and lane
   are freed now, the offset completes when what replaces the task is durable (deferred
   completion, a retry or dead letter record being sent);
-- :meth:`TaskHost.postpone` (or :meth:`TaskHost.run_again`, which also counts the run):
+- `TaskHost.postpone()` (or `TaskHost.run_again()`, which also counts the run):
   the slot is freed, the lane stays taken, the record runs again after a delay
   (scheduled tasks, in-place retries).
 
 A record the partition hands to the executor's ``shape`` took neither slot nor lane: the
-executor calls :meth:`TaskHost.hand_off`, then :meth:`TaskHost.finish_released`.
+executor calls `TaskHost.hand_off()`, then `TaskHost.finish_released()`.
 Once the partition is closed, every call is ignored.
 
 One word for done: a record is *finished* when its task is done and its offset may be
@@ -42,7 +42,7 @@ __all__ = ["Committable", "OutputSink", "StateWriter", "TaskHost"]
 
 class TaskHost(TaskSource, Protocol):
     """The partition, as the executor sees it: what its tasks' contexts read
-    (:class:`~decaton_aio.context.TaskSource`: ``tp``, ``stats``, ``store``,
+    (`TaskSource`: ``tp``, ``stats``, ``store``,
     ``store_type``, ``closed``), and the calls that report their outcomes. A wrapper of a partition
     (the traced executor's host) forwards all of it."""
 
@@ -85,11 +85,11 @@ class StateWriter(Protocol):
 class Committable(Protocol):
     """A partition as the committer sees it: what to commit, and what was committed.
 
-    The committer reads a snapshot (:meth:`committable`, or :meth:`export_completed` with
+    The committer reads a snapshot (`committable()`, or `export_completed()` with
     checkpoints), lets the watermark pass offsets the consumer skipped
-    (:meth:`skip_to`), records a commit (:meth:`committed`, or :meth:`up_to_date` when
+    (`skip_to()`), records a commit (`committed()`, or `up_to_date()` when
     there was nothing new) and, at assignment, imports a checkpoint
-    (:meth:`import_completed`). Nothing else of a partition is its business.
+    (`import_completed()`). Nothing else of a partition is its business.
     """
 
     tp: TopicPartition

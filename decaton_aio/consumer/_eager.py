@@ -14,23 +14,23 @@ needed most of the time.
   handed to the worker, which runs it next in the same asyncio task. Under load, where
   every completion starts a waiting record, no task is created per record.
 
-A worker whose report starts nothing parks instead of ending, up to :data:`MAX_PARKED`
+A worker whose report starts nothing parks instead of ending, up to `MAX_PARKED`
 of them: the next coroutine that suspends (or starts in task mode) wakes one rather than
 creating a task. At a paced load, where records arrive a few at a time and each finds no
 worker reporting, this replaces a task's creation and end per record with the resolution
-of a future. :meth:`CoroutineStarter.release` ends the parked workers at shutdown.
+of a future. `CoroutineStarter.release()` ends the parked workers at shutdown.
 
 For a processor that nearly always waits, the eager first step outside a worker only adds
-the cost of handing the suspended coroutine over. :class:`CoroutineStarter` watches how
+the cost of handing the suspended coroutine over. `CoroutineStarter` watches how
 often tasks suspend and, when most do, starts them directly in a new worker; one start in
-:data:`PROBE_EVERY` still goes the eager way, so a change of behaviour is noticed.
+`PROBE_EVERY` still goes the eager way, so a change of behaviour is noticed.
 
 Every coroutine runs each of its steps in its own copy of the caller's context, so a
 context variable a processor sets never leaks into the runtime or into the next coroutine
-a worker runs. The ``second`` argument of :meth:`CoroutineStarter.start` (its owner: the
+a worker runs. The ``second`` argument of `CoroutineStarter.start()` (its owner: the
 executor passes the task's context) is a local of the worker's frame, so log lines inside
-the coroutine find their task (:func:`decaton_aio.logs.current_task_context`) without any
-per-task work; the worker is in :mod:`decaton_aio.consumer._steps`, which stays Python
+the coroutine find their task (`decaton_aio.logs.current_task_context()`) without any
+per-task work; the worker is in `decaton_aio.consumer._steps`, which stays Python
 when this module is compiled (``setup.py``). A first step that runs here, inside the
 executor's start, is found through the executor.
 
@@ -95,7 +95,7 @@ class CoroutineStarter:
 
     @property
     def parked(self) -> int:
-        """Workers parked now, waiting for a coroutine (they are in :attr:`tasks`)."""
+        """Workers parked now, waiting for a coroutine (they are in `tasks`)."""
         return len(self._parked)
 
     @property
@@ -148,7 +148,7 @@ class CoroutineStarter:
 
     def release(self) -> None:
         """End the parked workers, and park none from now on (at shutdown, before waiting
-        for :attr:`tasks`)."""
+        for `tasks`)."""
         self._released = True
         parked, self._parked = self._parked, []
         for worker in parked:
@@ -195,7 +195,7 @@ class CoroutineStarter:
         task.add_done_callback(worker.ended)
 
     def track(self, task: asyncio.Task[Any]) -> None:
-        """Keep ``task`` in :attr:`tasks` until it is done, so a shutdown waits for it."""
+        """Keep ``task`` in `tasks` until it is done, so a shutdown waits for it."""
         tasks = self.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -1,13 +1,13 @@
 """Running one task and carrying out what its outcome means.
 
-The :class:`TaskExecutor` is shared by the partitions of a subscription. For a record
+The `TaskExecutor` is shared by the partitions of a subscription. For a record
 whose slot the partition granted, it decodes the metadata and body, waits for the task's
 scheduled time (without holding the slot), runs ``process(ctx, task)`` eagerly, and then
 carries out the outcome that ``consumer/_outcome.py`` decides (a task that returned with
 nothing more to do finishes inline, without asking):
 
 - returned: finish, or with ``ctx.deferred()`` free the slot and complete later;
-- ``ctx.retry()`` / :class:`~decaton_aio.backoff.RetryTask` / a retriable exception
+- ``ctx.retry()`` / [`RetryTask`][decaton_aio.RetryTask] / a retriable exception
   with retries on: queue mode sends the task to the retry topic and completes the offset
   only once the retry is durable; in-place mode runs it again in its lane after the
   backoff; after the policy's last attempt, the dead letter topic;

@@ -15,7 +15,7 @@ aiokafka builds each fetch request from its fetcher's settings of the moment; th
 sets those two (:func:`~decaton_aio._aiokafka.set_fetch_pacing`, checked when the pacer is
 made).
 
-Caller: the subscription's fetch routine only, after each fetch call (:meth:`after`).
+Caller: the subscription's fetch routine only, after each fetch call (`after()`).
 """
 
 from __future__ import annotations

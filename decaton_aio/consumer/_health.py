@@ -8,7 +8,8 @@ restarted.
 Readiness is computed on the loop (so it reads the runtime's state without races) and
 fails, with every reason, when:
 
-- the subscription is not ``RUNNING`` (starting, rebalancing, shutting down);
+- the subscription is not ``RUNNING`` (starting, rebalancing, shutting down); a start
+  that waits for task topics the cluster does not have yet names them;
 - it has partitions and the fetch routine has not returned from a fetch call for
   ``fetch_timeout_ms`` (a member the group gave no partition is ready: it takes some at
   the next rebalance);
@@ -73,10 +74,10 @@ class _Progress:
 class HealthCheck:
     """The probes of one subscription (see the module docstring for what they check).
 
-    ::
-
-        health = HealthCheck(subscription)
-        subscription.metrics.start_http_server(9100, probes=health)  # /healthz, /readyz, ...
+    ```python
+    health = HealthCheck(subscription)
+    subscription.metrics.start_http_server(9100, probes=health)  # /healthz, /readyz, ...
+    ```
 
     Args:
         subscription: the subscription to watch.
@@ -109,7 +110,7 @@ class HealthCheck:
         return ok, answer
 
     def readiness(self) -> tuple[bool, Mapping[str, object]]:
-        """:meth:`check_readiness`, run on the event loop (called from the endpoint's
+        """`check_readiness()`, run on the event loop (called from the endpoint's
         thread)."""
         return self._ask(self.check_readiness)
 
@@ -153,6 +154,9 @@ class HealthCheck:
         state = sub.state.value
         if state != "running":
             reasons.append(f"the subscription is {state.replace('_', ' ')}, not running")
+        waiting = sub.waiting_for_topics
+        if waiting:
+            reasons.append(f"waiting for the task topics {', '.join(waiting)} to be created")
         partitions = sub.partitions
         # A running member the group gave no partition (more members than partitions, a
         # rolling update's extra pod) is ready: it takes partitions at the next rebalance.

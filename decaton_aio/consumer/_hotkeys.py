@@ -2,7 +2,7 @@
 
 This module owns the question "is this key flooding?" for one partition, answered in
 constant memory whatever the number of distinct keys: a count-min sketch estimates each
-key's count, never under it, and a :class:`HotKeyDetector` compares the estimate over a
+key's count, never under it, and a `HotKeyDetector` compares the estimate over a
 sliding window with ``decaton.per.key.quota.processing.rate``. The runtime moves the tasks
 of keys reported hot to ``<topic>-shaping``; that part, and the order it relaxes for shaped
 keys, is the runtime's business.
@@ -233,7 +233,7 @@ class HotKeyDetector:
     hot or not, so a key that keeps flooding stays hot; it cools down once its rate falls
     back under the quota for long enough. Since estimates never undercount, a key over its
     quota is always reported; a key under it is reported only when sketch collisions add
-    up to the difference (rare with the default sizes, see :class:`CountMinSketch`).
+    up to the difference (rare with the default sizes, see `CountMinSketch`).
 
     Args:
         rate_per_s: per-key quota in tasks per second; ``-1`` disables detection (no key
@@ -243,7 +243,7 @@ class HotKeyDetector:
         depth: sketch rows.
         seed: sketch hash seed.
         clock: monotonic seconds; injectable for tests.
-        hash_fn: 64-bit key hash, see :class:`CountMinSketch`.
+        hash_fn: 64-bit key hash, see `CountMinSketch`.
 
     Raises:
         ConfigError: an argument is out of range.

@@ -1,19 +1,21 @@
 """Task records written before Decaton 9: the ``DecatonTaskRequest`` wrapper.
 
 Before Decaton 9 a task record had no ``dt_meta`` header: its value was the protobuf
-message ``com.linecorp.decaton.protocol.internal.DecatonTaskRequest``::
+message ``com.linecorp.decaton.protocol.internal.DecatonTaskRequest``:
 
-    message DecatonTaskRequest {
-        TaskMetadataProto metadata = 1;
-        bytes serialized_task = 2;
-    }
+```text
+message DecatonTaskRequest {
+    TaskMetadataProto metadata = 1;
+    bytes serialized_task = 2;
+}
+```
 
 Decaton 9 still writes it when asked to (``DecatonClient``'s deprecated
 ``produceInOldTaskRequest``, a subscription's ``decaton.retry.task.in.legacy.format``)
 and reads it with ``decaton.legacy.parse.fallback.enabled``, as the runtime does with the
-same property: :func:`unwrap` turns such a record into the current format (body in the
+same property: `unwrap()` turns such a record into the current format (body in the
 value, metadata in ``dt_meta``) before anything else reads it. Without the property,
-:func:`legacy_hint` makes the dead letter reason of an undecodable body say when the
+`legacy_hint()` makes the dead letter reason of an undecodable body say when the
 value is such a wrapper.
 """
 
@@ -98,7 +100,7 @@ def unwrap(record: Record) -> TaskRecord:
 
     Raises:
         DecodeError: the value is not a ``DecatonTaskRequest`` (see
-            :func:`decode_task_request`).
+            `decode_task_request()`).
     """
     metadata, task = decode_task_request(record.value or b"")
     headers = [*record.headers, (METADATA_HEADER, metadata)]

@@ -4,20 +4,20 @@ A runtime whose loop is held (a long synchronous step, a garbage collection walk
 objects) starts tasks late and finishes their sleeps late, however fast its processor is.
 Two numbers tell an overloaded loop from a slow processor:
 
-- **loop lag**: a timer due every :data:`LAG_INTERVAL_S` measures how late it fired. A
+- **loop lag**: a timer due every `LAG_INTERVAL_S` measures how late it fired. A
   loop that is never held for long fires it within a fraction of a millisecond.
 - **GC pauses**: ``gc.callbacks`` time every collection of the cyclic garbage collector
   (every generation), wherever it was triggered.
 
 Both go to histograms of the subscription's stats (``SubscriptionStats.loop_lag`` and
 ``gc_pause``), exported on the metrics page. The runtime's own loops over many items (a
-fetch batch, a commit's partitions) run in steps of :data:`STEP_BUDGET_S`
-(:func:`yield_if_due`, or a :class:`StepTimer` that also reports each step's length).
+fetch batch, a commit's partitions) run in steps of `STEP_BUDGET_S`
+(`yield_if_due()`, or a `StepTimer` that also reports each step's length).
 A step's length is the CPU time the loop's thread spent in it: on a machine whose cores
 are busy with other processes, the wall time of a step includes the time the process was
 not scheduled, which the loop lag shows and the runtime did not cause.
 
-Caller: :class:`LoopWatch` is started and stopped by its subscription on the event loop;
+Caller: `LoopWatch` is started and stopped by its subscription on the event loop;
 the GC callback runs in whichever thread triggered the collection (an array append,
 atomic under the GIL).
 """
@@ -59,12 +59,12 @@ async def yield_if_due(began: float) -> float:
 
 
 class StepTimer:
-    """Cuts one routine's work into steps of :data:`STEP_BUDGET_S` and reports each
+    """Cuts one routine's work into steps of `STEP_BUDGET_S` and reports each
     step's CPU time to ``observe``. ``clock`` (wall, for the budget) and ``cpu_clock``
     (the thread's CPU time) are injectable for tests.
 
-    Callers (one routine each, on the loop): :meth:`start` when the routine resumes after
-    an await of its own, :meth:`yield_if_due` between items, :meth:`end` before it awaits
+    Callers (one routine each, on the loop): `start()` when the routine resumes after
+    an await of its own, `yield_if_due()` between items, `end()` before it awaits
     again.
 
     Attributes:
@@ -86,7 +86,7 @@ class StepTimer:
         self._cpu = 0.0
 
     def start(self) -> float:
-        """A step begins now; returns :attr:`began`."""
+        """A step begins now; returns `began`."""
         self._cpu = self._cpu_clock()
         self.began = self._clock()
         return self.began

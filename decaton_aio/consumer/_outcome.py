@@ -2,17 +2,17 @@
 
 A task ends when its processor returns or raises (its key lane still held), or later,
 when a deferred completion fails or asks for a retry (its lane already released). Both
-ask :func:`decide`, a pure function of the outcome and the retry configuration, and the
+ask `decide()`, a pure function of the outcome and the retry configuration, and the
 executor (``consumer/_execution.py``) carries the answer out:
 
-- :attr:`Action.FINISH`: done; the offset completes (after a skip, a cancellation, or a
+- `Action.FINISH`: done; the offset completes (after a skip, a cancellation, or a
   failure logged with retries off, too);
-- :attr:`Action.DEFER`: the processor returned with a deferred completion not done yet;
-- :attr:`Action.RETRY_QUEUE`: the task goes to the retry topic (retry count + 1);
-- :attr:`Action.RETRY_IN_PLACE`: the task runs again in its lane (only while it holds it);
-- :attr:`Action.DEAD_LETTER`: the dead letter topic, with an error type and message.
+- `Action.DEFER`: the processor returned with a deferred completion not done yet;
+- `Action.RETRY_QUEUE`: the task goes to the retry topic (retry count + 1);
+- `Action.RETRY_IN_PLACE`: the task runs again in its lane (only while it holds it);
+- `Action.DEAD_LETTER`: the dead letter topic, with an error type and message.
 
-Attempts count as :mod:`decaton_aio.backoff` says: in queue mode the attempt that failed
+Attempts count as `decaton_aio.backoff` says: in queue mode the attempt that failed
 is the record's retry count + 1, in place it is the run's number.
 
 Caller: the executor, off the common path (a task that returned with nothing to do
@@ -49,12 +49,12 @@ class Outcome:
         action: what to do.
         failed: the processor (or its deferred completion) failed: count and log the
             error, whatever the action.
-        why: for :attr:`Action.FINISH`, ``"done"``, ``"skipped"``, ``"cancelled"`` or
+        why: for `Action.FINISH`, ``"done"``, ``"skipped"``, ``"cancelled"`` or
             ``"failed"`` (logged and gone on: retries are off).
         attempt: for a retry, the number of the attempt that failed (the next run in place
             is ``attempt + 1``).
         delay_s: for a retry, how long it waits.
-        error_type, message: for :attr:`Action.DEAD_LETTER`, what its headers say.
+        error_type, message: for `Action.DEAD_LETTER`, what its headers say.
     """
 
     action: Action

@@ -1,8 +1,8 @@
 """One assigned partition: per-key lanes, the concurrency bound, pacing and the watermark.
 
-A :class:`PartitionProcessor` lives for one assignment of one partition. Fetched records
-enter in offset order through :meth:`PartitionProcessor.feed`; each is registered with the
-:class:`~decaton_aio.consumer._watermark.WatermarkTracker`, then
+A `PartitionProcessor` lives for one assignment of one partition. Fetched records
+enter in offset order through `PartitionProcessor.feed()`; each is registered with the
+`WatermarkTracker`, then
 
 - if an earlier record of its key is still outstanding, it waits in that key's lane
   (created only while the key is busy, so an idle key costs nothing);
@@ -10,11 +10,11 @@ enter in offset order through :meth:`PartitionProcessor.feed`; each is registere
   ``limit`` tasks running) and, when a rate is set, for a token of the partition's bucket.
 
 The executor runs a started record and reports back (the contract is in
-:mod:`decaton_aio.consumer._contract`) with one of: :meth:`~PartitionProcessor.finish`
-(done), :meth:`~PartitionProcessor.release` then
-:meth:`~PartitionProcessor.finish_released` (the slot and lane are free now, the offset
+`decaton_aio.consumer._contract`) with one of: `finish()`
+(done), `release()` then
+`finish_released()` (the slot and lane are free now, the offset
 completes later: deferred completion, a retry or dead letter being sent), or
-:meth:`~PartitionProcessor.postpone` (the slot is free, the lane stays taken, the record
+`postpone()` (the slot is free, the lane stays taken, the record
 runs again after a delay: scheduled tasks and in-place retries). Waiting never holds a
 slot, so a waiting key never blocks other keys.
 
@@ -70,7 +70,7 @@ class PendingBytes:
 
     Callers: every partition of the subscription adds what it is fed and takes away what
     completes (on the event loop); once the total falls below the limit again, the paused
-    partitions are asked to resume (:meth:`wake`).
+    partitions are asked to resume (`wake()`).
     """
 
     def __init__(self, limit: int) -> None:
@@ -294,7 +294,7 @@ class PartitionProcessor:
         """Note that the consumer handed out this partition's records up to ``end`` (one
         past the last offset), before they are fed: records handed out and not taken (a
         batch still being fed, or dropped because the partition is draining) keep
-        :meth:`skip_to` from passing them.
+        `skip_to()` from passing them.
 
         Caller: the fetch routine, for every batch as the consumer returns it (before
         its first step), and for a fresh partition that replaces one in a batch.
@@ -307,7 +307,7 @@ class PartitionProcessor:
         and every record the consumer handed out was taken.
 
         Caller: the committer, with the consumer's fetch position.
-        Affects: :meth:`committable` (see ``WatermarkTracker.skip_to``).
+        Affects: `committable()` (see ``WatermarkTracker.skip_to``).
 
         Returns:
             Whether the watermark moved.
@@ -320,7 +320,7 @@ class PartitionProcessor:
         """Record that the consumer paused (or resumed) fetching this partition.
 
         Caller: the subscription, with its ``consumer.pause`` / ``resume`` call.
-        Affects: :attr:`paused`, the paused metric, whether completions ask to resume.
+        Affects: `paused`, the paused metric, whether completions ask to resume.
         """
         self._paused = paused
         self.stats.set_paused(paused)
@@ -328,7 +328,7 @@ class PartitionProcessor:
     def committed(self, offset: int) -> None:
         """Record a successful commit of ``offset``.
 
-        Caller: the committer. Affects: :attr:`last_committed`, the metrics (the
+        Caller: the committer. Affects: `last_committed`, the metrics (the
         committed offset, and the commit is up to date).
         """
         self._last_committed = self.stats.committed_offset = offset
@@ -345,7 +345,7 @@ class PartitionProcessor:
         """Run ``record`` again, as run number ``attempt``, after ``delay_s`` in its lane.
 
         Caller: the executor (an in-place retry; a scheduled task not due yet).
-        Affects: as :meth:`postpone`.
+        Affects: as `postpone()`.
         """
         if attempt > 1:
             self._attempts[record.offset] = attempt
@@ -506,7 +506,7 @@ class PartitionProcessor:
 
     def release(self, record: Record) -> None:
         """Free the record's slot and lane now; its offset completes later through
-        :meth:`finish_released` (deferred completion, a retry or dead letter in flight).
+        `finish_released()` (deferred completion, a retry or dead letter in flight).
         """
         if self.state is PartitionState.CLOSED:
             return
@@ -514,7 +514,7 @@ class PartitionProcessor:
         self._settle(record, False)
 
     def hand_off(self, record: Record) -> None:
-        """Like :meth:`release` for a record that took no slot and no lane."""
+        """Like `release()` for a record that took no slot and no lane."""
         if self.state is not PartitionState.CLOSED:
             self._awaiting += 1
 
@@ -603,7 +603,7 @@ class PartitionProcessor:
 
     def maybe_resume(self) -> None:
         """Ask the consumer to resume this partition when it is paused and nothing holds
-        it any more. Callers: completions here, live settings, :class:`PendingBytes`."""
+        it any more. Callers: completions here, live settings, `PendingBytes`."""
         if self._paused and not self.needs_pause and self.state is not PartitionState.CLOSED:
             self._on_below_max_pending(self)
 

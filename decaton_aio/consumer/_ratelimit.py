@@ -2,15 +2,17 @@
 
 This module owns the rate limit's arithmetic: how many tasks one partition may start per
 second (``decaton.processing.rate.per.partition``), and how long the next one has to wait.
-It is synchronous and pure apart from reading a clock; the runtime does the waiting::
+It is synchronous and pure apart from reading a clock; the runtime does the waiting:
 
-    while (wait := bucket.try_acquire()) > 0:
-        if wait == math.inf:           # rate 0: paused; the consumer pauses the partition
-            await rate_changed.wait()  # woken by the property listener calling set_rate
-        else:
-            await asyncio.sleep(wait)
+```python
+while (wait := bucket.try_acquire()) > 0:
+    if wait == math.inf:           # rate 0: paused; the consumer pauses the partition
+        await rate_changed.wait()  # woken by the property listener calling set_rate
+    else:
+        await asyncio.sleep(wait)
+```
 
-Rates: ``-1`` is unlimited (:meth:`TokenBucket.try_acquire` returns at once), ``0`` pauses
+Rates: ``-1`` is unlimited (`TokenBucket.try_acquire()` returns at once), ``0`` pauses
 (no token is granted until the rate changes; the balance is kept for the resume), ``n > 0``
 grants ``n`` tokens per second with bursts of up to ``burst`` tokens after an idle period.
 A new bucket starts full.
@@ -23,7 +25,7 @@ accumulated. The reference point moves only when the bucket overflows (idle) or 
 changes.
 
 Throttled time (a metric) is accounted here: an interval starts at the first refused
-:meth:`TokenBucket.try_acquire` and ends at the next granted one, so time counts once
+`TokenBucket.try_acquire()` and ends at the next granted one, so time counts once
 however many coroutines are waiting, and a pause (rate 0) counts as throttled too.
 
 Caller: the event loop that owns the partition; not thread-safe.
@@ -76,7 +78,7 @@ class TokenBucket:
         rate_per_s: tokens per second; ``-1`` unlimited, ``0`` paused.
         burst: bucket capacity, the most tokens granted at once after an idle period.
             ``None`` means one second's worth (``max(rate_per_s, 1)``) and then follows the
-            rate when :meth:`set_rate` changes it.
+            rate when `set_rate()` changes it.
         clock: monotonic seconds; injectable for tests.
 
     Raises:
@@ -130,7 +132,7 @@ class TokenBucket:
 
     @property
     def paused(self) -> bool:
-        """Whether the rate is 0: no token is granted until :meth:`set_rate` changes it."""
+        """Whether the rate is 0: no token is granted until `set_rate()` changes it."""
         return self._rate == 0
 
     @property

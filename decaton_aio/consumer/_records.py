@@ -5,7 +5,7 @@ dictionary and eleven fields, built by a Python call per record. On a no-op work
 construction is a third of a plain consumer's CPU time, and each one costs about 350 bytes
 while it waits. The runtime needs five fields (offset, timestamp, key, value, headers), and
 the record objects aiokafka's batch reader already made (C extension types) carry them, so
-a consumer made with :data:`RAW_RECORDS` as its key deserializer gets those objects as they
+a consumer made with `RAW_RECORDS` as its key deserializer gets those objects as they
 are. Topic and partition are known from the partition a record was fetched for.
 
 :func:`install_raw_records` adds that choice to aiokafka's ``PartitionRecords`` once per
@@ -15,7 +15,7 @@ internals ever change shape, nothing is hooked and the marker behaves as an iden
 deserializer: the runtime then receives ``ConsumerRecord`` objects, which carry the same
 five fields.
 
-A partition keeps each record it is fed as a :class:`TaskRecord` (:func:`task_record`):
+A partition keeps each record it is fed as a `TaskRecord` (`task_record()`):
 its fields read once, compact while it waits for its key or a slot.
 """
 
@@ -163,14 +163,14 @@ def scheduled_time_in(raw: bytes) -> int | None:
 def RAW_RECORDS(key: bytes | None) -> bytes | None:
     """Key deserializer that marks a consumer as taking aiokafka's records as they are.
 
-    Called only if :func:`install_raw_records` could not hook aiokafka; it returns the
+    Called only if `install_raw_records()` could not hook aiokafka; it returns the
     key as is.
     """
     return key
 
 
 def install_raw_records() -> bool:
-    """Hook aiokafka so consumers marked with :data:`RAW_RECORDS` skip ``ConsumerRecord``.
+    """Hook aiokafka so consumers marked with `RAW_RECORDS` skip ``ConsumerRecord``.
 
     Idempotent.
 

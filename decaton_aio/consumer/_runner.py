@@ -1,6 +1,6 @@
 """Running an application as a process: event loop, signals, properties, metrics.
 
-:func:`run_application` is what ``python -m decaton_aio run`` calls once it has parsed its
+`run_application()` is what ``python -m decaton_aio run`` calls once it has parsed its
 arguments: it builds the live properties (code, file, environment, command line, in that
 order of precedence), watches the properties file, serves metrics, runs the subscription
 until SIGINT or SIGTERM, and shuts down gracefully. A second signal exits at once.
@@ -53,7 +53,8 @@ class RunOptions:
 
     Attributes:
         consumer: the Kafka consumer settings.
-        producer: the retry/dead letter producer settings (see :class:`Subscription`).
+        producer: the retry/dead letter producer settings (see
+            [`Subscription`][decaton_aio.Subscription]).
         properties: property overrides from the command line (highest precedence).
         properties_file: a watched ``.json`` or ``.properties`` file of properties.
         properties_topic: a Kafka topic of property changes, read by every instance.
@@ -78,7 +79,7 @@ class RunOptions:
     environ: Mapping[str, str] | None = None
 
 
-#: Generation-0 threshold set by :func:`tune_gc` (CPython's default is 700).
+#: Generation-0 threshold set by `tune_gc()` (CPython's default is 700).
 GC_GEN0_THRESHOLD = 50_000
 
 

@@ -1,6 +1,6 @@
 """Sending the records that replace a task: retry, dead letter and shaping records.
 
-The executor decides that a task goes to a side topic; :class:`SideRecords` makes the
+The executor decides that a task goes to a side topic; `SideRecords` makes the
 record durable, then finishes the task (``finish_released``), never before:
 
 - at-least-once, through the durable sender: a failed send is tried again with backoff

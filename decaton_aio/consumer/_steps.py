@@ -1,9 +1,9 @@
-"""The workers of :class:`~decaton_aio.consumer._eager.CoroutineStarter`: asyncio tasks
+"""The workers of `CoroutineStarter`: asyncio tasks
 that drive processor coroutines one after the other.
 
 A worker's frame holds the running coroutine's owner (the task's context) in the local
 ``second``, so a log line inside a task that waited finds its task
-(:func:`decaton_aio.logs.current_task_context`).
+(`decaton_aio.logs.current_task_context()`).
 
 This module stays interpreted when the runtime is compiled (``setup.py``): a function
 compiled by mypyc runs without a frame, and a compiled generator is not a coroutine that
@@ -42,7 +42,7 @@ class Worker:
     """A worker's mailbox: the coroutine handed to it while it reported the last one
     (``next``), and the coroutine it runs first, when it starts or when it wakes from its
     park, until it runs (``first_job``, with ``yielded``: what that coroutine's first step
-    gave, or :data:`NOT_STARTED`). A task cancelled before it runs ``first_job`` never runs
+    gave, or `NOT_STARTED`). A task cancelled before it runs ``first_job`` never runs
     that coroutine: the end is reported when the task ends. ``wake`` is set while the
     worker is parked, waiting for a coroutine."""
 

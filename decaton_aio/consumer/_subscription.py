@@ -1,6 +1,6 @@
 """A subscription: one consumer, one event loop, many partitions processed concurrently.
 
-The :class:`Subscription` owns an aiokafka consumer (auto commit off) and its
+The [`Subscription`][decaton_aio.Subscription] owns an aiokafka consumer (auto commit off) and its
 ``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition, their
 lifecycle, and the one place that pauses and resumes fetching. Three routines run on the
 loop:
@@ -29,7 +29,8 @@ exactly-once, its transactional producer started). Shutdown stops fetching, drai
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
 
 Unexpected errors in a routine stop the subscription and are re-raised by
-:meth:`Subscription.wait_stopped`: one supervisor, no silent death.
+[`Subscription.wait_stopped()`][decaton_aio.Subscription.wait_stopped]: one supervisor, no
+silent death.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from decaton_aio.consumer._hotkeys import HotKeyDetector
 from decaton_aio.consumer._loopwatch import GcWatch, LoopWatch, StepTimer
 from decaton_aio.consumer._partition import PartitionProcessor, PendingBytes
 from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records
+from decaton_aio.consumer._topic_wait import TopicWait
 from decaton_aio.consumer._topics import CHECK_INTERVAL_S, TopicCheck
 from decaton_aio.consumer.commit import (
     CheckpointStore,
@@ -124,10 +126,10 @@ class SubscriptionState(enum.Enum):
 class Subscription:
     """Consumes an application's topics and runs its processor.
 
-    ::
-
-        async with Subscription(app, ConsumerConfig("localhost:9092", "orders")) as sub:
-            await sub.wait_stopped()
+    ```python
+    async with Subscription(app, ConsumerConfig("localhost:9092", "orders")) as sub:
+        await sub.wait_stopped()
+    ```
 
     Args:
         app: the processor, topics and decoder.
@@ -135,7 +137,7 @@ class Subscription:
         producer: settings of the producer for retry, dead letter and shaping records
             (same cluster, idempotent, no spool when omitted; the embedded broker needs
             ``idempotence=False``).
-        sender: a started-elsewhere :class:`~decaton_aio.producer.DurableSender` to use
+        sender: a started-elsewhere [`DurableSender`][decaton_aio.DurableSender] to use
             instead (e.g. the one of the application's own ``TaskProducer``, so both
             share one spool directory); the subscription then does not start or stop it.
         properties: live runtime properties; built from ``app.properties`` when omitted.
@@ -260,6 +262,9 @@ class Subscription:
         self._assigned = asyncio.Event()  # the topic check runs at once after assignments
         self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self._topic_wait = TopicWait(
+            consumer.bootstrap_servers, app.topics, security=consumer.security
+        )
         self._failure: BaseException | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._listeners: list[Callable[[SubscriptionState], None]] = []
@@ -270,6 +275,12 @@ class Subscription:
     def partitions(self) -> dict[TopicPartition, PartitionProcessor]:
         """The partitions assigned now, with their processors (read only)."""
         return dict(self._partitions)
+
+    @property
+    def waiting_for_topics(self) -> tuple[str, ...]:
+        """The task topics the start waits for, because the cluster does not have them
+        yet (empty otherwise)."""
+        return self._topic_wait.missing
 
     @property
     def stats(self) -> SubscriptionStats:
@@ -298,6 +309,9 @@ class Subscription:
     async def start(self) -> None:
         """Connect, join the group and start fetching.
 
+        A task topic that does not exist yet is waited for (see ``_topic_wait``); a
+        [`stop()`][decaton_aio.Subscription.stop] meanwhile ends the start without consuming.
+
         Raises:
             ConfigError: when started twice, or when a side topic is missing and cannot be
                 created (the message names it).
@@ -308,6 +322,10 @@ class Subscription:
         if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
             raise ConfigError("a Subscription can be started once; make a new one")
         cfg = self.consumer_config
+        # Deploys often start a service before its topics exist: wait for them, not ready
+        # meanwhile, as Kafka's consumers do. A stop() while waiting ends the start here.
+        if not await self._topic_wait.wait(self._stopped):
+            return
         install_raw_records()
         if self._owns_sender:
             await self._sender.start()

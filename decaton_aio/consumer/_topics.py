@@ -8,17 +8,17 @@ the client keeps asking for its position no other partition led by the same brok
 fetched either, and a commit naming it is retried until it is given up, for every
 partition it carries.
 
-:class:`TopicCheck` makes the subscription look at the cluster itself:
+`TopicCheck` makes the subscription look at the cluster itself:
 
-- before each rejoin (the revoke listener, :meth:`TopicCheck.refresh`): the revoked
+- before each rejoin (the revoke listener, `TopicCheck.refresh()`): the revoked
   partitions found gone take no final commit, and the member assigns from this view if
   it leads the group;
-- after each assignment, and every :data:`CHECK_INTERVAL_S` while a fetched partition was
-  never answered or its topic is no longer listed (:meth:`TopicCheck.suspect`);
+- after each assignment, and every `CHECK_INTERVAL_S` while a fetched partition was
+  never answered or its topic is no longer listed (`TopicCheck.suspect()`);
 
 a partition found gone is held until the rebalance that takes it away, which the check
-asks for at once (:meth:`TopicCheck.rejoin`). So a stale assignment ends with the next
-rebalance, at the latest :data:`CHECK_INTERVAL_S` (and one metadata request) after the
+asks for at once (`TopicCheck.rejoin()`). So a stale assignment ends with the next
+rebalance, at the latest `CHECK_INTERVAL_S` (and one metadata request) after the
 deletion reached the cluster. A quiet subscription asks for nothing more than its
 client already does.
 
@@ -59,8 +59,8 @@ class TopicCheck:
         """Ask the cluster for the subscription's metadata now.
 
         Returns:
-            Whether an answer came within :data:`REFRESH_TIMEOUT_S`: only then does
-            :meth:`missing` speak for the cluster.
+            Whether an answer came within `REFRESH_TIMEOUT_S`: only then does
+            `missing()` speak for the cluster.
         """
         try:
             async with asyncio.timeout(REFRESH_TIMEOUT_S):

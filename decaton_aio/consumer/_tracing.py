@@ -1,10 +1,10 @@
 """The executor with OpenTelemetry spans: one per task, from start to completion.
 
-:class:`TracedTaskExecutor` is what a subscription uses when its application has
-``tracing`` set; otherwise the plain :class:`~decaton_aio.consumer._execution.TaskExecutor`
+`TracedTaskExecutor` is what a subscription uses when its application has
+``tracing`` set; otherwise the plain `TaskExecutor`
 runs and none of this code is on the hot path.
 
-Each started task gets a :class:`_TracedHost` in place of its partition: the executor
+Each started task gets a `_TracedHost` in place of its partition: the executor
 reports the task's outcome through it as usual, and the host forwards every call to the
 partition and ends the span when the task completes (finish, or the completion of a
 released task) or is run again (an in-place retry ends its attempt's span). The
@@ -95,7 +95,7 @@ class _TracedHost:
 
 
 class TracedTaskExecutor(TaskExecutor):
-    """A :class:`TaskExecutor` that traces each task (arguments as the base, plus
+    """A `TaskExecutor` that traces each task (arguments as the base, plus
     ``tracing``)."""
 
     def __init__(self, *, tracing: Tracing, group_id: str | None = None, **kwargs: Any) -> None:

@@ -12,7 +12,7 @@ the last registered offset (the start offset if none was registered since).
 
 Offsets are not dense. Transaction markers and log compaction leave offsets a consumer
 never sees; such a gap must not hold the watermark back. Small gaps take one slot each,
-marked ``_GAP`` (counts as done). A gap longer than :data:`MAX_GAP_SLOTS` would waste
+marked ``_GAP`` (counts as done). A gap longer than `MAX_GAP_SLOTS` would waste
 memory (a compacted topic can jump by millions), so it starts a new *segment* instead:
 the ring is indexed by a dense *virtual position* and a short table maps each segment's
 first virtual position to its first offset, so a jump costs no slots at all.
@@ -22,13 +22,13 @@ array): completing is a single byte store, advancing is a numpy scan, and no Pyt
 per record stays alive. Registering a fetch step's few records, which continue the last
 ones, is a loop and a slice store; numpy's fixed cost per call is paid for longer batches.
 
-Completions have two forms. :meth:`WatermarkTracker.complete` is a method: it validates
+Completions have two forms. `WatermarkTracker.complete()` is a method: it validates
 the offset at once, raises on misuse and says whether the record was pending. The hot path
-the runtime uses is :attr:`WatermarkTracker.mark`, the bound ``append`` of an
+the runtime uses is `WatermarkTracker.mark`, the bound ``append`` of an
 ``array.array('Q')``: a C-level call that only queues the offset (8 bytes). Queued marks
 are *folded* into the ring, vectorized with numpy, before anything reads or changes the
-ring (:meth:`~WatermarkTracker.committable`, :attr:`~WatermarkTracker.pending`,
-:meth:`~WatermarkTracker.complete`, registration, checkpoints), so a mark has the effect
+ring (`committable()`, `pending`,
+`complete()`, registration, checkpoints), so a mark has the effect
 ``complete`` would have had when it was made, except that a mark of an offset that was
 never registered is dropped instead of raising: at fold time nobody could catch the error.
 
@@ -70,7 +70,7 @@ class WatermarkTracker:
     """Tracks out-of-order completions of one partition and yields the commit offset.
 
     Register offsets in increasing order as records are fetched, complete them in any
-    order, and ask :meth:`committable` for the offset to commit (typically once per commit
+    order, and ask `committable()` for the offset to commit (typically once per commit
     interval). Offsets never registered (gaps) count as done.
 
     Args:
@@ -82,17 +82,17 @@ class WatermarkTracker:
 
     Attributes:
         mark: ``mark(offset)`` queues the completion of ``offset``: the hot-path form of
-            :meth:`complete`, about 20 ns (the bound ``append`` of an ``array.array('Q')``,
+            `complete()`, about 20 ns (the bound ``append`` of an ``array.array('Q')``,
             no Python frame). The call itself only checks that ``offset`` is an ``int`` in
             ``[0, 2**64)`` (``TypeError`` or ``OverflowError`` otherwise); the queue is
             folded into the tracker before the next read. For registered offsets the effect
-            is exactly :meth:`complete`'s: pending ones become complete, complete ones and
+            is exactly `complete()`'s: pending ones become complete, complete ones and
             offsets below the watermark are no-ops, and duplicates count once. Offsets never
             registered (beyond the last registered one, or a gap at or above the watermark),
-            which :meth:`complete` would raise for, are dropped. The attribute is bound
+            which `complete()` would raise for, are dropped. The attribute is bound
             once, so callers may cache ``tracker.mark``: it stays valid across folds. Queued
-            marks take 8 bytes each until the next fold: call :meth:`committable` (or read
-            :attr:`pending`) regularly.
+            marks take 8 bytes each until the next fold: call `committable()` (or read
+            `pending`) regularly.
 
     Raises:
         ValueError: ``start_offset`` is negative or ``initial_capacity`` is below 1.
@@ -293,7 +293,7 @@ class WatermarkTracker:
         them until the next record arrives (a lag that never reaches zero).
 
         Caller: the partition's owner, with the consumer's fetch position, only when no
-        record it was handed is unfinished. Affects: :meth:`committable` returns
+        record it was handed is unfinished. Affects: `committable()` returns
         ``offset``; later registrations must be at or above it.
 
         Args:
@@ -322,11 +322,11 @@ class WatermarkTracker:
         """Mark a registered offset complete, checked at once. O(1): one byte store.
 
         The exact form, for callers that need the answer or the error; the runtime's hot
-        path is :attr:`mark`, which queues the offset instead. Queued marks are folded
+        path is `mark`, which queues the offset instead. Queued marks are folded
         before the call, so both forms can be mixed.
 
         Completing is idempotent, and completing an offset the tracker has already let go
-        of (below the last :meth:`committable`, or below the start offset) is a no-op,
+        of (below the last `committable()`, or below the start offset) is a no-op,
         because such calls happen legitimately: a deferred completion that timed out.
 
         Args:
@@ -544,7 +544,7 @@ class WatermarkTracker:
     def export_completed(self) -> tuple[int, bytes] | None:
         """Export what is already done above the watermark, to skip it after a restart.
 
-        Bit ``i`` (most significant bit first, as :func:`numpy.packbits`) is set when
+        Bit ``i`` (most significant bit first, as `numpy.packbits()`) is set when
         offset ``base + i`` needs no processing: it completed, or it is a gap. Trailing
         zero bits are cut, so the bitmap is empty when nothing above the watermark is done.
         Offsets of an imported checkpoint not yet registered again are included, so a
@@ -552,7 +552,7 @@ class WatermarkTracker:
         compress well if the caller persists the bitmap.
 
         Returns:
-            ``(base, bitmap)`` where ``base`` is :meth:`committable`, or ``None`` if the
+            ``(base, bitmap)`` where ``base`` is `committable()`, or ``None`` if the
             tracker has no position yet.
         """
         base = self.committable()
@@ -577,10 +577,10 @@ class WatermarkTracker:
         return base, np.packbits(bits[: int(marked[-1]) + 1]).tobytes()
 
     def import_completed(self, base: int, bitmap: bytes) -> None:
-        """Load a checkpoint from :meth:`export_completed` so finished records are skipped.
+        """Load a checkpoint from `export_completed()` so finished records are skipped.
 
         Call it before registering the offsets it covers. Marked offsets that are
-        registered later are registered as done and reported by :meth:`register_batch`.
+        registered later are registered as done and reported by `register_batch()`.
         Bits for offsets already registered are ignored (they are processed again, which
         at-least-once allows). A second import replaces the first.
 

@@ -4,11 +4,11 @@ The broker is the real one, resolved from Maven Central by Maven through the pom
 in ``decaton_aio/embedded/kafka-jvm`` and cached per version in the user's cache directory
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/kafka-<version>``). Each node runs
 in KRaft combined mode (broker and controller in one JVM) on free loopback ports, with
-storage formatted in a fresh temporary directory. :class:`KafkaCluster` starts one node or
+storage formatted in a fresh temporary directory. `KafkaCluster` starts one node or
 three, waits until every broker answers a Metadata request listing them all, and stops
-them by PID; :mod:`decaton_aio.embedded` is the public face.
+them by PID; `decaton_aio.embedded` is the public face.
 
-Caller: :class:`~decaton_aio.embedded.EmbeddedBroker`, from one thread.
+Caller: [`EmbeddedBroker`][decaton_aio.EmbeddedBroker], from one thread.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def java_executable() -> str:
 def resolve_kafka_classpath(version: str = KAFKA_VERSION) -> str:
     """The classpath of the Kafka broker and tools, resolved with Maven on first use.
 
-    The jars are copied into :func:`kafka_cache_dir` by ``mvn dependency:copy-dependencies``
-    (see :func:`~decaton_aio.embedded._maven.maven_into_cache`: never half a cache).
+    The jars are copied into `kafka_cache_dir()` by ``mvn dependency:copy-dependencies``
+    (see `maven_into_cache()`: never half a cache).
 
     Returns:
         A ``java -cp`` argument (``<cache>/lib/*``).
@@ -261,7 +261,7 @@ class KafkaCluster:
         raise BrokerError(f"no node {node_id}: nodes are 1..{len(self.nodes)}")
 
     def kill_node(self, node_id: int) -> None:
-        """SIGKILL one node; its data stays for :meth:`restart_node`."""
+        """SIGKILL one node; its data stays for `restart_node()`."""
         node = self.node(node_id)
         if node.process is not None and node.alive():
             node.process.send_signal(signal.SIGKILL)

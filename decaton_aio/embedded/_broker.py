@@ -12,10 +12,11 @@ Tests, demos and benchmarks run against a real broker. Two flavors:
 This module starts the broker on free loopback ports, waits until it answers a Kafka
 Metadata request listing every node, keeps its log in a file, and stops it by its PIDs.
 
-No orphans: the broker is stopped by :meth:`EmbeddedBroker.stop`, by the context manager,
-by an ``atexit`` hook, and, on Linux, by the kernel when the process that started it dies
-for any reason (``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the test run leaves no
-broker behind.
+No orphans: the broker is stopped by
+[`EmbeddedBroker.stop()`][decaton_aio.EmbeddedBroker.stop], by the context manager, by an
+``atexit`` hook, and, on Linux, by the kernel when the process that started it dies for any
+reason (``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the test run leaves no broker
+behind.
 """
 
 from __future__ import annotations
@@ -217,10 +218,14 @@ def _die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
 class EmbeddedBroker:
     """A broker process (or three) owned by this Python process: Apache Kafka or Tansu.
 
-    Use it as a context manager (sync or async), or call :meth:`start` and :meth:`stop`::
+    Use it as a context manager (sync or async), or call
+    [`start()`][decaton_aio.EmbeddedBroker.start] and
+    [`stop()`][decaton_aio.EmbeddedBroker.stop]:
 
-        with EmbeddedBroker() as broker:
-            print(broker.bootstrap_servers)
+    ```python
+    with EmbeddedBroker() as broker:
+        print(broker.bootstrap_servers)
+    ```
 
     Args:
         flavor: ``"apache"`` (Apache Kafka in KRaft mode, from Maven Central; needs Java
@@ -232,7 +237,7 @@ class EmbeddedBroker:
         port: the loopback port clients connect to (the first node's); free ones are
             picked when omitted.
         host: the address to listen on and advertise.
-        binary: the Tansu binary; :func:`resolve_tansu_binary` when omitted.
+        binary: the Tansu binary; `resolve_tansu_binary()` when omitted.
         log_path: where the broker log goes (node ``n`` of three: ``<stem>-n<n><suffix>``);
             a temporary file when omitted.
         storage_engine: Tansu's storage URL; memory by default (lost on stop).
@@ -242,7 +247,8 @@ class EmbeddedBroker:
             listing every node.
         security: start Apache Kafka (one node) secured: SASL_SSL with SCRAM users and/or
             mutual TLS, with a CA and certificates made for this start; clients connect
-            with :attr:`security` (see :attr:`listeners` for each secured listener).
+            with [`security`][decaton_aio.EmbeddedBroker.security] (see
+            [`listeners`][decaton_aio.EmbeddedBroker.listeners] for each secured listener).
     """
 
     def __init__(
@@ -304,14 +310,17 @@ class EmbeddedBroker:
 
     @property
     def security(self) -> SecuritySettings:
-        """The settings clients connect to :attr:`bootstrap_servers` with (``PLAINTEXT``
-        unless the broker is secured)."""
+        """The settings clients connect to
+        [`bootstrap_servers`][decaton_aio.EmbeddedBroker.bootstrap_servers] with
+        (``PLAINTEXT`` unless the broker is secured)."""
         main = next(iter(self.listeners.values()), None)
         return main.security if main is not None else PLAINTEXT
 
     @property
     def client_properties(self) -> Path | None:
-        """A ``client.properties`` file for :attr:`bootstrap_servers` (secured brokers)."""
+        """A ``client.properties`` file for
+        [`bootstrap_servers`][decaton_aio.EmbeddedBroker.bootstrap_servers] (secured
+        brokers)."""
         main = next(iter(self.listeners.values()), None)
         return main.client_properties if main is not None else None
 

@@ -1,8 +1,8 @@
 """A secured embedded Apache Kafka: SASL_SSL with SCRAM users, and mutual TLS.
 
-:class:`BrokerSecurity` says what the broker requires; :func:`prepare` turns it into the
+`BrokerSecurity` says what the broker requires; `prepare()` turns it into the
 broker's listeners and settings, the storage format arguments that create the SCRAM
-users, fresh TLS material (``_tls``), and one :class:`BrokerListener` per secured listener
+users, fresh TLS material (``_tls``), and one `BrokerListener` per secured listener
 with the client settings and a ready-to-use ``client.properties``.
 
 Layout of a secured node: the secured listeners clients use (``SASL_SSL`` on the main
@@ -109,7 +109,7 @@ class BrokerListener:
 
 @dataclass(frozen=True)
 class SecuredSetup:
-    """Everything :func:`prepare` made for one node."""
+    """Everything `prepare()` made for one node."""
 
     directory: Path
     settings: dict[str, str]

@@ -6,7 +6,7 @@ forked the child ends, not the process: a broker started from a short-lived thre
 test's ``asyncio.to_thread(broker.start)``) would die with that thread. So every broker
 process is forked by the main thread, or by one worker thread kept for the purpose.
 
-Caller: the broker classes of :mod:`decaton_aio.embedded`, when they start a process.
+Caller: the broker classes of `decaton_aio.embedded`, when they start a process.
 """
 
 from __future__ import annotations

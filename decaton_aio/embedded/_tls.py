@@ -1,6 +1,6 @@
 """TLS material for a secured embedded broker: a certificate authority made per start.
 
-Every start of a secured :class:`~decaton_aio.embedded.EmbeddedBroker` makes a fresh CA,
+Every start of a secured [`EmbeddedBroker`][decaton_aio.EmbeddedBroker] makes a fresh CA,
 a server certificate for the loopback address it listens on, and (for mutual TLS) a
 client certificate, all signed by that CA and written as PEM files into the broker's
 private working directory. No key is ever committed or reused: the CA's own key lives only
@@ -113,7 +113,7 @@ class CertificateAuthority:
         """Sign a certificate for a server (``hosts``: its addresses) or a client.
 
         Returns:
-            The written :class:`KeyPair` (files ``<name>.pem``, ``<name>-cert.pem``,
+            The written `KeyPair` (files ``<name>.pem``, ``<name>-cert.pem``,
             ``<name>-key.pem``, all mode 0600 but the certificate).
         """
         x509, hashes, serialization, ec, eku, name_oid = _crypto()

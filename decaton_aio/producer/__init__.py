@@ -1,12 +1,13 @@
 """The producer: tasks onto a topic, never lost.
 
-:class:`TaskProducer` puts tasks with their ``dt_meta`` header through a
-:class:`DurableSender`, which owns the ``acks=all`` client and, with a spool directory,
-keeps what the cluster does not take in a local spool (fsynced before the put returns) and
-replays it in the background. The runtime sends its retry, dead letter and shaping records
-through the same sender.
+[`TaskProducer`][decaton_aio.TaskProducer] puts tasks with their ``dt_meta`` header through a
+[`DurableSender`][decaton_aio.DurableSender], which owns the ``acks=all`` client and, with a
+spool directory, keeps what the cluster does not take in a local spool (fsynced before the
+put returns) and replays it in the background. The runtime sends its retry, dead letter and
+shaping records through the same sender.
 
-Inside (private): ``_config`` (:class:`ProducerConfig`), ``_task_producer``, ``_sender``
+Inside (private): ``_config`` ([`ProducerConfig`][decaton_aio.ProducerConfig]),
+    ``_task_producer``, ``_sender``
 (direct and spooling modes), ``_inflight`` (records awaiting acknowledgement and their
 settlement), ``_client`` (starting the client, sorting its errors), ``_replay`` (the
 spool's delivery), ``_spool``, ``_spool_files`` and ``_spool_format`` (the spool on disk).

@@ -1,19 +1,20 @@
 """The aiokafka producer behind the durable sender: starting it, stopping it, reading its errors.
 
-:class:`~decaton_aio.producer.DurableSender` and its :class:`~decaton_aio.producer._replay.Replayer`
-share one ``acks=all`` client. This module starts it (:func:`start_client`, telling an
+[`DurableSender`][decaton_aio.DurableSender] and its `Replayer`
+share one ``acks=all`` client. This module starts it (`start_client()`, telling an
 unreachable cluster apart from a refused producer and an authorization failure, and
-turning idempotence off with one warning where the cluster refuses it and the settings
-leave it to the cluster), stops it without hanging on a broker
-that is gone (:func:`stop_client`), and sorts the client's errors: the cluster's fault, so
-the record can be spooled and sent later (:func:`is_spoolable`); the record's own fault, so
-sending it again can never work (:data:`RECORD_ERRORS`); a topic the cluster does not have
-(:func:`missing_topic`); or an error the caller gets (:func:`producer_error`).
+turning idempotence off, logged once, where the cluster refuses it and the settings leave
+it to the cluster), stops it without hanging on a broker
+that is gone (`stop_client()`), and sorts the client's errors: the cluster's fault, so
+the record can be spooled and sent later (`is_spoolable()`); the record's own fault, so
+sending it again can never work (`RECORD_ERRORS`); a topic the cluster does not have
+(`missing_topic()`); or an error the caller gets (`producer_error()`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -97,6 +98,19 @@ larger than this is never sent."""
 # Clusters already warned about falling back to a plain producer: one warning per
 # process, not one per reconnect.
 _WARNED_NO_IDEMPOTENCE: set[str] = set()
+
+
+class _InitProducerIdRefused(logging.Filter):
+    """Drops aiokafka's error line for an InitProducerId the broker answered with
+    UnknownError (Tansu): `start_client()` reports that refusal itself, once, at the
+    level it deserves, or raises it with what to do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refused = str(record.msg).startswith("Unexpected error during InitProducerIdRequest")
+        return not (refused and isinstance(record.args, tuple) and UnknownError in record.args)
+
+
+logging.getLogger("aiokafka.producer.sender").addFilter(_InitProducerIdRefused())
 
 RECORD_ERRORS: Final = (
     CorruptRecordException,
@@ -192,7 +206,8 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
 
     With ``idempotence="auto"`` the client is idempotent where the cluster grants it; where
     the cluster refuses (Tansu, or no IdempotentWrite permission) a plain client is
-    started instead, with one warning per cluster and process.
+    started instead, logged once per cluster and process: at debug level where the broker
+    does not support it (Tansu), as a warning where a permission is missing.
 
     Returns:
         The started ``AIOKafkaProducer`` (typed ``Any``: aiokafka ships no types).
@@ -211,7 +226,11 @@ async def start_client(config: ProducerConfig, client_id: str) -> Any:
     except _IdempotenceRefused as refused:
         if config.bootstrap_servers not in _WARNED_NO_IDEMPOTENCE:
             _WARNED_NO_IDEMPOTENCE.add(config.bootstrap_servers)
-            log.warning(
+            # A broker without aiokafka's InitProducerId (Tansu) answers UnknownError:
+            # what "auto" is for, and nothing the user can change, so not a warning. A
+            # missing IdempotentWrite permission is: an operator can grant it.
+            unsupported = isinstance(refused.__cause__, UnknownError)
+            (log.debug if unsupported else log.warning)(
                 "the cluster refused an idempotent producer; producing without idempotence "
                 "(a client retry can write a record twice); set idempotence=True to require it",
                 cluster=config.bootstrap_servers,

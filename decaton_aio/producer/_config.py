@@ -1,4 +1,5 @@
-"""The producer's settings: :class:`ProducerConfig`, validated when it is made."""
+"""The producer's settings: [`ProducerConfig`][decaton_aio.ProducerConfig], validated when
+it is made."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _default_instance_id() -> str:
 
 @dataclass(frozen=True)
 class ProducerConfig:
-    """Settings of a :class:`~decaton_aio.producer.TaskProducer` and its sender.
+    """Settings of a [`TaskProducer`][decaton_aio.TaskProducer] and its sender.
 
     Attributes:
         bootstrap_servers: ``host:port[,host:port]`` of the cluster.
@@ -60,8 +61,8 @@ class ProducerConfig:
             ``request_timeout_ms`` plus ``linger_ms``, so a non-idempotent client reports
             its own error first; an idempotent client never gives up by itself.
         spool_dir: the local spool directory of the durable producer; ``None``: no spool,
-            an undeliverable put raises :class:`ProducerError`. One producer (one
-            :class:`~decaton_aio.producer.DurableSender`) per directory.
+            an undeliverable put raises [`ProducerError`][decaton_aio.errors.ProducerError].
+            One producer (one [`DurableSender`][decaton_aio.DurableSender]) per directory.
         replay_backoff_ms: the wait after the first failed replay of the spool; it doubles
             (with jitter) after each further failure.
         replay_backoff_max_ms: the longest wait between replay attempts.

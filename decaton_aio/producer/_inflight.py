@@ -1,10 +1,10 @@
 """Records the durable sender holds until they are answered, and how they are answered.
 
-A record handed to :class:`~decaton_aio.producer.DurableSender` is a :class:`PendingRecord`
-until its caller's future is answered: with a :class:`RecordLocation` once it is delivered
-or spooled, or with an error. :class:`Settlement` counts the records not answered yet (for
-``flush()`` and ``stop()``) and answers them. :class:`InFlightRecords` tracks the records
-the Kafka client holds, oldest first: an acknowledgement answers one, a failure or
+A record handed to [`DurableSender`][decaton_aio.DurableSender] is a `PendingRecord`
+until its caller's future is answered: with a [`RecordLocation`][decaton_aio.RecordLocation]
+once it is delivered or spooled, or with an error. `Settlement` counts the records not
+answered yet (for ``flush()`` and ``stop()``) and answers them. `InFlightRecords` tracks the
+records the Kafka client holds, oldest first: an acknowledgement answers one, a failure or
 ``delivery_timeout_ms`` without an answer hands it back to the sender to spool or fail.
 
 Caller: one event loop; nothing here is thread-safe.
@@ -35,7 +35,7 @@ _BYTES_TYPES: Final = (bytes, bytearray, memoryview, type(None))
 class RecordLocation:
     """Where a record landed, or that it waits in the spool.
 
-    The result of :meth:`~decaton_aio.producer.DurableSender.send` and of ``TaskProducer.put``.
+    The result of [`send()`][decaton_aio.DurableSender.send] and of ``TaskProducer.put``.
 
     Attributes:
         topic: the record's topic.
@@ -82,7 +82,7 @@ class PendingRecord:
     ) -> PendingRecord:
         """Check a record handed to the sender and make it pending, with a fresh future.
 
-        Arguments as :meth:`DurableSender.submit <decaton_aio.producer.DurableSender.submit>`.
+        Arguments as [`DurableSender.submit`][decaton_aio.DurableSender.submit].
 
         Raises:
             ProducerError: the record has neither key nor value.
@@ -116,8 +116,8 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 class Settlement:
     """Counts the records handed over and not answered yet, and answers them.
 
-    Each record is counted once with :meth:`add` and settled once: answered with
-    :meth:`resolve` or :meth:`fail`, or with :meth:`settle_one` when its caller got an
+    Each record is counted once with `add()` and settled once: answered with
+    `resolve()` or `fail()`, or with `settle_one()` when its caller got an
     exception instead of a future.
     """
 

@@ -1,11 +1,11 @@
 """The spool side of the durable sender: records go into the spool and are replayed from it.
 
-:class:`Replayer` owns what a :class:`~decaton_aio.producer.DurableSender` with a spool does
+`Replayer` owns what a [`DurableSender`][decaton_aio.DurableSender] with a spool does
 with it. It appends the records the cluster does not take and answers their callers once
-the line is fsynced (:meth:`Replayer.spool_record`). Its background routine, woken when a
+the line is fsynced (`Replayer.spool_record()`). Its background routine, woken when a
 record is spooled, gets a connected client from the sender (connecting if the sender has
-none yet) and delivers the spool (:mod:`decaton_aio.producer._spool`) in rounds of up to
-:data:`REPLAY_BATCH` records: it sends them, waits up to the delivery timeout for their
+none yet) and delivers the spool (`decaton_aio.producer._spool`) in rounds of up to
+`REPLAY_BATCH` records: it sends them, waits up to the delivery timeout for their
 acknowledgements, and removes the acknowledged ones. Failed rounds are followed by
 exponential backoff with jitter (``replay_backoff_ms`` up to ``replay_backoff_max_ms``).
 Once a round finds the spool empty, it tells the sender, which switches back to sending
@@ -15,7 +15,7 @@ Per-key hold-back: in a round, if a record of a (topic, key) fails, later record
 key are kept in the spool even when they were acknowledged, and sent again after it: the
 last copy of each record arrives in spool order. Records without a key have no order.
 
-A record the broker refuses for good (:data:`~decaton_aio.producer._client.RECORD_ERRORS`,
+A record the broker refuses for good (`RECORD_ERRORS`,
 or a partition the topic no longer has) is moved to the segment's ``.rejected`` file
 instead of blocking the replay.
 

@@ -1,25 +1,26 @@
 """The durable sender: a record is answered only once it is durable.
 
-:class:`DurableSender` owns the one aiokafka producer (``acks=all``) behind the task
-producer and the runtime's retry, dead letter and shaping sends. A send is answered when
-the record is durable:
+[`DurableSender`][decaton_aio.DurableSender] owns the one aiokafka producer (``acks=all``)
+behind the task producer and the runtime's retry, dead letter and shaping sends. A send is
+answered when the record is durable:
 
 - *delivered*: the broker acknowledged it; or
 - *spooled*: the client gave up on it (its own retries ran out: a request or delivery
   timeout, a lost connection, no leader), and it was appended to the local spool
-  (:mod:`decaton_aio.producer._spool`) and fsynced.
+  (`decaton_aio.producer._spool`) and fsynced.
 
 A record that cannot be spooled either (no ``spool_dir``, a disk error) or that the broker
-refuses for good (too large, an idempotence failure) raises :class:`ProducerError`.
+refuses for good (too large, an idempotence failure) raises
+[`ProducerError`][decaton_aio.errors.ProducerError].
 
-Modes (:class:`SenderMode`). ``DIRECT``: records go to the client. The first record the
+Modes (`SenderMode`). ``DIRECT``: records go to the client. The first record the
 client gives up on switches the sender to ``SPOOLING``: from then on every new record goes
 straight to the spool, behind the ones already there. ``start()`` with no broker
 reachable (and a spool) does not fail: it starts in ``SPOOLING`` and the replayer keeps
-trying to connect. The replayer (:class:`~decaton_aio.producer._replay.Replayer`) delivers spooled
+trying to connect. The replayer (`Replayer`) delivers spooled
 records oldest first, in rounds, with exponential backoff and jitter between failed
 rounds; when the spool is empty the sender switches back to ``DIRECT``. Starting, stopping
-and reading the errors of the Kafka client live in :mod:`decaton_aio.producer._client`.
+and reading the errors of the Kafka client live in `decaton_aio.producer._client`.
 
 Order guarantees, per (topic, key):
 
@@ -94,17 +95,17 @@ class SenderMode(enum.Enum):
 class DurableSender:
     """Sends raw records and answers once each one is delivered or spooled.
 
-    ::
-
-        sender = DurableSender(ProducerConfig("kafka:9092", spool_dir="/var/spool/app"))
-        async with sender:
-            result = await sender.send("orders", b"...", key=b"user-1", headers=[])
-            if result.spooled:
-                ...  # durable on local disk; the replayer delivers it later
+    ```python
+    sender = DurableSender(ProducerConfig("kafka:9092", spool_dir="/var/spool/app"))
+    async with sender:
+        result = await sender.send("orders", b"...", key=b"user-1", headers=[])
+        if result.spooled:
+            ...  # durable on local disk; the replayer delivers it later
+    ```
 
     Without ``config.spool_dir`` it is a plain ``acks=all`` sender: a record the client
-    gives up on raises :class:`ProducerError`, and :meth:`start` fails when no broker
-    answers.
+    gives up on raises [`ProducerError`][decaton_aio.errors.ProducerError], and
+    [`start()`][decaton_aio.DurableSender.start] fails when no broker answers.
 
     Args:
         config: connection, batching, timeout and spool settings.
@@ -265,8 +266,9 @@ class DurableSender:
             timestamp_ms: the record timestamp; now when omitted (kept on replay).
 
         Returns:
-            A future resolving to a :class:`RecordLocation`; it fails with
-            :class:`ProducerError` when the record is neither delivered nor spooled.
+            A future resolving to a [`RecordLocation`][decaton_aio.RecordLocation]; it fails with
+            [`ProducerError`][decaton_aio.errors.ProducerError] when the record is neither
+            delivered nor spooled.
 
         Raises:
             ProducerError: the sender is not started, the record has neither key nor
@@ -332,10 +334,10 @@ class DurableSender:
     ) -> RecordLocation:
         """Send a record and wait until it is durable (acknowledged or spooled).
 
-        Arguments as :meth:`submit`.
+        Arguments as [`submit()`][decaton_aio.DurableSender.submit].
 
         Returns:
-            Where it landed, or where it was spooled (:attr:`RecordLocation.spooled`).
+            Where it landed, or where it was spooled (`RecordLocation.spooled`).
 
         Raises:
             ProducerError: when the record could be neither delivered nor spooled.
@@ -353,7 +355,8 @@ class DurableSender:
     async def flush(self) -> None:
         """Wait until every record submitted so far is delivered, spooled or failed.
 
-        It does not wait for the spool's backlog; see :meth:`wait_drained`.
+        It does not wait for the spool's backlog; see
+        [`wait_drained()`][decaton_aio.DurableSender.wait_drained].
         """
         await self._settlement.wait()
 

@@ -1,14 +1,14 @@
 """The on-disk spool: records kept in local files until they are delivered.
 
-The durable sender (:mod:`decaton_aio.producer._sender`) appends a record here when the cluster
+The durable sender (`decaton_aio.producer._sender`) appends a record here when the cluster
 cannot take it; the record counts as durable once its line is written and fsynced. A
 background replayer reads the oldest entries back, produces them, and removes the ones
 the broker acknowledged. This module owns only the files: appending with a shared
 (batched) fsync, reading back in append order, removing delivered entries, and moving
 unreadable lines aside. It knows nothing about Kafka. The directory layout and the
-blocking file operations are in :mod:`decaton_aio.producer._spool_files`, the line schema (of
+blocking file operations are in `decaton_aio.producer._spool_files`, the line schema (of
 segments and ``*.rejected`` files, which the Spark backfill job reads) in
-:mod:`decaton_aio.producer._spool_format`.
+`decaton_aio.producer._spool_format`.
 
 Durability: an append is answered only after its line was written and fsynced (and, for
 a new segment file, the directory too). Appends made in the same loop turn, or while a
@@ -75,15 +75,15 @@ _write_durably = spool_files.write_durably
 class Spool:
     """A directory of append-only JSON-lines segments holding undelivered records.
 
-    ::
-
-        spool = Spool("/var/lib/app/spool")
-        await spool.open()
-        await spool.append(SpoolEntry.new("orders", b"...", key=b"user-1"))
-        batch = await spool.pending(500)      # oldest first
-        ...                                   # deliver them
-        await spool.remove(batch)             # forget the delivered ones
-        await spool.close()
+    ```python
+    spool = Spool("/var/lib/app/spool")
+    await spool.open()
+    await spool.append(SpoolEntry.new("orders", b"...", key=b"user-1"))
+    batch = await spool.pending(500)      # oldest first
+    ...                                   # deliver them
+    await spool.remove(batch)             # forget the delivered ones
+    await spool.close()
+    ```
 
     Args:
         directory: where the segments live; created when missing.
@@ -187,7 +187,7 @@ class Spool:
     async def close(self) -> None:
         """Finish pending appends, close the current segment, and release the directory.
 
-        Undelivered entries stay on disk for the next :meth:`open`.
+        Undelivered entries stay on disk for the next `open()`.
         """
         if not self._opened:
             return
@@ -224,7 +224,7 @@ class Spool:
 
         Returns:
             A future resolving to the segment path once the line is fsynced; it fails
-            with :class:`ProducerError` when the write failed.
+            with [`ProducerError`][decaton_aio.errors.ProducerError] when the write failed.
 
         Raises:
             ProducerError: the spool is not open.
@@ -330,7 +330,7 @@ class Spool:
     async def pending(self, limit: int) -> list[SpoolEntry]:
         """Return up to ``limit`` of the oldest undelivered entries, in append order.
 
-        The same entries are returned again until :meth:`remove` or :meth:`reject`
+        The same entries are returned again until `remove()` or `reject()`
         takes them. Reading reaches the segment being appended to by closing it (new
         appends go to a new segment). Corrupt lines met on the way are moved aside.
 
@@ -385,7 +385,7 @@ class Spool:
     async def remove(self, entries: Iterable[SpoolEntry]) -> None:
         """Forget delivered entries; a segment is deleted once all of it is delivered.
 
-        Entries not returned by :meth:`pending` (or already removed) are ignored.
+        Entries not returned by `pending()` (or already removed) are ignored.
 
         Args:
             entries: entries the broker acknowledged.

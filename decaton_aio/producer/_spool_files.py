@@ -1,25 +1,27 @@
 """The spool's files: the directory layout, segments, and the blocking file operations.
 
-Directory layout::
+Directory layout:
 
-    spool_dir/
-      .lock                       flock'ed by the one Spool using the directory
-      spool-000000000001.jsonl    segments, oldest first (the number grows)
-      spool-000000000001.corrupt  lines of that segment that could not be parsed
-      spool-000000000001.rejected entries the broker refused for good (e.g. too large)
-      worker-1/ ...               the spools of ``run --workers N`` (one per worker), each
-                                  laid out the same way
+```text
+spool_dir/
+  .lock                       flock'ed by the one Spool using the directory
+  spool-000000000001.jsonl    segments, oldest first (the number grows)
+  spool-000000000001.corrupt  lines of that segment that could not be parsed
+  spool-000000000001.rejected entries the broker refused for good (e.g. too large)
+  worker-1/ ...               the spools of ``run --workers N`` (one per worker), each
+                              laid out the same way
+```
 
 A spool takes over the segments of spools no process holds when it opens
-(:func:`take_over`): a spool on ``D`` those of ``D/worker-<n>``, and before ``run --workers N``
+(`take_over()`): a spool on ``D`` those of ``D/worker-<n>``, and before ``run --workers N``
 starts its workers, ``D/worker-1`` those of ``D`` and of ``D/worker-<n>`` for n > N
-(:func:`gather_for_workers`). A spool left by a run with other settings is so delivered by the next.
+(`gather_for_workers()`). A spool left by a run with other settings is so delivered by the next.
 
-:class:`~decaton_aio.producer._spool.Spool` runs these functions in worker threads
+`Spool` runs these functions in worker threads
 (``asyncio.to_thread``); each touches only what it is given. They write durably (data,
 then ``fsync`` of the file and, for a new or deleted file, of its directory), read and
 find segment files, and take the directory's ``flock``. Their lines are in the format of
-:mod:`decaton_aio.producer._spool_format`.
+`decaton_aio.producer._spool_format`.
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ def take_over(
 
 def _in_use(directory: Path) -> bool:
     """Whether another producer holds ``directory``'s lock now (asked with a lock held for
-    an instant; a spool that opens meanwhile tries again, see :meth:`Spool.open`)."""
+    an instant; a spool that opens meanwhile tries again, see `Spool.open()`)."""
     if fcntl is None:  # pragma: no cover
         return False
     try:
@@ -277,7 +279,7 @@ def gather_for_workers(directory: Path, workers: int) -> tuple[int, list[Path]]:
     """Before ``run --workers N`` starts its workers: worker 1's spool takes over the
     segments no worker of this run would deliver, those of ``directory`` itself (left by
     a run of one process) and of ``worker-<n>`` for n > N (left by a run of more workers),
-    by :func:`take_over` under its lock. Returns how many entries moved, and the spools
+    by `take_over()` under its lock. Returns how many entries moved, and the spools
     another producer holds (left as they are).
 
     Raises:
@@ -302,7 +304,7 @@ def _worker_number(path: Path) -> int:
 
 
 def unlock(fd: int | None) -> None:
-    """Release a lock :func:`lock` took (closing its descriptor drops the ``flock``)."""
+    """Release a lock `lock()` took (closing its descriptor drops the ``flock``)."""
     if fd is not None:
         os.close(fd)
 

@@ -1,22 +1,24 @@
-"""The spool's line format: one :class:`SpoolEntry` per line, and reading lines back.
+"""The spool's line format: one `SpoolEntry` per line, and reading lines back.
 
-:mod:`decaton_aio.producer._spool` keeps these lines in segment files; this module owns what a line
-holds, how an entry becomes a line (:func:`encode_line`, :func:`encode_rejected_line`), and
+`decaton_aio.producer._spool` keeps these lines in segment files; this module owns what a line
+holds, how an entry becomes a line (`encode_line()`, `encode_rejected_line()`), and
 how the lines of a file become entries again, setting aside the ones that cannot be read
-(:func:`parse_lines`). It does no I/O.
+(`parse_lines()`). It does no I/O.
 
 Line schema: one JSON object per line, UTF-8, ``\\n``-terminated; bytes are standard
-base64 with padding; unknown fields are ignored when reading::
+base64 with padding; unknown fields are ignored when reading:
 
-    {"v": 1,                      format version; other versions are treated as corrupt
-     "id": "5f0c...",             unique entry id (uuid4 hex)
-     "topic": "orders",
-     "partition": null,           the requested partition; null: chosen by key at replay
-     "key_b64": "dXNlci0x",       null for a record without a key
-     "value_b64": "eyJ...",       null for a tombstone
-     "headers": [["dt_meta", "CgQI..."]],   [name, base64 value] pairs, in order
-     "timestamp_ms": 1700000000123,         the record's CreateTime (null: replay time)
-     "spooled_at_ms": 1700000000456}
+```text
+{"v": 1,                      format version; other versions are treated as corrupt
+ "id": "5f0c...",             unique entry id (uuid4 hex)
+ "topic": "orders",
+ "partition": null,           the requested partition; null: chosen by key at replay
+ "key_b64": "dXNlci0x",       null for a record without a key
+ "value_b64": "eyJ...",       null for a tombstone
+ "headers": [["dt_meta", "CgQI..."]],   [name, base64 value] pairs, in order
+ "timestamp_ms": 1700000000123,         the record's CreateTime (null: replay time)
+ "spooled_at_ms": 1700000000456}
+```
 
 ``*.rejected`` lines use the same schema plus ``"error"``. The Spark backfill job reads
 both kinds of file.

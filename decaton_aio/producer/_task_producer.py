@@ -6,15 +6,16 @@ so Decaton consumers on the JVM read the same records. Puts from many coroutines
 flight together and are batched by the client: a put waits for its own acknowledgement
 (``acks=all``), not for the ones before it.
 
-Records go through a :class:`~decaton_aio.producer.DurableSender`. With
+Records go through a [`DurableSender`][decaton_aio.DurableSender]. With
 ``ProducerConfig.spool_dir`` set, a task the cluster does not take (after the client's own
 retries, or with no broker reachable at all) is appended to a local spool and replayed
-later: its put returns a :class:`RecordLocation` with ``spooled=True`` instead of raising.
-Without a spool, such a put raises :class:`~decaton_aio.errors.ProducerError`.
+later: its put returns a [`RecordLocation`][decaton_aio.RecordLocation] with
+    ``spooled=True`` instead of raising.
+Without a spool, such a put raises [`ProducerError`][decaton_aio.errors.ProducerError].
 
 With ``tracing`` set, each task gets a ``<topic> publish`` span (a child of the caller's
 current span) whose context travels in the record headers (W3C ``traceparent``), so its
-processing continues the trace (see :mod:`decaton_aio.tracing`).
+processing continues the trace (see `decaton_aio.tracing`).
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def _key_bytes(key: str | bytes | None) -> bytes | None:
 class TaskProducer(Generic[T]):
     """Puts tasks of one type on one topic.
 
-    ::
-
-        async with TaskProducer(ProducerConfig("localhost:9092"), "orders", serializer) as p:
-            where = await p.put("user-1", Order(...))
+    ```python
+    async with TaskProducer(ProducerConfig("localhost:9092"), "orders", serializer) as p:
+        where = await p.put("user-1", Order(...))
+    ```
 
     Args:
         config: connection and batching settings; ``spool_dir`` makes it durable.
@@ -92,7 +93,8 @@ class TaskProducer(Generic[T]):
 
     @property
     def sender(self) -> DurableSender | None:
-        """The sender records go through (``None`` before :meth:`start`)."""
+        """The sender records go through (``None`` before
+        [`start()`][decaton_aio.TaskProducer.start])."""
         return self._sender
 
     async def start(self) -> None:
@@ -150,8 +152,8 @@ class TaskProducer(Generic[T]):
             partition: an explicit partition; the key's partition when omitted.
 
         Returns:
-            A future resolving to the task's :class:`RecordLocation` (``spooled=True``
-            when it was spooled).
+            A future resolving to the task's [`RecordLocation`][decaton_aio.RecordLocation]
+            (``spooled=True`` when it was spooled).
 
         Raises:
             ProducerError: when the producer is not started or the client refuses it.
@@ -171,7 +173,8 @@ class TaskProducer(Generic[T]):
 
         Durable means acknowledged by the broker (``acks=all``); with a spool, also
         appended to the spool and fsynced when the broker cannot take it. Concurrent
-        puts are batched together by the client. Arguments as :meth:`submit`.
+        puts are batched together by the client. Arguments as
+        [`submit()`][decaton_aio.TaskProducer.submit].
 
         Returns:
             Where the task landed; for a spooled task ``spooled=True``, ``offset=-1``.

@@ -1,6 +1,6 @@
 """The task producer's spans: ``<topic> publish`` per task, its context in the headers.
 
-Imported only when a :class:`~decaton_aio.producer.TaskProducer` has ``tracing`` set.
+Imported only when a [`TaskProducer`][decaton_aio.TaskProducer] has ``tracing`` set.
 """
 
 from __future__ import annotations

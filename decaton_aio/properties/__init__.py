@@ -1,10 +1,13 @@
 """Runtime properties: typed, validated, reloadable settings and where they come from.
 
-:class:`Properties` holds the value of every :class:`PropertyDefinition` in layers (the
+[`Properties`][decaton_aio.properties.Properties] holds the value of every
+[`PropertyDefinition`][decaton_aio.properties.PropertyDefinition] in layers (the
 application's, a watched file, a Kafka topic, the environment, the command line; higher
 layers win) and tells listeners when a value changes; a bad value is refused, the old one
-kept. The sources fill their layer: :class:`FilePropertySource`,
-:class:`KafkaPropertySource`, :func:`properties_from_env`, :func:`parse_assignments`.
+kept. The sources fill their layer:
+[`FilePropertySource`][decaton_aio.properties.FilePropertySource],
+[`KafkaPropertySource`][decaton_aio.properties.KafkaPropertySource],
+`properties_from_env()`, `parse_assignments()`.
 
 Inside (private): ``_definitions`` (the built-in properties), ``_properties`` (the
 layered store), ``_sources`` (file and environment), ``_kafka_source`` (the topic).

@@ -2,15 +2,15 @@
 
 This module owns the static side of the property model:
 
-* :class:`PropertyDefinition` - what a knob is: name, default, parser, validator,
-  whether it is reloadable, a one-line doc. Immutable.
-* :func:`int_property`, :func:`bool_property`, :func:`str_list_property` - build the
+* [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition] - what a knob is: name,
+  default, parser, validator, whether it is reloadable, a one-line doc. Immutable.
+* `int_property()`, `bool_property()`, `str_list_property()` - build the
   ordinary kinds of definition.
-* The built-in definitions, module constants collected in :data:`BUILTIN_DEFINITIONS`
+* The built-in definitions, module constants collected in `BUILTIN_DEFINITIONS`
   (names follow Decaton's ``ProcessorProperties`` where one exists).
-* :func:`render_markdown_table` - the documentation's table of definitions.
+* `render_markdown_table()` - the documentation's table of definitions.
 
-The live values and their reloads are in :mod:`decaton_aio.properties._properties`.
+The live values and their reloads are in `decaton_aio.properties._properties`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ _NAME_PATTERN: Final = re.compile(r"^[a-z][a-z0-9]*(\.[a-z0-9]+)+$")
 class PropertyDefinition(Generic[T]):
     """What one property is: its name, type, default, what is allowed and whether it reloads.
 
-    Build ordinary ones with :func:`int_property`, :func:`bool_property` or
-    :func:`str_list_property`.
+    Build ordinary ones with `int_property()`, `bool_property()` or
+    `str_list_property()`.
 
     Args:
         name: dotted lower-case name, e.g. ``"decaton.partition.concurrency"``.
@@ -105,7 +105,7 @@ class PropertyDefinition(Generic[T]):
             raw: a string to parse, or a value from code or JSON.
 
         Returns:
-            The value, ready to be held by a :class:`Property`.
+            The value, ready to be held by a [`Property`][decaton_aio.properties.Property].
 
         Raises:
             ConfigError: the value cannot be parsed or is not allowed; the message names
@@ -190,13 +190,15 @@ def int_property(
     Args:
         minimum: the smallest allowed value.
         allowed: what is allowed, in words; defaults to ``"an integer >= {minimum}"``.
-        name, default, reloadable, doc: as for :class:`PropertyDefinition`.
+        name, default, reloadable, doc: as for
+        [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition].
 
     Returns:
         The definition.
 
     Raises:
-        ConfigError: the definition is malformed (see :class:`PropertyDefinition`).
+        ConfigError: the definition is malformed (see
+            [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition]).
     """
 
     def at_least_minimum(value: int) -> str | None:
@@ -220,13 +222,15 @@ def bool_property(
     """Define a boolean property; strings ``true/false/yes/no/on/off/1/0`` parse.
 
     Args:
-        name, default, reloadable, doc: as for :class:`PropertyDefinition`.
+        name, default, reloadable, doc: as for
+        [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition].
 
     Returns:
         The definition.
 
     Raises:
-        ConfigError: the definition is malformed (see :class:`PropertyDefinition`).
+        ConfigError: the definition is malformed (see
+            [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition]).
     """
     return PropertyDefinition(
         name=name,
@@ -247,13 +251,15 @@ def str_list_property(
     """Define a list-of-strings property, comma separated in string form, held as a tuple.
 
     Args:
-        name, default, reloadable, doc: as for :class:`PropertyDefinition`.
+        name, default, reloadable, doc: as for
+        [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition].
 
     Returns:
         The definition.
 
     Raises:
-        ConfigError: the definition is malformed (see :class:`PropertyDefinition`).
+        ConfigError: the definition is malformed (see
+            [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition]).
     """
     return PropertyDefinition(
         name=name,
@@ -405,7 +411,7 @@ def render_markdown_table(
     """Render definitions as a Markdown table (the documentation's property reference).
 
     Args:
-        definitions: what to document; defaults to :data:`BUILTIN_DEFINITIONS`.
+        definitions: what to document; defaults to `BUILTIN_DEFINITIONS`.
 
     Returns:
         The table (header, separator, one row per definition), ending in a newline.

@@ -1,13 +1,13 @@
 """Property values from a Kafka topic, so every instance sees the same change.
 
 This module owns the Kafka property source: the record shapes of the property topic
-(:func:`encode_record`, :func:`decode_record`, :func:`apply_record`) and
-:class:`KafkaPropertySource`, which reads the topic's backlog for the strict start and then
-applies new records leniently. The other sources (environment variables, files) and the
-:class:`~decaton_aio.properties.PropertySource` protocol are in
-:mod:`decaton_aio.properties._sources`.
+(`encode_record()`, `decode_record()`, `apply_record()`) and
+[`KafkaPropertySource`][decaton_aio.properties.KafkaPropertySource], which reads the topic's
+backlog for the strict start and then applies new records leniently. The other sources
+(environment variables, files) and the `PropertySource` protocol are in
+`decaton_aio.properties._sources`.
 
-Background work follows the routine vocabulary (:mod:`decaton_aio._routines`).
+Background work follows the routine vocabulary (`decaton_aio._routines`).
 An undecodable record or a failed fetch is logged and skipped; anything else ends the
 routine, is logged, and is re-raised by ``stop()``.
 """
@@ -39,7 +39,7 @@ def encode_record(name: str, value: object) -> tuple[bytes, bytes | None]:
 
     Args:
         name: the property name (the record key).
-        value: the new value (encoded as JSON), or :data:`RESET` for a tombstone.
+        value: the new value (encoded as JSON), or `RESET` for a tombstone.
 
     Returns:
         Key and value bytes; the value is None for a reset.
@@ -64,7 +64,7 @@ def decode_record(key: bytes | None, value: bytes | None) -> dict[str, object]:
         value: record value bytes.
 
     Returns:
-        Name to value, :data:`RESET` for a reset.
+        Name to value, `RESET` for a reset.
 
     Raises:
         ValueError: the record is not one of the shapes above.
@@ -92,7 +92,7 @@ def apply_record(
 
     Args:
         properties: where the change goes.
-        key: record key bytes (see :func:`decode_record`).
+        key: record key bytes (see `decode_record()`).
         value: record value bytes.
         layer: the layer of ``properties`` the record changes (see ``Properties.update``).
 
@@ -132,7 +132,7 @@ class KafkaPropertySource:
     No consumer group: the source is assigned every partition of ``topic`` and reads it
     from the beginning, because the topic may not be compacted on every broker. It folds
     the backlog (latest value per name wins) and applies it once, then applies each new
-    batch of records as it arrives. Record shapes: see :func:`decode_record`. Use keyed
+    batch of records as it arrives. Record shapes: see `decode_record()`. Use keyed
     records (or a single partition) so changes to one name keep their order.
 
     Args:

@@ -2,21 +2,23 @@
 
 This module owns the property model:
 
-* :class:`PropertyDefinition` - what a knob is: name, default, parser, validator,
-  whether it is reloadable, a one-line doc. Immutable; built-in ones are module constants
-  collected in :data:`BUILTIN_DEFINITIONS`. Defined with the built-ins and the documentation's
-  table in :mod:`decaton_aio.properties._definitions`.
-* :class:`Property` - the live value of one definition inside one runtime, with
-  listeners that run after each change.
-* :class:`Properties` - every live property of one runtime. Building it is *strict*
-  (an unknown name or a bad value raises :class:`~decaton_aio.errors.ConfigError`);
-  changing it later is *lenient* (a bad value is logged and rejected, the old one kept).
+* [`PropertyDefinition`][decaton_aio.properties.PropertyDefinition] - what a knob is: name,
+  default, parser, validator, whether it is reloadable, a one-line doc. Immutable; built-in
+  ones are module constants collected in `BUILTIN_DEFINITIONS`. Defined with the built-ins
+  and the documentation's table in `decaton_aio.properties._definitions`.
+* [`Property`][decaton_aio.properties.Property] - the live value of one definition inside
+  one runtime, with listeners that run after each change.
+* [`Properties`][decaton_aio.properties.Properties] - every live property of one runtime.
+  Building it is *strict* (an unknown name or a bad value raises
+  [`ConfigError`][decaton_aio.errors.ConfigError]); changing it later is *lenient* (a bad
+  value is logged and rejected, the old one kept).
 
 Where new values come from (files, a Kafka topic, environment variables) lives in
-:mod:`decaton_aio.properties._sources`.
+`decaton_aio.properties._sources`.
 
 Ownership: properties are read and changed on the event loop that runs the processor.
-Nothing here locks; do not call :meth:`Property.set` from another thread.
+Nothing here locks; do not call [`Property.set()`][decaton_aio.properties.Property.set] from
+another thread.
 """
 
 from __future__ import annotations
@@ -41,14 +43,14 @@ _log = structlog.get_logger("decaton_aio.properties")
 
 
 class _Reset:
-    """Type of :data:`RESET`."""
+    """Type of `RESET`."""
 
     def __repr__(self) -> str:
         return "RESET"
 
 
 RESET: Final = _Reset()
-"""A value for :meth:`Properties.update` meaning "back to the value it had at start"."""
+"""A value for `Properties.update()` meaning "back to the value it had at start"."""
 
 
 class _Unset:
@@ -98,14 +100,16 @@ class Property(Generic[T]):
 
     @property
     def initial(self) -> T:
-        """The value at start; :meth:`reset` goes back to it."""
+        """The value at start; [`reset()`][decaton_aio.properties.Property.reset] goes back
+        to it."""
         return self._initial
 
     def set(self, raw: object) -> bool:
         """Change the value, leniently: a rejected value is logged and the old one kept.
 
         Caller: a property source or user code, on the event loop.
-        Affects: :attr:`value`; then every listener, in subscription order.
+        Affects: [`value`][decaton_aio.properties.Property.value]; then every listener, in
+            subscription order.
 
         Args:
             raw: a string to parse, or a value from code or JSON.
@@ -198,7 +202,7 @@ class Properties:
 
     Args:
         *layers: name-to-value mappings, lowest precedence first.
-        definitions: the known definitions; defaults to :data:`BUILTIN_DEFINITIONS`.
+        definitions: the known definitions; defaults to `BUILTIN_DEFINITIONS`.
             Add your own with ``definitions=(*BUILTIN_DEFINITIONS, MY_DEFINITION)``.
         sources: where each layer's values come from, in the order of ``layers`` (e.g.
             ``"in the file app.properties"``): a problem found in a layer ends with its
@@ -297,9 +301,9 @@ class Properties:
         With ``layer`` (the index of a layer given at construction, which a property
         source reloads), the values replace that layer's: a property takes the value of
         the highest layer that sets it, so a file reload never overrides the environment
-        or the command line, and :data:`RESET` removes the name from the layer (the next
+        or the command line, and `RESET` removes the name from the layer (the next
         layer down, or the default, applies). Without ``layer``, the values apply over
-        every layer and :data:`RESET` goes back to the value at start.
+        every layer and `RESET` goes back to the value at start.
 
         Caller: property sources and user code, on the event loop.
         Affects: the named properties and their listeners.

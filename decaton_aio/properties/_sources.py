@@ -1,14 +1,16 @@
 """Where property values come from: environment variables, a watched file, a Kafka topic.
 
 Every source can hand out a snapshot for the strict start (``await source.load()``, used
-as a layer of :class:`~decaton_aio.properties.Properties`) and then watch for changes and
-apply them leniently (``await source.start(props)`` ... ``await source.stop()``)::
+as a layer of [`Properties`][decaton_aio.properties.Properties]) and then watch for changes and
+apply them leniently (``await source.start(props)`` ... ``await source.stop()``):
 
-    file = FilePropertySource("processor.properties", interval_s=1.0)
-    props = Properties(code_values, await file.load(), properties_from_env())
-    await file.start(props)       # edits to the file now change props live
-    ...
-    await file.stop()
+```python
+file = FilePropertySource("processor.properties", interval_s=1.0)
+props = Properties(code_values, await file.load(), properties_from_env())
+await file.start(props)       # edits to the file now change props live
+...
+await file.stop()
+```
 
 A name removed from a file, a JSON ``null`` or a Kafka tombstone resets the property to
 its value at start. When several sources change the same property, the last one wins.
@@ -18,7 +20,7 @@ Background work follows the routine vocabulary: ``start()`` spawns ``_x_routine(
 rejected value) are logged and skipped; anything else ends the routine, is logged, and is
 re-raised by ``stop()`` to whoever supervises the source.
 
-The Kafka topic source lives in :mod:`decaton_aio.properties._kafka_source`.
+The Kafka topic source lives in `decaton_aio.properties._kafka_source`.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class PropertySource(Protocol):
     """Something that supplies property values at start and changes them later."""
 
     async def load(self) -> dict[str, object]:
-        """Return the source's current values, to build :class:`Properties` strictly."""
+        """Return the source's current values, to build
+        [`Properties`][decaton_aio.properties.Properties] strictly."""
         ...
 
     async def start(self, properties: Properties, *, layer: int | None = None) -> None:
@@ -111,7 +114,7 @@ def properties_from_env(
     *,
     definitions: Iterable[PropertyDefinition[Any]] = BUILTIN_DEFINITIONS,
 ) -> dict[str, str]:
-    """Read property values from environment variables named by :func:`env_var_name`.
+    """Read property values from environment variables named by `env_var_name()`.
 
     ``DECATON_PARTITION_CONCURRENCY=64`` gives ``{"decaton.partition.concurrency": "64"}``.
     Only variables of known definitions are read (other ``DECATON_*`` variables, such as
@@ -123,7 +126,8 @@ def properties_from_env(
         definitions: the known definitions.
 
     Returns:
-        Property name to unparsed value, ready to be a :class:`Properties` layer.
+        Property name to unparsed value, ready to be a
+        [`Properties`][decaton_aio.properties.Properties] layer.
     """
     env = os.environ if environ is None else environ
     by_var = {env_var_name(definition): definition.name for definition in definitions}
@@ -263,11 +267,11 @@ def read_property_file(path: str | os.PathLike[str]) -> dict[str, object]:
 class FilePropertySource:
     """A property file watched for edits by polling its mtime and size.
 
-    On a change the file is parsed and applied with :meth:`Properties.update`; names
-    removed since the last good read reset to their start value. A file that cannot be
-    read or parsed is logged and changes nothing; a deleted file keeps current values.
-    Two edits within the file system's mtime granularity that keep the size may be seen
-    as one.
+    On a change the file is parsed and applied with
+    [`Properties.update()`][decaton_aio.properties.Properties.update]; names removed since
+    the last good read reset to their start value. A file that cannot be read or parsed is
+    logged and changes nothing; a deleted file keeps current values. Two edits within the
+    file system's mtime granularity that keep the size may be seen as one.
 
     Args:
         path: a ``.json`` or ``.properties`` file.
@@ -295,7 +299,7 @@ class FilePropertySource:
         return self._path
 
     async def load(self) -> dict[str, object]:
-        """Read the file strictly, for building :class:`Properties`.
+        """Read the file strictly, for building [`Properties`][decaton_aio.properties.Properties].
 
         Returns:
             Name to value.
@@ -342,7 +346,7 @@ class FilePropertySource:
     def _maybe_apply(self) -> None:
         """Apply the file if its signature changed since the last poll.
 
-        Caller: :meth:`start` and :meth:`_watch_routine`.
+        Caller: [`start()`][decaton_aio.properties.FilePropertySource.start] and `_watch_routine()`.
         Affects: ``_signature``, ``_names`` and, through ``update``, the properties.
         """
         assert self._properties is not None, "start() sets properties first"

@@ -11,7 +11,9 @@ The fenced code blocks of ``README.md`` and ``docs/**/*.md`` are collected page 
   session's broker.
 
 A block that only illustrates (a command that runs until interrupted, a placeholder
-address, ``make run`` itself) is preceded by ``<!-- illustration -->`` and skipped.
+address, ``make run`` itself) is preceded by ``<!-- illustration -->`` and skipped. A
+``<!-- step ... -->`` block is a step of a flow another test runs in order (getting
+started, ``tests/docs/test_getting_started.py``): skipped here too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from decaton_aio import environment
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 ILLUSTRATION = "<!-- illustration -->"
+STEP = "<!-- step"
 PYTHON = ("python", "py")
 SHELL = ("sh", "bash", "shell")
 FENCE = re.compile(r"^(`{3,})\s*([\w-]*)")
@@ -47,6 +50,7 @@ class Block:
     language: str
     code: str
     illustration: bool
+    marker: str = ""  # the HTML comment on the line before it, if any
 
 
 def blocks_of(path: Path, root: Path = ROOT) -> list[Block]:
@@ -69,7 +73,8 @@ def blocks_of(path: Path, root: Path = ROOT) -> list[Block]:
             end += 1
         code = "\n".join(lines[i + 1 : end]) + "\n"
         page = str(path.relative_to(root))
-        found.append(Block(page, i + 1, language, code, previous == ILLUSTRATION))
+        marker = previous if previous.startswith("<!--") else ""
+        found.append(Block(page, i + 1, language, code, previous == ILLUSTRATION, marker))
         previous = ""
         i = end + 1
     return found
@@ -78,7 +83,11 @@ def blocks_of(path: Path, root: Path = ROOT) -> list[Block]:
 def _runnable(language: tuple[str, ...]) -> dict[str, list[Block]]:
     pages: dict[str, list[Block]] = {}
     for path in PAGES:
-        chosen = [b for b in blocks_of(path) if b.language in language and not b.illustration]
+        chosen = [
+            b
+            for b in blocks_of(path)
+            if b.language in language and not b.illustration and not b.marker.startswith(STEP)
+        ]
         if chosen:
             pages[str(path.relative_to(ROOT))] = chosen
     return pages

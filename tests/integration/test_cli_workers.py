@@ -300,9 +300,8 @@ async def test_auto_with_a_missing_topic_runs_one_worker_per_cpu(
     task_producer: Any,
     start_supervisor: Callable[..., Awaitable[Supervisor]],
 ) -> None:
-    """A task topic that does not exist at start: a warning, one worker per CPU, and the
-    topic is processed once it is created (today a worker's start fails while its task
-    topic is missing, and the supervisor's restarts pick the topic up)."""
+    """A task topic that does not exist at start: a warning, one worker per CPU, each
+    waiting for the topic, and the topic is processed once it is created."""
     topic = f"later-{uuid.uuid4().hex[:8]}"
     group = f"workers-{uuid.uuid4().hex[:8]}"
     sup = await start_supervisor(topic, group, "--workers", "auto")
@@ -311,11 +310,11 @@ async def test_auto_with_a_missing_topic_runs_one_worker_per_cpu(
     assert line["workers"] == line["cpus"] == usable_cpus()
     assert topic in line["why"]
 
-    def looked_for_the_topic() -> bool:
-        running = [e for e in sup.events("subscription state") if e["state"] == "running"]
-        return bool(sup.events("worker exited: restarting")) or len(running) >= usable_cpus()
+    def waiting() -> bool:
+        return len(sup.events("waiting for task topics to be created")) >= usable_cpus()
 
-    await eventually(looked_for_the_topic, "the workers looking for the topic")
+    await eventually(waiting, "every worker waiting for the topic")
+    assert not sup.events("worker exited: restarting")
     await topic_factory(partitions=2, name=topic)
     producer = await task_producer(topic)
     for i in range(20):

@@ -1,15 +1,15 @@
 """Committing: offsets with their checkpoints, at-least-once or in transactions, and the
 delivery of tasks' outputs that a commit must cover.
 
-:class:`Committer` is the subscription's commit and assignment machinery: it commits each
-partition's watermark with its :class:`Checkpoint` (the completed offsets past it, kept by
-a :class:`CheckpointStore` in the commit metadata or a checkpoint topic) and imports the
+`Committer` is the subscription's commit and assignment machinery: it commits each
+partition's watermark with its `Checkpoint` (the completed offsets past it, kept by
+a `CheckpointStore` in the commit metadata or a checkpoint topic) and imports the
 checkpoint again at assignment, so finished records are not redone. With exactly-once the
-subscription has one :class:`Transaction` holding its partitions' outputs, offsets and
+subscription has one `Transaction` holding its partitions' outputs, offsets and
 checkpoints (and, through its listeners, the state store's changes), committed with the
 consumer's group metadata so a member whose generation is over cannot commit
-(:func:`group_metadata`). :func:`deliver_outputs` hands a task's ``ctx.produce``
-records to its partition's sink (:class:`DurableOutputs`, or the transaction) before the
+(`group_metadata()`). `deliver_outputs()` hands a task's ``ctx.produce``
+records to its partition's sink (`DurableOutputs`, or the transaction) before the
 task's offset completes.
 
 Inside (private): ``_committer`` (commit, load at assignment, rewind, fencing),

@@ -1,13 +1,15 @@
 """The checkpoint's wire form: which offsets above the committed one are already done.
 
-A :class:`Checkpoint` is what :meth:`WatermarkTracker.export_completed` returns: a base
+A `Checkpoint` is what `WatermarkTracker.export_completed()` returns: a base
 offset (the committed watermark) and a bitmap whose bit ``i`` says offset ``base + i``
 needs no processing. This module owns its compact encoding and the rule for trusting one
 that was read back; it knows nothing about Kafka.
 
-Encoding (all integers unsigned LEB128 varints)::
+Encoding (all integers unsigned LEB128 varints):
 
-    0xDC, version 1, kind, varint(base), varint(bits), payload, crc32 (4 bytes, big endian)
+```text
+0xDC, version 1, kind, varint(base), varint(bits), payload, crc32 (4 bytes, big endian)
+```
 
 ``bits`` is the bitmap's length in bits. ``kind`` names the payload, the smallest of:
 
@@ -17,10 +19,10 @@ Encoding (all integers unsigned LEB128 varints)::
 - ``BITMAP``: the bitmap, zlib-compressed: about one bit per offset for random holes.
 
 The CRC covers everything before it, so a truncated or altered checkpoint is rejected
-instead of skipping the wrong records. :func:`to_text` / :func:`from_text` wrap the bytes
+instead of skipping the wrong records. `to_text()` / `from_text()` wrap the bytes
 in base64 behind a ``dc1:`` prefix, for the commit metadata (a UTF-8 string).
 
-Trust (:func:`usable`): a checkpoint only says something about the committed offset it was
+Trust (`usable()`): a checkpoint only says something about the committed offset it was
 saved with. One whose base differs from the committed offset read back (a commit that
 failed after the checkpoint was written, an offset reset by an operator) or whose first
 bit is set (the watermark itself is never done) is ignored, so a checkpoint can never make
@@ -174,7 +176,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
 
     Raises:
         ValueError: the base is negative or the bitmap is wider than
-            :data:`MAX_CHECKPOINT_BITS`.
+            `MAX_CHECKPOINT_BITS`.
     """
     if checkpoint.base < 0:
         raise ValueError(f"offsets are non-negative, got {checkpoint.base}")
@@ -196,7 +198,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
 
 
 def decode(data: bytes) -> Checkpoint:
-    """Read bytes made by :func:`encode`.
+    """Read bytes made by `encode()`.
 
     Raises:
         CorruptCheckpointError: the bytes are not a checkpoint of this version, or were
@@ -252,7 +254,7 @@ def from_text(text: str) -> Checkpoint:
     """Decode a checkpoint from the commit metadata.
 
     Raises:
-        CorruptCheckpointError: the text is not one made by :func:`to_text`.
+        CorruptCheckpointError: the text is not one made by `to_text()`.
     """
     if not text.startswith(TEXT_PREFIX):
         raise CorruptCheckpointError("not a checkpoint")
@@ -280,7 +282,7 @@ def untrusted_reason(checkpoint: Checkpoint, committed: int | None) -> str | Non
 
 def usable(checkpoint: Checkpoint | None, committed: int | None) -> Checkpoint | None:
     """The checkpoint to import for a partition whose group committed ``committed``:
-    ``checkpoint`` itself when :func:`untrusted_reason` finds nothing, else ``None``."""
+    ``checkpoint`` itself when `untrusted_reason()` finds nothing, else ``None``."""
     if checkpoint is None or untrusted_reason(checkpoint, committed) is not None:
         return None
     return checkpoint

@@ -1,6 +1,6 @@
 """Where checkpoints live: the commit metadata, or a compacted checkpoint topic.
 
-The :class:`CheckpointStore` turns each partition's :class:`Checkpoint` into the metadata
+The `CheckpointStore` turns each partition's `Checkpoint` into the metadata
 string committed with its offset, and reads them back when partitions are assigned.
 
 - A checkpoint whose text fits the broker's ``offset.metadata.max.bytes`` (4,096 by
@@ -13,7 +13,7 @@ string committed with its offset, and reads them back when partitions are assign
   carried one: from then on every checkpoint goes to the topic, and loading finds it by
   reading the topic for the partition's key.
 
-Loading (:meth:`CheckpointStore.load`) reads the group's committed offsets with their
+Loading (`CheckpointStore.load()`) reads the group's committed offsets with their
 metadata (with exactly-once, once no open transaction holds them: see ``_group_txn``); a
 checkpoint that cannot be read, is corrupt, or does not belong to the committed offset is
 ignored with a warning (its records are processed again: at-least-once still holds).

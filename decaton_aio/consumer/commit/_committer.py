@@ -1,13 +1,13 @@
 """Committing partitions: offsets with checkpoints, at-least-once or in transactions.
 
-The :class:`Committer` is the subscription's commit and assignment machinery:
+The `Committer` is the subscription's commit and assignment machinery:
 
-- at assignment (:meth:`Committer.assign`): with exactly-once, start the subscription's
+- at assignment (`Committer.assign()`): with exactly-once, start the subscription's
   transactional producer first; then read the committed offsets and checkpoints (with
   exactly-once, once no transaction of a previous owner holds them), import each usable
   checkpoint into the partition's tracker and move the consumer to the committed offset,
   so finished records are skipped;
-- at commit (:meth:`Committer.commit`), one walk over the partitions: their metrics are
+- at commit (`Committer.commit()`), one walk over the partitions: their metrics are
   brought up to date, an idle one whose fetch position passed its watermark (offsets the
   consumer skipped) moves past them, and a partition whose watermark or checkpoint
   changed is committed, with its checkpoint as metadata (see ``_checkpoints``).
@@ -15,12 +15,12 @@ The :class:`Committer` is the subscription's commit and assignment machinery:
   all of them (with every live partition's offset, see ``_transactions``);
 - a transaction that fails rewinds every partition to its last commit (their records and
   outputs come again; the aborted outputs were never visible). The committer says so to
-  the partitions' owner (a :class:`PartitionLifecycle`) at once, in the same step as the
+  the partitions' owner (a `PartitionLifecycle`) at once, in the same step as the
   failure: no task may deliver into the next transaction before it. A final commit
   (revoke, shutdown) that fails rewinds nothing: the partitions leave, and their next
   owner starts from the last commit.
 
-The committer sees a partition through :class:`~decaton_aio.consumer._contract.Committable`
+The committer sees a partition through `Committable`
 only.
 
 Caller: the subscription, on its event loop.
@@ -125,7 +125,7 @@ class Committer(Generic[P]):
 
     @property
     def loads(self) -> bool:
-        """Whether assignment needs :meth:`assign` (checkpoints or transactions)."""
+        """Whether assignment needs `assign()` (checkpoints or transactions)."""
         return self.store is not None or self.txn is not None
 
     # ------------------------------------------------------------------ assignment

@@ -10,11 +10,11 @@ owner. This module adds, on aiokafka's own protocol classes:
   which carries the member's generation, member id and group instance id. The coordinator
   refuses the offsets of a member whose generation is over (``ILLEGAL_GENERATION``,
   ``UNKNOWN_MEMBER_ID``, ``FENCED_INSTANCE_ID``), so a zombie's transaction cannot commit:
-  it aborts. :func:`send_group_metadata` makes a transactional producer send its offset
+  it aborts. `send_group_metadata()` makes a transactional producer send its offset
   commits this way.
 - ``OffsetFetch`` version 7 with ``require_stable``: while a transaction holding offsets
   of a partition is still open, the coordinator answers ``UNSTABLE_OFFSET_COMMIT`` for it.
-  :func:`read_stable_offsets` asks again until every partition is stable, so a new owner
+  `read_stable_offsets()` asks again until every partition is stable, so a new owner
   never starts from an offset a transaction of the previous owner may still change.
 
 Together they let one transactional producer serve all the partitions of a consumer, with
@@ -298,7 +298,7 @@ def send_group_metadata(producer: Any, member: Callable[[], GroupMetadata]) -> N
     ``TxnOffsetCommit`` version 3 and the metadata ``member()`` gives at each commit.
 
     A member not in a generation (``member().joined`` is false) commits nothing: its
-    transaction fails with :class:`GenerationOverError`, as does one the coordinator finds
+    transaction fails with `GenerationOverError`, as does one the coordinator finds
     out of date.
     """
     sender = sender_of(producer)

@@ -1,10 +1,10 @@
 """Delivering a finished task's outputs (``ctx.produce``), then completing its offset.
 
-A task that produced outputs is released when it succeeds; :func:`deliver_outputs` hands
-its records to the partition's :class:`OutputSink` and the sink completes the offset once
+A task that produced outputs is released when it succeeds; `deliver_outputs()` hands
+its records to the partition's `OutputSink` and the sink completes the offset once
 they are safe:
 
-- :class:`DurableOutputs` (the default, at-least-once): the records are sent through the
+- `DurableOutputs` (the default, at-least-once): the records are sent through the
   subscription's durable sender and the offset completes once all are acknowledged (or
   spooled). A crash in between produces them again on redelivery.
 - with exactly-once, the subscription's ``Transaction``: the records join the open

@@ -1,6 +1,6 @@
 """Exactly-once: one transactional producer per consumer (per subscription instance).
 
-With ``Application(exactly_once=True)`` a subscription has one :class:`Transaction`: an
+With ``Application(exactly_once=True)`` a subscription has one `Transaction`: an
 aiokafka producer whose transactional id is its own (``<group>.<random>``). Each commit
 interval, the outputs of every assigned partition's tasks (``ctx.produce``, retry and
 dead-letter records), their offsets and their checkpoints are committed in one
@@ -20,12 +20,12 @@ that failed) fails the transaction: the producer is restarted (which aborts what
 open) and every partition goes back to its last commit.
 
 Whoever puts more than outputs into a transaction (the state store's changes) registers
-a :class:`TransactionListener`: told when the open transaction commits, and when it is
+a `TransactionListener`: told when the open transaction commits, and when it is
 dropped (aborted, stopped).
 
-Ordering: an output delivery (:meth:`Transaction.deliver`) sends the task's records into
+Ordering: an output delivery (`Transaction.deliver()`) sends the task's records into
 the open transaction *and* completes the task's offset inside
-:meth:`Transaction.delivery`; a commit (:meth:`Transaction.commit`) reads the watermarks
+`Transaction.delivery()`; a commit (`Transaction.commit()`) reads the watermarks
 and checkpoints and commits while no delivery is inside. So a transaction holds a task's
 outputs exactly when its partition's checkpoint (or offset) covers the task. Deliveries
 run together; a commit waits only for those already inside, and new ones wait for the
@@ -114,7 +114,7 @@ class Transaction:
         group_id: the consumer group the offsets are committed for.
         config: connection and batching settings (idempotence is always on).
         member: the consumer's group metadata, read at each commit.
-        timeout_ms: the transaction timeout (see :func:`transaction_timeout_ms`).
+        timeout_ms: the transaction timeout (see `transaction_timeout_ms()`).
     """
 
     def __init__(
@@ -278,7 +278,7 @@ class Transaction:
         self, partition: TaskHost, record: Record, outputs: Sequence[OutputRecord]
     ) -> None:
         """Put a finished task's outputs into the open transaction and complete its offset
-        (both inside :meth:`delivery`). A closed partition drops them: its record is
+        (both inside `delivery()`). A closed partition drops them: its record is
         redelivered.
 
         Raises:
@@ -302,7 +302,7 @@ class Transaction:
         partition: int | None = None,
     ) -> asyncio.Future[Any]:
         """Put a record into the open transaction (beginning one); call it inside
-        :meth:`delivery` or a commit's plan. Returns its delivery future (the record's
+        `delivery()` or a commit's plan. Returns its delivery future (the record's
         metadata, with its offset).
 
         Raises:
@@ -340,7 +340,7 @@ class Transaction:
 
     async def send_checkpoint(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         """Write a checkpoint record in the open transaction; its offset. Call it only
-        from the ``plan`` of :meth:`commit` (no delivery is inside)."""
+        from the ``plan`` of `commit()` (no delivery is inside)."""
         producer = await self._begin()
         sent = await producer.send_and_wait(topic, value, key=key, partition=partition)
         return int(sent.offset)

@@ -2,7 +2,7 @@
 
 Every member tells the group leader, in its join metadata, which partitions it owned and
 how far its local copy of each partition's state reaches (its changelog position). The
-leader's :func:`plan_assignment`:
+leader's `plan_assignment()`:
 
 - gives partition number ``p`` of every subscribed topic to one member (the task topic,
   its retry and shaping topics are co-partitioned, so a key's tasks all run where its
@@ -15,7 +15,7 @@ leader's :func:`plan_assignment`:
   warmest first, then the least loaded.
 
 Standbys travel to each member in the assignment's ``user_data``; aiokafka hands the
-assignment to :meth:`StateAwareAssignor.on_assignment` before the rebalance listener runs.
+assignment to `StateAwareAssignor.on_assignment()` before the rebalance listener runs.
 """
 
 from __future__ import annotations
@@ -122,10 +122,10 @@ def plan_assignment(
 
 
 class StateAwareAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
-    """aiokafka's assignor interface over :func:`plan_assignment`.
+    """aiokafka's assignor interface over `plan_assignment()`.
 
     Args:
-        describe: returns this member's :class:`MemberState` when it joins.
+        describe: returns this member's `MemberState` when it joins.
         num_standby_replicas: standbys per partition.
     """
 

@@ -1,13 +1,13 @@
 """The changelog of a state store: writing tasks' changes and reading them back.
 
-:class:`ChangelogWriter` sends a task's change to partition ``p`` of the changelog (the
+`ChangelogWriter` sends a task's change to partition ``p`` of the changelog (the
 task's partition number) through an ``acks=all`` sender without a spool, and applies it
 to the local store once acknowledged; a failed send is tried again with backoff until it
 works or the task's partition is closed. The task completes only after that, so a
 committed task offset never has a change the changelog lacks. (With exactly-once the
 changes go into the partitions' transactions instead, see ``_state_txn``.)
 
-:class:`ChangelogReader` owns one group-less consumer that reads changelog partitions
+`ChangelogReader` owns one group-less consumer that reads changelog partitions
 into local stores: a *restore* reads from the store's position to the end offset taken
 when it starts and then resolves its future (the partition may process); a *standby*
 follows the partition for as long as it is one. Promoting a standby to active turns it
@@ -58,7 +58,7 @@ class ChangelogWriter:
     async def write_task(
         self, partition: TaskHost, ctx: ProcessingContext, state: KeyState, then: Callable[[], None]
     ) -> None:
-        """Write the task's change (:meth:`write`), then call ``then()``."""
+        """Write the task's change (`write()`), then call ``then()``."""
         store = state.store
         assert isinstance(store, LocalStore), "a task's state reads the runtime's copy"
         if await self.write(partition, store, state.key, state.encoded_change()):
@@ -174,7 +174,7 @@ class ChangelogReader:
 
     async def stop(self) -> None:
         """Stop reading; pending restores fail with ``CancelledError``. A read routine that
-        failed does not fail the stop (its failure went to :meth:`on_failure`): the
+        failed does not fail the stop (its failure went to `on_failure()`): the
         consumer is closed all the same."""
         task, self._task = self._task, None
         if task is not None:

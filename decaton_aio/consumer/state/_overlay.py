@@ -3,20 +3,20 @@
 With exactly-once a task's state change is sent into its partition's open transaction.
 Until that transaction commits the change is not in the changelog for anyone else, so it
 must not be in the local copy either (an abort would leave the copy ahead of the
-changelog, and the task that made it runs again). An :class:`Overlay` keeps those changes
+changelog, and the task that made it runs again). An `Overlay` keeps those changes
 per transaction (its *owner*):
 
-- :meth:`Overlay.stage`: a change was sent in the owner's transaction; reads see it at
+- `Overlay.stage()`: a change was sent in the owner's transaction; reads see it at
   once (the key's next task reads its own key's latest value);
-- :meth:`Overlay.take`: the owner's transaction committed: its changes leave the overlay,
+- `Overlay.take()`: the owner's transaction committed: its changes leave the overlay,
   in sending order, for the caller to apply to the copy with their changelog offsets
   (an older open change of the same key in another transaction is superseded: still open
   for the checkpoint, never applied);
-- :meth:`Overlay.discard`: the owner's transaction was aborted (or its partition went back
+- `Overlay.discard()`: the owner's transaction was aborted (or its partition went back
   to its last commit): its changes vanish, reads see the copy again.
 
 Several owners may share one copy (the same partition number of several topics); a read
-sees the latest change staged by any of them. :meth:`Overlay.floor` tells how far the
+sees the latest change staged by any of them. `Overlay.floor()` tells how far the
 copy's checkpoint may go without passing a change that is still open.
 
 A pure state machine: no I/O, no clock. Caller: the event loop that owns the copy.
@@ -28,7 +28,7 @@ from collections.abc import Hashable
 
 __all__ = ["MISSING", "Overlay", "Staged"]
 
-#: What :meth:`Overlay.lookup` returns for a key no open transaction changed.
+#: What `Overlay.lookup()` returns for a key no open transaction changed.
 MISSING = object()
 
 
@@ -80,7 +80,7 @@ class Overlay:
         return staged
 
     def lookup(self, key: bytes) -> object:
-        """The latest open change of ``key`` (``None``: deleted), or :data:`MISSING`."""
+        """The latest open change of ``key`` (``None``: deleted), or `MISSING`."""
         best = -1
         found: object = MISSING
         for changes in self._open.values():

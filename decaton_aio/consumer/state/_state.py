@@ -1,9 +1,9 @@
 """The state store of a subscription: local copies, changelog, restores and standbys.
 
-A :class:`StateStore` is made by the subscription when the application names a store. It
+A `StateStore` is made by the subscription when the application names a store. It
 owns
 
-- the local copies (``_store``'s :class:`LocalStore`), one per partition
+- the local copies (``_store``'s `LocalStore`), one per partition
   number this instance owns or keeps as a standby, in ``<directory>/<group>/<store>/``
   (a lock file keeps a second process off the same directory);
 - the changelog writer (its own ``acks=all`` sender without a spool: a change is durable
@@ -12,11 +12,11 @@ owns
   exactly-once: a copy never takes a change of an aborted transaction);
 - the assignor that tells the group what this member holds.
 
-On assignment the subscription calls :meth:`StateStore.assigned` and keeps the partitions'
+On assignment the subscription calls `StateStore.assigned()` and keeps the partitions'
 topics paused until their restores resolve (with exactly-once a restore starts only once
 the partitions' committed offsets are stable: a previous owner's transaction still
 committing would land past the end it reads to); standbys come from the
-assignment (:meth:`StateStore.set_standbys`). Copies neither owned nor standby are closed
+assignment (`StateStore.set_standbys()`). Copies neither owned nor standby are closed
 (their files stay for a later assignment).
 
 Caller: the subscription's event loop.
@@ -107,7 +107,7 @@ class StateStore:
 
         Raises:
             ConfigError: the directory is locked by another process, or the changelog
-                cannot exist (see :func:`~decaton_aio.admin.ensure_changelog_topic`).
+                cannot exist (see `ensure_changelog_topic()`).
         """
         if self._dir is not None:
             self._lock = _lock(self._dir)

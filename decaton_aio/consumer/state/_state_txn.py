@@ -2,7 +2,7 @@
 completion.
 
 With ``Application(exactly_once=True)`` the store's writer is a
-:class:`TransactionalChangelog`. A task's change is sent to the changelog (key, value or
+`TransactionalChangelog`. A task's change is sent to the changelog (key, value or
 tombstone, partition = the task's partition number) by the subscription's transactional
 producer, and in the same step inside the transaction's delivery the task's outputs are sent
 and its offset completes. So a transaction holds a task's change exactly when it covers

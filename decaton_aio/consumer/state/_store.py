@@ -1,25 +1,25 @@
 """The local copy of one partition of a state store: an SQLite database per partition.
 
-A :class:`LocalStore` holds the values of the keys of one partition number (raw bytes, as
+A `LocalStore` holds the values of the keys of one partition number (raw bytes, as
 they are in the changelog) and the *checkpoint*: the changelog offset up to which every
 change is in the database. Changes come from two places, both after the changelog has
 them:
 
-- a task's change, once the changelog acknowledged it (:meth:`LocalStore.begin` when it is
-  sent, :meth:`LocalStore.acked` with its offset);
-- a restore or a standby, reading the changelog (:meth:`LocalStore.replay`);
+- a task's change, once the changelog acknowledged it (`LocalStore.begin()` when it is
+  sent, `LocalStore.acked()` with its offset);
+- a restore or a standby, reading the changelog (`LocalStore.replay()`);
 - with exactly-once, a task's change sent in its partition's transaction waits in the
-  copy's :attr:`LocalStore.overlay` (reads see it) and is applied when that transaction
-  commits (:meth:`LocalStore.apply_committed`); an abort discards it.
+  copy's `LocalStore.overlay` (reads see it) and is applied when that transaction
+  commits (`LocalStore.apply_committed()`); an abort discards it.
 
-Writes go into an open SQLite transaction; :meth:`LocalStore.flush` commits it together
+Writes go into an open SQLite transaction; `LocalStore.flush()` commits it together
 with the checkpoint, so a database that survives a crash is consistent with its
 checkpoint. Values may be ahead of the checkpoint (a change acknowledged out of order):
 replaying from the checkpoint to the end of the changelog writes every later value again,
 last write wins, so that is harmless.
 
 The checkpoint only covers changes acknowledged in the order they were sent: a change
-sent earlier but acknowledged later holds it back (:meth:`LocalStore.acked`).
+sent earlier but acknowledged later holds it back (`LocalStore.acked()`).
 
 Caller: the event loop that owns the partition; nothing here is thread-safe.
 """
@@ -134,7 +134,7 @@ class LocalStore:
 
     def begin(self) -> _Write:
         """A task's change is being sent to the changelog; pass the handle to
-        :meth:`acked` with the offset the changelog gave it."""
+        `acked()` with the offset the changelog gave it."""
         write = _Write()
         self._unacked.append(write)
         return write
