@@ -10,7 +10,7 @@ assignors, and a named function for each private attribute of an aiokafka object
 runtime reads or sets, with what it reads and why.
 
 Each of those may change in any aiokafka release. They were checked against the versions in
-:data:`CHECKED_VERSIONS`; :func:`check_version` logs a warning, once, when a client starts
+`CHECKED_VERSIONS`; `check_version()` logs a warning, once, when a client starts
 on another one. A test lists every aiokafka name the project uses and fails on a private
 one outside this module.
 """
@@ -174,7 +174,7 @@ C_RECORDS: Final = not NO_EXTENSIONS
 
 @functools.cache
 def check_version() -> bool:
-    """Whether the installed aiokafka is one of :data:`CHECKED_VERSIONS`; a warning is
+    """Whether the installed aiokafka is one of `CHECKED_VERSIONS`; a warning is
     logged (once per process) when it is not."""
     installed = str(aiokafka.__version__)
     if installed in CHECKED_VERSIONS:
@@ -192,7 +192,7 @@ def check_version() -> bool:
 
 
 def client_of(owner: Any) -> AIOKafkaClient:
-    """The :class:`AIOKafkaClient` under a consumer or admin client (its ``_client``): the
+    """The `AIOKafkaClient` under a consumer or admin client (its ``_client``): the
     runtime asks it for metadata (all topics, or now) and sends requests of its own."""
     client: AIOKafkaClient = owner._client
     return client
@@ -224,7 +224,7 @@ def coordinator_tasks(consumer: Any) -> list[asyncio.Task[Any]]:
 
 async def close_consumer_parts(consumer: Any) -> None:
     """Close a consumer's parts without its ``stop()``: cancel its group coordinator's
-    routines (:func:`coordinator_tasks`), close its ``_fetcher`` and its client. For a stop
+    routines (`coordinator_tasks()`), close its ``_fetcher`` and its client. For a stop
     that hung in group coordination: its own stop would never reach them."""
     for task in coordinator_tasks(consumer):
         task.cancel()
@@ -275,7 +275,7 @@ def fetch_pacing(consumer: Any) -> tuple[int, int] | None:
 
 
 def set_fetch_pacing(consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
-    """Set what the consumer's next fetch requests ask with (see :func:`fetch_pacing`):
+    """Set what the consumer's next fetch requests ask with (see `fetch_pacing()`):
     aiokafka reads them from its fetcher at each request and has no setter."""
     fetcher = consumer._fetcher
     fetcher._fetch_min_bytes = min_bytes
@@ -400,12 +400,12 @@ class OffsetCommitHandler(TxnOffsetCommitHandler):  # type: ignore[misc]
 
 
 class MetadataSync:
-    """The metadata synchronizer of an :class:`AIOKafkaClient`: its ``_md_synchronizer``
+    """The metadata synchronizer of an `AIOKafkaClient`: its ``_md_synchronizer``
     routine (``_sync_task``), the update callers wait for (``_md_update_fut``) and the
     waiter that wakes the routine (``_md_update_waiter``).
 
     Group coordination waits for ``force_metadata_update()``, which only this routine
-    resolves; :func:`decaton_aio._connect.watch_metadata` keeps it answering through it.
+    resolves; `decaton_aio._connect.watch_metadata()` keeps it answering through it.
 
     Args:
         client: the client.

@@ -12,7 +12,7 @@ and ``fetch_max_wait_ms``): the first record after a quiet spell is answered at 
 an idle consumer does not ask the broker every few milliseconds.
 
 aiokafka builds each fetch request from its fetcher's settings of the moment; the pacer
-sets those two (:func:`~decaton_aio._aiokafka.set_fetch_pacing`, checked when the pacer is
+sets those two (`set_fetch_pacing()`, checked when the pacer is
 made).
 
 Caller: the subscription's fetch routine only, after each fetch call (`after()`).

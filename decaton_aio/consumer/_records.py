@@ -8,8 +8,8 @@ the record objects aiokafka's batch reader already made (C extension types) carr
 a consumer made with `RAW_RECORDS` as its key deserializer gets those objects as they
 are. Topic and partition are known from the partition a record was fetched for.
 
-:func:`install_raw_records` adds that choice to aiokafka's ``PartitionRecords`` once per
-process (:func:`decaton_aio._aiokafka.install_record_hook`). Consumers without the marker
+`install_raw_records()` adds that choice to aiokafka's ``PartitionRecords`` once per
+process (`decaton_aio._aiokafka.install_record_hook()`). Consumers without the marker
 get ``ConsumerRecord`` exactly as before (one identity check per record). If aiokafka's
 internals ever change shape, nothing is hooked and the marker behaves as an identity key
 deserializer: the runtime then receives ``ConsumerRecord`` objects, which carry the same

@@ -95,5 +95,5 @@ class TopicCheck:
 
     def rejoin(self) -> None:
         """Ask the group to rebalance (each member of this runtime refreshes its metadata
-        before it joins again, see :meth:`refresh`)."""
+        before it joins again, see `refresh()`)."""
         request_rejoin(self._consumer)

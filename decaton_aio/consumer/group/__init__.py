@@ -1,5 +1,5 @@
 """The consumer's group membership: which partitions this member owns, and commits the
-coordinator checks against it (see :mod:`decaton_aio.consumer.group._contract`)."""
+coordinator checks against it (see `decaton_aio.consumer.group._contract`)."""
 
 from __future__ import annotations
 

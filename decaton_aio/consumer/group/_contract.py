@@ -1,9 +1,9 @@
 """What the subscription and a group membership promise each other.
 
-A membership (:class:`Membership`) owns this process's place in its consumer group: it
+A membership (`Membership`) owns this process's place in its consumer group: it
 finds the group coordinator, joins, heartbeats, learns which partitions the member owns,
 commits offsets as the coordinator checks them (the member epoch or generation), and
-leaves. It never touches records: it tells a :class:`GroupListener` (the subscription)
+leaves. It never touches records: it tells a `GroupListener` (the subscription)
 which partitions to stop and which to start, and waits for each call to finish before it
 acknowledges the change to the coordinator.
 
@@ -16,8 +16,8 @@ Two implementations share this contract:
   assignors.
 
 Ownership: the membership's routine is the only caller of the listener, one call at a
-time, in the order the changes happened; the subscription calls :meth:`Membership.commit`,
-:meth:`Membership.committed`, :meth:`Membership.rejoin` and :attr:`Membership.identity`
+time, in the order the changes happened; the subscription calls `Membership.commit()`,
+`Membership.committed()`, `Membership.rejoin()` and `Membership.identity`
 from its own routines at any time.
 """
 
@@ -43,7 +43,7 @@ class GroupListener(Protocol):
 
     Each call is awaited before the membership goes on: a revoke ends (drained and
     committed) before the coordinator hears the partitions are free, an assignment is
-    acknowledged at once and started by :meth:`partitions_assigned`.
+    acknowledged at once and started by `partitions_assigned()`.
     """
 
     async def partitions_revoked(self, partitions: frozenset[TopicPartition]) -> None:
@@ -79,7 +79,7 @@ class Membership(Protocol):
     @property
     def routine(self) -> asyncio.Task[None]:
         """The membership's background routine; it ends with an exception when the
-        membership cannot go on (a :class:`~decaton_aio.errors.DecatonError` that says
+        membership cannot go on (a [`DecatonError`][decaton_aio.errors.DecatonError] that says
         what to grant or change), which stops the subscription."""
 
     async def start(self, listener: GroupListener) -> None:
