@@ -1,7 +1,7 @@
-"""What the deployment kit's tests need to know of PromQL and of the shipped rules: the
-metric names an expression reads, the series the runtime exports (from the generated
-metrics reference), promtool, and the shipped rules with every duration shortened for a
-test that must finish in a minute.
+"""What the deployment kit's tests need to know of PromQL, the shipped rules and the
+dashboard: the metric names an expression reads, the series the runtime exports (from the
+generated metrics reference), promtool, the dashboard's queries, and the shipped rules with
+every duration shortened for a test that must finish in a minute.
 
 The names are found by a small scanner, not a parser: strings, label matchers, range and
 grouping clauses are removed, then every identifier that is not a keyword or a function
@@ -12,6 +12,7 @@ only has to find names in expressions that parse.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "decaton-aio.rules.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "decaton-aio.json"
 METRICS_REFERENCE = ROOT / "docs" / "reference" / "metrics.md"
 
 _KEYWORDS = frozenset(
@@ -134,6 +136,44 @@ def alert_rules(rules: dict[str, Any] | None = None) -> dict[str, dict[str, Any]
     """Alert name to its rule."""
     groups = (rules if rules is not None else load_rules())["groups"]
     return {rule["alert"]: rule for group in groups for rule in group["rules"] if "alert" in rule}
+
+
+#: Grafana's interval variables, and any other variable as a regex matching everything
+#: (the dashboard uses variables only in =~ matchers).
+_INTERVALS = re.compile(r"\$__(?:rate_interval|interval|range)")
+_VARIABLE = re.compile(r"\$\{?[a-zA-Z_]\w*\}?")
+_LABEL_VALUES = re.compile(r"label_values\((.*),\s*\w+\)")
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    """Every panel of the dashboard, rows and the panels of collapsed rows included."""
+    found = []
+    for panel in dashboard()["panels"]:
+        found.append(panel)
+        found.extend(panel.get("panels", []))
+    return found
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of the dashboard, and the template variables'
+    label_values() selectors, Grafana's variables replaced by plain values."""
+    found = [
+        (panel["title"], target["expr"])
+        for panel in dashboard_panels()
+        for target in panel.get("targets", [])
+    ]
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] == "query":
+            match = _LABEL_VALUES.fullmatch(variable["query"]["query"])
+            if match is None:
+                raise ValueError(f"not a label_values() query: {variable['query']}")
+            found.append((f"variable {variable['name']}", match.group(1)))
+    return [(title, _VARIABLE.sub(".*", _INTERVALS.sub("1m", expr))) for title, expr in found]
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

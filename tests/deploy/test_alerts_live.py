@@ -247,3 +247,33 @@ async def test_a_hung_partition_fires_the_stalled_alert_and_resolves_after_the_h
     assert window + hold_s - INTERVAL_S - 1 <= fired_s <= window + hold_s + pipeline_s + SLACK_S
     assert resolved_s <= pipeline_s + SLACK_S
     assert await prometheus.value(committed) == 12
+
+
+async def test_the_dashboard_queries_answer_from_a_running_processor(
+    prometheus: Prometheus, processor: str, task_producer: Any
+) -> None:
+    """Every query of the Grafana dashboard runs on the server scraping a processor, and
+    the panels of throughput, lag, latency, loop lag and partitions show its data."""
+    producer = await task_producer(processor)
+    for i in range(20):
+        await producer.put(f"user-{i}", b'{"action": "ok"}')
+
+    async def counted() -> bool:  # a rate needs two samples
+        return (
+            await prometheus.value("sum(rate(decaton_tasks_processed_total[1m])) > 0") is not None
+        )
+
+    await until("a rate of processed tasks", counted, 60)
+    answered: dict[str, list[bool]] = {}
+    for title, expr in promql.dashboard_queries():
+        data = await asyncio.to_thread(prometheus.get, "/api/v1/query", query=expr)
+        answered.setdefault(title, []).append(bool(data["result"]))
+    for title in (
+        "Tasks processed per second",
+        "Consumer lag per partition",
+        "Produce to start (delivery latency)",
+        "Event loop lag p99 and GC pauses",
+        "Rebalances and partitions per member",
+        "Memory per member",
+    ):
+        assert any(answered[title]), title
