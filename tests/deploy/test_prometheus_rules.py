@@ -125,3 +125,13 @@ def promtool_ok(*args: str) -> str:
     result = promql.promtool(*args)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
+
+
+def test_every_alert_has_its_runbook_in_the_docs() -> None:
+    """Each alert's runbook annotation names a section of the Deploying page that has the
+    alert's name as its heading."""
+    page = (promql.ROOT / "docs" / "deploying.md").read_text()
+    headings = {line.removeprefix("### ") for line in page.splitlines() if line.startswith("### ")}
+    for name, rule in promql.alert_rules().items():
+        assert rule["annotations"]["runbook"] == f"docs/deploying.md#{name.lower()}"
+        assert name in headings, name
