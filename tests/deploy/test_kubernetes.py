@@ -286,3 +286,15 @@ def test_the_autoscaler_and_the_budget_select_this_workload(variant: str) -> Non
     assert target["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert base("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert base("Service")["spec"]["selector"].items() <= labels.items()
+
+
+def test_both_variants_stop_at_one_member_per_partition() -> None:
+    """The replica ceiling times the workers per pod is the same partition count in both
+    variants: members beyond it would hold nothing."""
+    members = set()
+    for variant in VARIANTS:
+        (scaled,) = documents(KUBERNETES / variant / "scaledobject.yaml")
+        argv = [arg.replace("$(POD_NAME)", "pod-0") for arg in container(variant)["args"]]
+        workers = _build_parser().parse_args(argv).workers
+        members.add(scaled["spec"]["maxReplicaCount"] * workers)
+    assert len(members) == 1, members
