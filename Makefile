@@ -136,7 +136,7 @@ test-deploy: kafka prometheus
 # The integration suite again on Tansu, the Java-free broker.
 # The Spark jobs read and write through Spark's Kafka connector, whose Java client sends
 # requests Tansu cannot parse: they run on Apache Kafka only.
-test-tansu: $(STAMP)
+test-tansu: $(STAMP) prometheus
 	DECATON_AIO_BROKER=tansu $(BIN)/python -m pytest -m "integration and not chaos_long and not spark"
 
 # Instances killed and restarted while tasks flow, every scenario, three times in a row
