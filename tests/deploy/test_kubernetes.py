@@ -3,11 +3,14 @@
 OpenAPI schema of KEDA's own CustomResourceDefinitions (tests/deploy/keda, vendored from a
 pinned release); each variant rendered by kustomize where it is installed; and what the
 pods ask of the runtime is what the runtime takes: its flags, its environment variables,
-its properties, its probe paths, and a grace period derived from its shutdown timeouts."""
+its properties, its probe paths, a grace period derived from its shutdown timeouts, and a
+ConfigMap edit the running file source applies."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -24,7 +27,9 @@ from decaton_aio.cli._main import _build_parser
 from decaton_aio.cli._run_args import consumer_config, health_config
 from decaton_aio.consumer import HealthConfig
 from decaton_aio.properties import (
+    PARTITION_CONCURRENCY,
     PROCESSING_SHUTDOWN_TIMEOUT_MS,
+    FilePropertySource,
     Properties,
     parse_properties_text,
 )
@@ -298,3 +303,42 @@ def test_both_variants_stop_at_one_member_per_partition() -> None:
         workers = _build_parser().parse_args(argv).workers
         members.add(scaled["spec"]["maxReplicaCount"] * workers)
     assert len(members) == 1, members
+
+
+def _kubelet_writes(directory: Path, version: str, files: dict[str, str]) -> None:
+    """Write ``files`` into ``directory`` as the kubelet updates a ConfigMap volume: a new
+    hidden directory, the ``..data`` link swapped to it by a rename, each file a link
+    through ``..data``."""
+    (directory / version).mkdir()
+    for name, text in files.items():
+        (directory / version / name).write_text(text)
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(Path("..data") / name)
+    (directory / "..data_tmp").symlink_to(version)
+    (directory / "..data_tmp").rename(directory / "..data")
+
+
+async def test_an_edit_of_the_configmap_reaches_the_running_properties(tmp_path: Path) -> None:
+    """Given the ConfigMap's file in a volume laid out as the kubelet lays it out, when the
+    kubelet swaps in an edited version (same size, same modification time), the watched
+    file source applies the new value while running."""
+    text = base("ConfigMap")["data"]["decaton.properties"]
+    assert "decaton.partition.concurrency=384\n" in text
+    _kubelet_writes(tmp_path, "..2026_01_01_00_00_00.1", {"decaton.properties": text})
+    path = tmp_path / "decaton.properties"
+    source = FilePropertySource(path, interval_s=0.02)
+    properties = Properties(await source.load())
+    concurrency = properties[PARTITION_CONCURRENCY]
+    changed = asyncio.Event()
+    concurrency.subscribe(lambda *_: changed.set())
+    await source.start(properties, layer=0)
+    try:
+        before = path.stat()
+        edited = text.replace("concurrency=384", "concurrency=128")
+        _kubelet_writes(tmp_path, "..2026_01_01_00_01_00.2", {"decaton.properties": edited})
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_size == before.st_size
+        await asyncio.wait_for(changed.wait(), 10)
+        assert concurrency.value == 128
+    finally:
+        await source.stop()
