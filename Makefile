@@ -8,7 +8,8 @@ JAVA_PACKAGE := openjdk-17-jdk-headless
 
 .PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
 	test-spark spark-cluster spark-dist test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
-	docs docs-serve docs-test chromium install-chromium
+	docs docs-serve docs-test chromium install-chromium \
+	prometheus install-prometheus test-deploy
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
@@ -16,6 +17,7 @@ help:
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
+	@echo "make test-deploy  the deployment kit's checks: manifests, alert rules, dashboard"
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
 	@echo "make spark-cluster  a Spark standalone master and 2 workers on loopback, until Ctrl-C"
 	@echo "make spark-dist  the wheel, and the --py-files zip and main file spark-submit needs, in dist/"
@@ -102,6 +104,15 @@ chromium:
 install-chromium:
 	$(call apt_install,chromium,Chromium (the documentation's browser test))
 
+# The deployment kit's tests run Debian's Prometheus: promtool for the rules' unit cases,
+# the server for the alert test against a running processor.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
+	  $(MAKE) --no-print-directory install-prometheus
+
+install-prometheus:
+	$(call apt_install,prometheus,Prometheus and promtool (the deployment kit's alert tests))
+
 # Apache Kafka's jars, resolved once into the user's cache directory.
 kafka: maven $(STAMP)
 	$(BIN)/python -m decaton_aio broker --resolve-only
@@ -115,13 +126,17 @@ quickstart: kafka
 	$(BIN)/python examples/quickstart.py
 
 # The whole suite on the embedded Apache Kafka.
-test: kafka
+test: kafka prometheus
 	$(BIN)/python -m pytest
+
+# The deployment kit alone: manifests, rules, dashboard and the live alert test.
+test-deploy: kafka prometheus
+	$(BIN)/python -m pytest tests/deploy
 
 # The integration suite again on Tansu, the Java-free broker.
 # The Spark jobs read and write through Spark's Kafka connector, whose Java client sends
 # requests Tansu cannot parse: they run on Apache Kafka only.
-test-tansu: $(STAMP)
+test-tansu: $(STAMP) prometheus
 	DECATON_AIO_BROKER=tansu $(BIN)/python -m pytest -m "integration and not chaos_long and not spark"
 
 # Instances killed and restarted while tasks flow, every scenario, three times in a row
