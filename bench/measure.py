@@ -189,7 +189,7 @@ class Harness:
             opened = await scrape(port) if port is not None else None
             await asyncio.sleep(window_s)
             cpu1, broker1, t1 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
-            closed = await scrape(port) if opened is not None else None
+            closed = await scrape(port) if port is not None else None
             rss, tree = rss_bytes(roots)
             if proc.returncode is not None:
                 raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
