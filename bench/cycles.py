@@ -77,6 +77,15 @@ def _fmt(value: Any, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _p99(rung: dict[str, Any]) -> str:
+    # A paced rung's produce-to-done p99, its lower bound when too few tasks ended (the
+    # contender fell behind: its figures are a backlog's, not the pace's); "-" elsewhere.
+    if rung.get("p99_ms") is not None:
+        return _fmt(rung["p99_ms"], 1)
+    bound = rung.get("p99_ms_lower_bound")
+    return f"> {_fmt(bound)}" if bound is not None else "-"
+
+
 def _workers(row: dict[str, Any]) -> int:
     # A supervisor's tree is the supervisor and its workers; one process is itself.
     tree = int(row.get("tree_processes") or 1)
@@ -106,18 +115,20 @@ def cycle_table(results: list[dict[str, Any]]) -> list[str]:
         "Our runtime's fetch calls over each window (from its metrics page, every worker "
         "together and per worker), the CPU of its process tree per call (the tasks' CPU "
         "included: at a low rate mostly the calls'), its CPU and the broker's per 1000 "
-        "tasks, and the cores busy on the whole machine (`bench/cycles.py`).",
+        "tasks, and the cores busy on the whole machine (`bench/cycles.py`). A paced rung "
+        "whose p99 is only a lower bound fell behind its pace: its figures are a "
+        "backlog's.",
         "",
-        "| scenario | partitions | contender | pace | rate /s | workers | cycles /s | "
+        "| scenario | partitions | contender | pace | rate /s | p99 ms | workers | cycles /s | "
         "per worker | CPU ms / cycle | CPU s / 1000 | broker CPU s / 1000 | machine busy |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r, load, g in rows:
         workers = _workers(g if "tree_processes" in g else r)
         busy = (g.get("machine") or {}).get("busy")
         lines.append(
             f"| {r['scenario']} | {r.get('partitions', '-')} | {r['contender']} | {load} | "
-            f"{_fmt(g.get('rate'))} | {workers} | {_fmt(g['fetch_cycles_per_s'])} | "
+            f"{_fmt(g.get('rate'))} | {_p99(g)} | {workers} | {_fmt(g['fetch_cycles_per_s'])} | "
             f"{_fmt(g['fetch_cycles_per_s'] / workers)} | "
             f"{_fmt(g.get('cpu_ms_per_fetch_cycle'), 3)} | {_fmt(g.get('cpu_s_per_1000'), 4)} | "
             f"{_fmt(g.get('broker_cpu_s_per_1000'), 4)} | {_fmt(busy, 2)} |"

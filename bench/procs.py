@@ -150,7 +150,7 @@ async def start_process(
             start_new_session=True,
             preexec_fn=reaper.die_with_harness(),
         )
-    reaper.adopt(proc.pid, log.stem)
+    reaper.adopt(proc.pid)
     return proc
 
 

@@ -67,9 +67,9 @@ class _Broker(Protocol):
     def stop(self) -> None: ...
 
 
-# pid -> (start time in clock ticks since boot, what it is): a pid reused by another
-# process after ours was reaped has another start time and is left alone.
-_contenders: dict[int, tuple[int, str]] = {}
+# pid -> its start time (clock ticks since boot): a pid reused by another process after
+# ours was reaped has another start time and is left alone.
+_contenders: dict[int, int] = {}
 _brokers: list[_Broker] = []
 
 
@@ -100,12 +100,12 @@ def _parent(pid: int) -> int:
     return int(fields[1]) if fields else 0
 
 
-def adopt(pid: int, what: str) -> None:
+def adopt(pid: int) -> None:
     """Register a process the harness started; it is killed, with its whole tree, if the
     run ends before :func:`release`."""
     started = _start_time(pid)
     if started is not None:
-        _contenders[pid] = (started, what)
+        _contenders[pid] = started
 
 
 def release(pid: int) -> None:
@@ -164,7 +164,7 @@ def kill_trees(roots: Iterable[int]) -> int:
 def stop_all() -> int:
     """Kill every registered contender's tree and stop every registered broker; returns
     how many processes were killed. Safe to call more than once."""
-    mine = [pid for pid, (started, _) in _contenders.items() if _start_time(pid) == started]
+    mine = [pid for pid, started in _contenders.items() if _start_time(pid) == started]
     _contenders.clear()
     killed = kill_trees(mine)
     while _brokers:

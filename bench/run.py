@@ -266,7 +266,7 @@ class Run:
                 stderr=log,
                 preexec_fn=reaper.die_with_harness(),
             )
-            reaper.adopt(proc.pid, log_path.stem)
+            reaper.adopt(proc.pid)
             try:
                 return await asyncio.wait_for(self._talk(proc, spec, paced), timeout_s)
             except TimeoutError:

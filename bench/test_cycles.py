@@ -48,8 +48,9 @@ def _rung(share: float, **fields: Any) -> dict[str, Any]:
 
 def test_the_report_tables_the_cycles_of_each_run_and_rung_of_ours() -> None:
     """A rung of ours as deployed (a supervisor and 3 workers) gives its cycles per
-    worker; the full-speed result of one process gives its own; a peer's rows and a rung
-    that counted no cycles are left out."""
+    worker and its p99, a lower bound for a rung that fell behind; the full-speed result
+    of one process gives its own; a peer's rows and a rung that counted no cycles are
+    left out."""
     counted = {"fetch_cycles_per_s": 360.0, "cpu_ms_per_fetch_cycle": 1.5}
     rows = [
         {
@@ -58,8 +59,9 @@ def test_the_report_tables_the_cycles_of_each_run_and_rung_of_ours() -> None:
             "partitions": 96,
             "contender": "ours-auto",
             "rungs": [
-                _rung(0.1, tree_processes=4, broker_cpu_s_per_1000=0.02, **counted),
-                _rung(0.25, tree_processes=4),
+                _rung(0.1, tree_processes=4, broker_cpu_s_per_1000=0.02, p99_ms=22.5, **counted),
+                _rung(0.25, tree_processes=4, p99_ms_lower_bound=8014.0, **counted),
+                _rung(0.5, tree_processes=4),
             ],
         },
         {
@@ -75,12 +77,12 @@ def test_the_report_tables_the_cycles_of_each_run_and_rung_of_ours() -> None:
         {"event": "latency", "scenario": "S1", "contender": "gather", "rungs": [_rung(0.1)]},
     ]
     text = "\n".join(cycle_table(rows))
-    assert (
-        "| S1-P96 | 96 | ours-auto | 10% | 13,000 | 3 | 360 | 120 | 1.500 | 0.0400 | 0.0200 |"
-        in (text)
-    )
-    assert "| S1 | 3 | ours | full speed | 80,000 | 1 | 360 | 360 | 1.500 | 0.0121 | - |" in text
-    assert "25%" not in text
+    row = "| 10% | 13,000 | 22.5 | 3 | 360 | 120 | 1.500 | 0.0400 | 0.0200 |"
+    assert f"| S1-P96 | 96 | ours-auto {row}" in text
+    assert "| S1-P96 | 96 | ours-auto | 25% | 13,000 | > 8,014 | 3 | 360 |" in text  # behind
+    full = "| S1 | 3 | ours | full speed | 80,000 | - | 1 | 360 | 360 | 1.500 | 0.0121 | - |"
+    assert full in text
+    assert "50%" not in text
     assert "gather" not in text
     assert cycle_table(rows[2:]) == []
 

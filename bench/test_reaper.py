@@ -22,7 +22,8 @@ REPO = Path(__file__).absolute().parent.parent
 
 # A harness in a process of its own: it starts the contenders given as JSON argv lists the
 # way the benchmark does (bench.procs.start_process), waits until each has the number of
-# processes asked for (a supervisor and its workers), prints every pid, then waits.
+# processes asked for (a supervisor and its workers), prints every pid, then waits for a
+# signal, or for a line on stdin that makes it fail with an exception.
 _HARNESS = """
 import asyncio, json, os, sys, time
 from pathlib import Path
@@ -41,7 +42,8 @@ async def main(commands, sizes, logs):
             break
         await asyncio.sleep(0.1)
     print(json.dumps(trees), flush=True)
-    await asyncio.sleep(600)
+    await asyncio.to_thread(sys.stdin.readline)
+    raise RuntimeError("the run failed")
 
 reaper.install()
 asyncio.run(main(json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]))
@@ -80,7 +82,9 @@ def _harness(
         [sys.executable, "-c", _HARNESS, json.dumps(commands), json.dumps(sizes), str(tmp_path)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
     )
     cleanup.append(proc.pid)
@@ -114,8 +118,8 @@ def test_a_stopped_harness_takes_a_supervisor_its_workers_and_every_contender_al
     dummy = [sys.executable, "-c", _WITH_CHILD]
     proc, pids = _harness(tmp_path, [ours, dummy], [3, 2], cleanup)
     proc.send_signal(signum)
-    proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signum
+    assert proc.wait(timeout=30) == 128 + signum
+    proc.communicate()  # its pipes closed
     assert _gone(pids) == []
 
 
@@ -127,7 +131,21 @@ def test_a_harness_killed_outright_takes_its_contenders_roots_along(
     contenders (a supervisor then stops its workers itself)."""
     proc, pids = _harness(tmp_path, [[sys.executable, "-c", _SLEEP]] * 2, [1, 1], cleanup)
     proc.kill()
-    proc.communicate(timeout=10)
+    proc.wait(timeout=10)
+    proc.communicate()
+    assert _gone(pids) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_harness_that_fails_with_an_exception_takes_its_contenders_along(
+    tmp_path: Path, cleanup: list[int]
+) -> None:
+    """A run that ends by an exception, its contenders never stopped by the code that
+    started them: they end with the interpreter."""
+    dummy = [sys.executable, "-c", _WITH_CHILD]
+    proc, pids = _harness(tmp_path, [dummy], [2], cleanup)
+    proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 1
     assert _gone(pids) == []
 
 
