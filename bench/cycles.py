@@ -115,23 +115,28 @@ def cycle_table(results: list[dict[str, Any]]) -> list[str]:
         "Our runtime's fetch calls over each window (from its metrics page, every worker "
         "together and per worker), the CPU of its process tree per call (the tasks' CPU "
         "included: at a low rate mostly the calls'), its CPU and the broker's per 1000 "
-        "tasks, and the cores busy on the whole machine (`bench/cycles.py`). A paced rung "
+        "tasks, and the cores busy on the whole machine, of which by processes other than "
+        "the contender, the broker and the harness (`bench/cycles.py`). A paced rung "
         "whose p99 is only a lower bound fell behind its pace: its figures are a "
         "backlog's.",
         "",
         "| scenario | partitions | contender | pace | rate /s | p99 ms | workers | cycles /s | "
-        "per worker | CPU ms / cycle | CPU s / 1000 | broker CPU s / 1000 | machine busy |",
+        "per worker | CPU ms / cycle | CPU s / 1000 | broker CPU s / 1000 | "
+        "cores busy (others) |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r, load, g in rows:
         workers = _workers(g if "tree_processes" in g else r)
-        busy = (g.get("machine") or {}).get("busy")
+        machine = g.get("machine") or {}
+        busy = _fmt(machine.get("busy"), 2)
+        if machine.get("other") is not None:
+            busy += f" ({_fmt(machine['other'], 2)})"
         lines.append(
             f"| {r['scenario']} | {r.get('partitions', '-')} | {r['contender']} | {load} | "
             f"{_fmt(g.get('rate'))} | {_p99(g)} | {workers} | {_fmt(g['fetch_cycles_per_s'])} | "
             f"{_fmt(g['fetch_cycles_per_s'] / workers)} | "
             f"{_fmt(g.get('cpu_ms_per_fetch_cycle'), 3)} | {_fmt(g.get('cpu_s_per_1000'), 4)} | "
-            f"{_fmt(g.get('broker_cpu_s_per_1000'), 4)} | {_fmt(busy, 2)} |"
+            f"{_fmt(g.get('broker_cpu_s_per_1000'), 4)} | {busy} |"
         )
     lines.append("")
     return lines
@@ -243,7 +248,9 @@ async def _measure(args: argparse.Namespace, workdir: Path) -> list[dict[str, An
     return results
 
 
-def _document(args: argparse.Namespace, results: list[dict[str, Any]], started: str) -> str:
+def _document(
+    args: argparse.Namespace, results: list[dict[str, Any]], started: str, load: str
+) -> str:
     from bench.facts import machine_facts
 
     facts = machine_facts(Path(__file__).absolute().parent.parent)
@@ -258,12 +265,16 @@ def _document(args: argparse.Namespace, results: list[dict[str, Any]], started: 
         f"`python -m bench.cycles {' '.join(sys.argv[1:])}`, started {started}: tree "
         f"{git.get('commit')}{' (with uncommitted changes)' if git.get('dirty_files') else ''}, "
         f"{facts['cores']} cores ({facts['cpu']}), Python {facts['python']}, load average "
-        f"at the end {' / '.join(f'{x:.2f}' for x in os.getloadavg())}. Capacities and "
+        f"(1, 5, 15 min) {load} at the start, {_load()} at the end. Capacities and "
         f"settings: {settings}. Windows of {args.window_s:g} s after {args.warmup_s:g} s of "
         "warm-up.",
         "",
     ]
     return "\n".join(head + cycle_table(results))
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    started, load = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _load()
     workdir = Path(tempfile.mkdtemp(prefix="bench-cycles-"))
     results = asyncio.run(_measure(args, workdir))
     errors = [r for r in results if r.get("event") == "error"]
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"logs kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
-    text = _document(args, results, started)
+    text = _document(args, results, started, load)
     print(text, file=sys.stderr)
     if args.out is not None:
         args.out.write_text(text)

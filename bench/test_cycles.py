@@ -59,7 +59,14 @@ def test_the_report_tables_the_cycles_of_each_run_and_rung_of_ours() -> None:
             "partitions": 96,
             "contender": "ours-auto",
             "rungs": [
-                _rung(0.1, tree_processes=4, broker_cpu_s_per_1000=0.02, p99_ms=22.5, **counted),
+                _rung(
+                    0.1,
+                    tree_processes=4,
+                    broker_cpu_s_per_1000=0.02,
+                    p99_ms=22.5,
+                    machine={"busy": 1.5, "other": 0.25},
+                    **counted,
+                ),
                 _rung(0.25, tree_processes=4, p99_ms_lower_bound=8014.0, **counted),
                 _rung(0.5, tree_processes=4),
             ],
@@ -77,7 +84,7 @@ def test_the_report_tables_the_cycles_of_each_run_and_rung_of_ours() -> None:
         {"event": "latency", "scenario": "S1", "contender": "gather", "rungs": [_rung(0.1)]},
     ]
     text = "\n".join(cycle_table(rows))
-    row = "| 10% | 13,000 | 22.5 | 3 | 360 | 120 | 1.500 | 0.0400 | 0.0200 |"
+    row = "| 10% | 13,000 | 22.5 | 3 | 360 | 120 | 1.500 | 0.0400 | 0.0200 | 1.50 (0.25) |"
     assert f"| S1-P96 | 96 | ours-auto {row}" in text
     assert "| S1-P96 | 96 | ours-auto | 25% | 13,000 | > 8,014 | 3 | 360 |" in text  # behind
     full = "| S1 | 3 | ours | full speed | 80,000 | - | 1 | 360 | 360 | 1.500 | 0.0121 | - |"
