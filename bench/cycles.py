@@ -174,6 +174,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--first-warmup-s", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="write the table and the facts here (.md)")
     parser.add_argument("--kill-leftovers", action="store_true", help="as python -m bench")
+    parser.add_argument(
+        "--from-log",
+        type=Path,
+        metavar="LOG",
+        help="measure nothing: print the table of an earlier run's standard output",
+    )
     args = parser.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     for contender in args.contenders:
@@ -281,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.run import say
 
     args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.from_log is not None:
+        lines = args.from_log.read_text(errors="replace").splitlines()
+        print("\n".join(cycle_table([json.loads(x) for x in lines if x.startswith("{")])))
+        return 0
     reaper.install()
     if not reaper.check_leftovers(args.kill_leftovers, say):
         print(
