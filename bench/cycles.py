@@ -228,8 +228,9 @@ async def _measure(args: argparse.Namespace, workdir: Path) -> list[dict[str, An
         results.append(row)
         print(json.dumps(row), flush=True)
 
-    broker = EmbeddedBroker(flavor="apache", log_path=workdir / "broker.log").start()
-    reaper.adopt_broker(broker)
+    broker = EmbeddedBroker(flavor="apache", log_path=workdir / "broker.log")
+    reaper.adopt_broker(broker)  # a signal while it starts stops it too
+    broker.start()
     admin = TopicAdmin(broker.bootstrap_servers)
     try:
         harness = Harness(

@@ -158,8 +158,9 @@ class Run:
         if self.secured:
             # A password of this run only; clients read it from client.properties.
             security = BrokerSecurity({"bench": secrets.token_urlsafe(24)})
-        broker = EmbeddedBroker(flavor=flavor, log_path=log, security=security).start()
-        reaper.adopt_broker(broker)
+        broker = EmbeddedBroker(flavor=flavor, log_path=log, security=security)
+        reaper.adopt_broker(broker)  # a signal while it starts stops it too
+        broker.start()
         found = broker.client_properties
         self.client_properties = str(found) if found is not None else None
         self.broker = f"{flavor} {SECURED}" if self.secured else flavor
