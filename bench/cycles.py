@@ -18,7 +18,7 @@ contender (ours as deployed, ``--workers auto``, by default) on a fresh topic of
 partition count (3 and 96) at shares (10, 25 and 50%) of a fixed capacity: by default
 each contender's S1 capacity and best setting in the full run of tree 1868ff9
 (``bench/results/run-1868ff9.md``), so two trees are paced at the same rates; 3 s of
-warm-up and a 20 s window per rung, 5 s at the first rung's pace before it. Its rows are
+warm-up and a 20 s window per rung, 10 s at the first rung's pace before it. Its rows are
 the ladder's JSON lines (stdout); the table goes to stderr and, with ``--out``, to a
 Markdown file.
 """
@@ -171,7 +171,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--warmup-s", type=float, default=3.0)
-    parser.add_argument("--first-warmup-s", type=float, default=5.0)
+    parser.add_argument("--first-warmup-s", type=float, default=10.0)
     parser.add_argument("--out", type=Path, help="write the table and the facts here (.md)")
     parser.add_argument("--kill-leftovers", action="store_true", help="as python -m bench")
     parser.add_argument(
@@ -256,11 +256,9 @@ async def _measure(args: argparse.Namespace, workdir: Path) -> list[dict[str, An
 
 
 def _document(
-    args: argparse.Namespace, results: list[dict[str, Any]], started: str, load: str
+    args: argparse.Namespace, results: list[dict[str, Any]], facts: dict[str, Any], started: str
 ) -> str:
-    from bench.facts import machine_facts
-
-    facts = machine_facts(Path(__file__).absolute().parent.parent)
+    load = " / ".join(f"{x:.2f}" for x in facts["loadavg_at_start"])
     git = facts["git"]
     settings = "; ".join(
         f"{c}: {args.capacities[c]:,.0f}/s, {args.settings.get(c) or 'defaults'}"
@@ -300,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    started, load = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _load()
+    from bench.facts import machine_facts
+
+    facts = machine_facts(Path(__file__).absolute().parent.parent)  # the tree measured
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workdir = Path(tempfile.mkdtemp(prefix="bench-cycles-"))
     results = asyncio.run(_measure(args, workdir))
     errors = [r for r in results if r.get("event") == "error"]
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"logs kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
-    text = _document(args, results, started, load)
+    text = _document(args, results, facts, started)
     print(text, file=sys.stderr)
     if args.out is not None:
         args.out.write_text(text)
