@@ -220,7 +220,7 @@ bench-hotpath: $(STAMP)
 
 # The benchmark harness's own checks (they time code, so they stay out of make test).
 bench-test: $(BENCH_STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider bench/test_bench.py
+	$(BIN)/python -m pytest -p no:cacheprovider bench/test_*.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check decaton_aio tests bench spark_jobs examples docs

@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench import reaper
 from bench.run import RESULTS, SECURED, Run, emit_line, fair_scenarios, report_from_log, say
 from bench.scenarios import SWEEPS, plan
 from decaton_aio import environment
@@ -46,6 +47,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="run nothing: write the report from the standard output of a run (one that "
         "was stopped too) into --out; of several runs, a contender's scenario a later "
         "run finished replaces an earlier run's rows of it",
+    )
+    parser.add_argument(
+        "--kill-leftovers",
+        action="store_true",
+        help="kill contender processes left by an earlier run (no running harness owns "
+        "them) before measuring; without it such processes stop the run before it starts",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter for contenders")
     parser.add_argument("--seed", type=int, help="the random order of runs (default: the time)")
@@ -126,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m bench: {exc}", file=sys.stderr)
             return 2
         return 0
+    reaper.install()  # whatever ends the run, the processes it started end with it
+    if not reaper.check_leftovers(args.kill_leftovers, say):
+        print(
+            "python -m bench: contender processes of an earlier run are still running "
+            "(above) and would skew the figures: stop them, or pass --kill-leftovers",
+            file=sys.stderr,
+        )
+        return 2
     sizes, scenarios = plan(args.quick)
     overrides = {
         "window_s": args.window_s,

@@ -495,6 +495,8 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_util": med("cpu_util"),
         "broker_cpu_s_per_1000": med("broker_cpu_s_per_1000"),
         "broker_cpu_util": med("broker_cpu_util"),
+        "fetch_cycles_per_s": med("fetch_cycles_per_s"),
+        "cpu_ms_per_fetch_cycle": med("cpu_ms_per_fetch_cycle"),
         "latency_p50_ms": med("latency_p50_ms"),
         "latency_p99_ms": med("latency_p99_ms"),
         "rss_bytes": med("rss_bytes"),

@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.body import FACTS_ENV_VAR, GC_POLICY
 from bench.contenders import CONTENDERS
+from bench.cycles import cycle_figures, fetch_cycles
 from bench.loopstats import free_port, scrape, window_figures
 from bench.procs import (
     MachineTimes,
@@ -177,14 +178,18 @@ class Harness:
         spec = self._spec(contender, topic, partitions, options, tag)
         facts_dir = Path(spec.facts_dir)
         load_at_start = os.getloadavg()[0]
-        proc, log = await self._start(spec, tag)
+        # Ours serves its metrics: its fetch cycles over the window.
+        port = free_port() if CONTENDERS[contender].kind == "cli" else None
+        proc, log = await self._start(spec, tag, port)
         try:
             await self._first_task(proc, facts_dir, log)
             await asyncio.sleep(warmup_s)
             roots = [proc.pid]
             cpu0, broker0, t0 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
+            opened = await scrape(port) if port is not None else None
             await asyncio.sleep(window_s)
             cpu1, broker1, t1 = cpu_times(roots), cpu_times(self.broker_pids), time.time_ns()
+            closed = await scrape(port) if port is not None else None
             rss, tree = rss_bytes(roots)
             if proc.returncode is not None:
                 raise RuntimeError(f"exited with code {proc.returncode}: {_tail(log)}")
@@ -202,6 +207,7 @@ class Harness:
         p50, p99 = counted.processing_ms()
         consumed = facts.last_offsets()
         ran_out = all(consumed.get(p, -1) + 1 >= end for p, end in end_offsets.items())
+        fetches = fetch_cycles(opened, closed)
         return {
             "tasks_per_s": round(n / window, 1),
             "measured_tasks": n,
@@ -210,6 +216,7 @@ class Harness:
             "cpu_util": round(cpu / window, 3),
             "broker_cpu_s_per_1000": round(broker_cpu / max(n, 1) * 1000, 5),
             "broker_cpu_util": round(broker_cpu / window, 3),
+            **cycle_figures(cpu, window, fetches),
             "latency_p50_ms": p50,
             "latency_p99_ms": p99,
             **since_open.order_checks(),
@@ -286,7 +293,8 @@ class Harness:
                 # Threads of the contender ready to run with no core free, on average.
                 waited = cpu_delta(delays0, run_delays([proc.pid]))
                 machine["contender_waiting"] = round(waited / ((t1 - t0) / 1e9), 3)
-                rss, _ = rss_bytes([proc.pid])
+                rss, tree = rss_bytes([proc.pid])
+                broker_cpu = machine["broker"] * ((t1 - t0) / 1e9)
                 # What the runtime holds when the load ends (the drain empties it).
                 at_end = await scrape(port) if opened is not None else None
                 deadline = time.monotonic() + drain_s
@@ -309,6 +317,9 @@ class Harness:
                         runtime = {"runtime": window_figures(opened, closed, at_end)}
                 # The pace achieved: a producer that cannot keep up sends less than asked.
                 achieved = min(rate, sent["produced_per_s"])
+                # Fetch cycles over the window alone (to the scrape as the load ended).
+                cycles = cycle_figures(cpu, (t1 - t0) / 1e9, fetch_cycles(opened, at_end))
+                per_1000 = 1000 / ended if ended else None
                 rungs.append(
                     {
                         "rate": round(achieved),
@@ -318,7 +329,12 @@ class Harness:
                         **pacer_ack_ms(sent, t0, t1),
                         "cpu_s_per_1000": round(cpu / ended * 1000, 5) if ended else None,
                         "cpu_util": round(cpu / ((t1 - t0) / 1e9), 3),
+                        **cycles,
+                        "broker_cpu_s_per_1000": round(broker_cpu * per_1000, 5)
+                        if per_1000
+                        else None,
                         "rss_bytes": rss,
+                        "tree_processes": tree,
                         "machine": machine,
                         **runtime,
                     }

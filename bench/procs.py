@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from bench import reaper
+
 __all__ = [
     "MachineTimes",
     "cpu_delta",
@@ -135,9 +137,10 @@ def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 async def start_process(
     argv: list[str], *, env: dict[str, str], cwd: Path, log: Path
 ) -> asyncio.subprocess.Process:
-    """Start a contender in a session of its own, its output into ``log``."""
+    """Start a contender in a session of its own, its output into ``log``; it dies with
+    the harness (:mod:`bench.reaper`) unless :func:`stop_process` stops it first."""
     with _open_log(log) as out:
-        return await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
             env=env,
@@ -145,7 +148,10 @@ async def start_process(
             stdout=out,
             stderr=out,
             start_new_session=True,
+            preexec_fn=reaper.die_with_harness(),
         )
+    reaper.adopt(proc.pid)
+    return proc
 
 
 def _open_log(path: Path) -> BinaryIO:
@@ -165,3 +171,4 @@ async def stop_process(proc: asyncio.subprocess.Process, grace_s: float = 10.0) 
             os.kill(pid, signal.SIGKILL)
     if proc.returncode is None:
         await proc.wait()
+    reaper.release(proc.pid)

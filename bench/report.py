@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.cycles import cycle_table
 from bench.scenarios import GROWTH, OURS, REPORTED_SHARES, RIVAL, S5_SHAPES, TARGETS, plan
 
 __all__ = ["evaluate_targets", "render_chart", "render_markdown"]
@@ -597,6 +598,7 @@ def render_markdown(document: dict[str, Any], chart_name: str | None = None) -> 
             ]
             lines.append("")
         lines += _growth(rows_all)
+        lines += cycle_table(rows_all)
         s5 = _s5_results(rows_all)
         if s5:
             lines += [

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from bench import reaper
 from bench.contenders import CONTENDERS
 from bench.facts import machine_facts
 from bench.scenarios import GROWTH, S6_QUOTA, Scenario, Sizes, plan
@@ -157,7 +158,9 @@ class Run:
         if self.secured:
             # A password of this run only; clients read it from client.properties.
             security = BrokerSecurity({"bench": secrets.token_urlsafe(24)})
-        broker = EmbeddedBroker(flavor=flavor, log_path=log, security=security).start()
+        broker = EmbeddedBroker(flavor=flavor, log_path=log, security=security)
+        reaper.adopt_broker(broker)  # a signal while it starts stops it too
+        broker.start()
         found = broker.client_properties
         self.client_properties = str(found) if found is not None else None
         self.broker = f"{flavor} {SECURED}" if self.secured else flavor
@@ -221,6 +224,7 @@ class Run:
         finally:
             await admin.close(delete=False)
             broker.stop()
+            reaper.release_broker(broker)
 
     # ------------------------------------------------------- S4 to S6, one process
 
@@ -244,6 +248,7 @@ class Run:
         finally:
             await admin.close(delete=False)
             broker.stop()
+            reaper.release_broker(broker)
 
     async def child(
         self, spec: Spec, *, timeout_s: float, paced: dict[str, Any] | None = None
@@ -260,7 +265,9 @@ class Run:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
+                preexec_fn=reaper.die_with_harness(),
             )
+            reaper.adopt(proc.pid)
             try:
                 return await asyncio.wait_for(self._talk(proc, spec, paced), timeout_s)
             except TimeoutError:
@@ -276,6 +283,7 @@ class Run:
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
+                reaper.release(proc.pid)
 
     async def _talk(
         self, proc: asyncio.subprocess.Process, spec: Spec, paced: dict[str, Any] | None

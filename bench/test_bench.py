@@ -276,8 +276,8 @@ async def test_secured_harness_runs_ours_and_paces_over_sasl_ssl(
     secured_kafka_broker: BrokerHandle, tmp_path: Path
 ) -> None:
     """With the secured broker's client.properties the harness produces the tasks, runs
-    our contender (``run --client-properties``), awaits its commits and paces records
-    through librdkafka, all over SASL_SSL."""
+    our contender (``run --client-properties``), counts its fetch cycles, awaits its
+    commits and paces records through librdkafka, all over SASL_SSL."""
     embedded = secured_kafka_broker.embedded
     assert embedded is not None
     listener = embedded.listeners["SASL_SSL"]
@@ -307,6 +307,8 @@ async def test_secured_harness_runs_ours_and_paces_over_sasl_ssl(
             tag="secured-ours",
         )
         assert out["measured_tasks"] > 0
+        assert out["fetch_cycles_per_s"] > 0  # read from its metrics page
+        assert out["cpu_ms_per_fetch_cycle"] > 0
         assert out["commit"]["covered"], out["commit"]
         assert out["order_violations"] == 0
         paced_topic = await admin.create(3)
