@@ -8,7 +8,8 @@ JAVA_PACKAGE := openjdk-17-jdk-headless
 
 .PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
 	test-spark spark-cluster spark-dist test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
-	docs docs-serve docs-test chromium install-chromium
+	docs docs-serve docs-test chromium install-chromium \
+	go install-go toxiproxy faults
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
@@ -102,6 +103,18 @@ chromium:
 install-chromium:
 	$(call apt_install,chromium,Chromium (the documentation's browser test))
 
+# Go builds Toxiproxy, the fault proxy of the network fault tests (Debian's golang-go is
+# new enough for the pinned release).
+go:
+	@command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || $(MAKE) --no-print-directory install-go
+
+install-go:
+	$(call apt_install,golang-go,Go (builds Toxiproxy for the network fault tests))
+
+# Toxiproxy, built once by go install into the user's cache directory.
+toxiproxy: go $(STAMP)
+	$(BIN)/python -c 'from decaton_aio.embedded import resolve_toxiproxy_binary as r; print(r())'
+
 # Apache Kafka's jars, resolved once into the user's cache directory.
 kafka: maven $(STAMP)
 	$(BIN)/python -m decaton_aio broker --resolve-only
@@ -115,7 +128,7 @@ quickstart: kafka
 	$(BIN)/python examples/quickstart.py
 
 # The whole suite on the embedded Apache Kafka.
-test: kafka
+test: kafka toxiproxy
 	$(BIN)/python -m pytest
 
 # The integration suite again on Tansu, the Java-free broker.
