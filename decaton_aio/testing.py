@@ -197,9 +197,12 @@ def start_secured_broker(*, user: str = "decaton-test") -> EmbeddedBroker:
     return EmbeddedBroker(flavor="apache", security=security).start()
 
 
-def start_proxied_broker(toxiproxy: Toxiproxy, *, nodes: int = 1) -> EmbeddedBroker:
+def start_proxied_broker(
+    toxiproxy: Toxiproxy, *, nodes: int = 1, startup_timeout_s: float | None = None
+) -> EmbeddedBroker:
     """Start an embedded Apache Kafka of ``nodes`` nodes behind ``toxiproxy``: one proxy per
-    node, named ``node-<id>``, which that node advertises. Clients that bootstrap on its
+    node (named as its :attr:`~EmbeddedBroker.proxy_routes` say), which that node
+    advertises. Clients that bootstrap on its
     :attr:`~EmbeddedBroker.proxied_bootstrap_servers` go through the proxies for every
     request; :attr:`~EmbeddedBroker.bootstrap_servers` stays direct (for checks that a
     fault must not touch).
@@ -207,7 +210,9 @@ def start_proxied_broker(toxiproxy: Toxiproxy, *, nodes: int = 1) -> EmbeddedBro
     Raises:
         BrokerError: when the broker cannot start or a proxy cannot be created.
     """
-    broker = EmbeddedBroker(flavor="apache", nodes=nodes, proxied=True)
+    broker = EmbeddedBroker(
+        flavor="apache", nodes=nodes, proxied=True, startup_timeout_s=startup_timeout_s
+    )
     for route in broker.proxy_routes:
         toxiproxy.create(route.name, listen_port=route.listen_port, upstream=route.upstream)
     return broker.start()

@@ -202,7 +202,8 @@ class ProxyRoute:
     """The proxy in front of one node of a proxied broker.
 
     Attributes:
-        name: ``node-<id>``.
+        name: ``kafka-<port>-node-<id>`` (``port``: the broker's :attr:`EmbeddedBroker.port`,
+            so that the proxies of several brokers can share one Toxiproxy).
         node_id: the node (from 1).
         listen_port: the loopback port the proxy listens on, which the node advertises.
         upstream: the node's ``host:port`` the proxy forwards to.
@@ -309,7 +310,7 @@ class EmbeddedBroker:
         """Per node, the proxy a proxied broker expects: where it listens and the node's
         listener it forwards to (empty unless ``proxied``)."""
         return [
-            ProxyRoute(f"node-{i + 1}", i + 1, advertised, f"{self.host}:{port}")
+            ProxyRoute(f"kafka-{self.port}-node-{i + 1}", i + 1, advertised, f"{self.host}:{port}")
             for i, (port, advertised) in enumerate(self._proxied)
         ]
 
