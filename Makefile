@@ -9,7 +9,7 @@ JAVA_PACKAGE := openjdk-17-jdk-headless
 .PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
 	test-spark spark-cluster spark-dist test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
 	docs docs-serve docs-test chromium install-chromium \
-	prometheus install-prometheus test-deploy
+	prometheus install-prometheus test-deploy go install-go toxiproxy faults
 
 help:
 	@echo "make run    set up and run the follow-service demo: embedded broker, processor with"
@@ -21,7 +21,8 @@ help:
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
 	@echo "make spark-cluster  a Spark standalone master and 2 workers on loopback, until Ctrl-C"
 	@echo "make spark-dist  the wheel, and the --py-files zip and main file spark-submit needs, in dist/"
-	@echo "make chaos  every chaos scenario three times in a row (~20 min)"
+	@echo "make chaos  every chaos scenario three times in a row, and make faults (~1 h)"
+	@echo "make faults every network fault on every path through Toxiproxy, 30 s each (~40 min)"
 	@echo "make soak   three instances for 30 minutes at half capacity through restarts (~40 min);"
 	@echo "           bench/results/soak.json and soak.png"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
@@ -113,6 +114,18 @@ prometheus:
 install-prometheus:
 	$(call apt_install,prometheus,Prometheus and promtool (the deployment kit's alert tests))
 
+# Go builds Toxiproxy, the fault proxy of the network fault tests (Debian's golang-go is
+# new enough for the pinned release).
+go:
+	@command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || $(MAKE) --no-print-directory install-go
+
+install-go:
+	$(call apt_install,golang-go,Go (builds Toxiproxy for the network fault tests))
+
+# Toxiproxy, built once by go install into the user's cache directory.
+toxiproxy: go $(STAMP)
+	$(BIN)/python -c 'from decaton_aio.embedded import resolve_toxiproxy_binary as r; print(r())'
+
 # Apache Kafka's jars, resolved once into the user's cache directory.
 kafka: maven $(STAMP)
 	$(BIN)/python -m decaton_aio broker --resolve-only
@@ -126,7 +139,7 @@ quickstart: kafka
 	$(BIN)/python examples/quickstart.py
 
 # The whole suite on the embedded Apache Kafka.
-test: kafka prometheus
+test: kafka prometheus toxiproxy
 	$(BIN)/python -m pytest
 
 # The deployment kit alone: manifests, rules, dashboard and the live alert test.
@@ -141,8 +154,13 @@ test-tansu: $(STAMP) prometheus
 
 # Instances killed and restarted while tasks flow, every scenario, three times in a row
 # (make test runs the short scenario once).
-chaos: kafka
+chaos: kafka faults
 	for run in 1 2 3; do $(BIN)/python -m pytest -s -m chaos tests/chaos tests/interop/test_migration.py || exit 1; done
+
+# Network faults through Toxiproxy: each fault on each path for 30 s (make test runs one
+# short scenario per fault).
+faults: kafka toxiproxy
+	$(BIN)/python -m pytest -s -m faults tests/faults
 
 # Coverage-guided fuzzing (atheris) of the dt_meta header and every serializer; the
 # corpus grows in .fuzz/ across runs, a finding is written as crash-* and fails the run.

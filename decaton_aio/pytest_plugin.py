@@ -18,6 +18,10 @@ Fixtures:
   (`start_secured_broker()`); ``handle.security`` is what a
   client connects with, ``handle.embedded.listeners`` the ``client.properties`` files.
   Skipped on Tansu and on an external cluster.
+- ``toxiproxy``: a session-wide :class:`~decaton_aio.embedded.Toxiproxy` server on a free
+  loopback port (built by ``go install`` on first use), for network fault tests; with
+  :func:`~decaton_aio.testing.start_proxied_broker` it stands between clients and an
+  embedded broker. Skipped, saying why, when the binary cannot be had.
 
 Every client the fixtures make connects with ``kafka_broker.security`` (from
 ``$DECATON_AIO_CLIENT_PROPERTIES`` and the ``DECATON_AIO_SASL_*``/``_SSL_*`` variables for
@@ -34,7 +38,8 @@ from typing import Any
 import pytest
 
 from decaton_aio.client_properties import cluster_settings
-from decaton_aio.embedded import EmbeddedBroker, default_flavor
+from decaton_aio.embedded import EmbeddedBroker, Toxiproxy, default_flavor
+from decaton_aio.errors import BrokerError
 from decaton_aio.producer import TaskProducer
 from decaton_aio.serializers import BytesSerializer
 from decaton_aio.testing import BrokerHandle, start_secured_broker
@@ -85,6 +90,20 @@ def mtls_kafka_broker(_secured_embedded_broker: EmbeddedBroker) -> BrokerHandle:
 def _listener_handle(broker: EmbeddedBroker, name: str) -> BrokerHandle:
     listener = broker.listeners[name]
     return BrokerHandle(listener.bootstrap_servers, broker, 1, listener.security)
+
+
+@pytest.fixture(scope="session")
+def toxiproxy() -> Iterator[Toxiproxy]:
+    """A Toxiproxy server for this test session, stopped at its end (skipped when the
+    binary cannot be built or found)."""
+    try:
+        server = Toxiproxy().start()
+    except BrokerError as exc:
+        pytest.skip(f"Toxiproxy is not available: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

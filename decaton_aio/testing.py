@@ -27,7 +27,7 @@ from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.client_properties import cluster_settings
 from decaton_aio.consumer import Subscription
 from decaton_aio.context import ProcessingContext
-from decaton_aio.embedded import FLAVOR_ENV_VAR, BrokerSecurity, EmbeddedBroker
+from decaton_aio.embedded import FLAVOR_ENV_VAR, BrokerSecurity, EmbeddedBroker, Toxiproxy
 from decaton_aio.errors import ConfigError, ProcessingError
 from decaton_aio.offsets import committed_offsets, topic_partitions
 from decaton_aio.producer import ProducerConfig, RecordLocation
@@ -47,6 +47,7 @@ __all__ = [
     "drain",
     "read_records",
     "recent_timestamp_ms",
+    "start_proxied_broker",
     "start_secured_broker",
     "wait_until",
 ]
@@ -195,6 +196,27 @@ def start_secured_broker(*, user: str = "decaton-test") -> EmbeddedBroker:
         sasl_mechanisms=("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"),
     )
     return EmbeddedBroker(flavor="apache", security=security).start()
+
+
+def start_proxied_broker(
+    toxiproxy: Toxiproxy, *, nodes: int = 1, startup_timeout_s: float | None = None
+) -> EmbeddedBroker:
+    """Start an embedded Apache Kafka of ``nodes`` nodes behind ``toxiproxy``: one proxy per
+    node (named as its :attr:`~EmbeddedBroker.proxy_routes` say), which that node
+    advertises. Clients that bootstrap on its
+    :attr:`~EmbeddedBroker.proxied_bootstrap_servers` go through the proxies for every
+    request; :attr:`~EmbeddedBroker.bootstrap_servers` stays direct (for checks that a
+    fault must not touch).
+
+    Raises:
+        BrokerError: when the broker cannot start or a proxy cannot be created.
+    """
+    broker = EmbeddedBroker(
+        flavor="apache", nodes=nodes, proxied=True, startup_timeout_s=startup_timeout_s
+    )
+    for route in broker.proxy_routes:
+        toxiproxy.create(route.name, listen_port=route.listen_port, upstream=route.upstream)
+    return broker.start()
 
 
 def recent_timestamp_ms(hours_ago: int = 1) -> int:

@@ -138,6 +138,9 @@ class KafkaCluster:
         format_args: extra arguments of the storage format (``--add-scram ...``).
         probe_ports: the plain listener each node's readiness is probed on, when the
             client ports are secured.
+        proxied: per node, ``(port, advertised port)`` of a second plain listener,
+            ``PROXIED``, which advertises the port of a proxy in front of it: a client
+            that bootstraps through the proxies reaches every node through them.
     """
 
     host: str
@@ -148,6 +151,7 @@ class KafkaCluster:
     preexec: Callable[[], None] | None = None
     format_args: list[str] = field(default_factory=list)
     probe_ports: list[int] = field(default_factory=list)
+    proxied: list[tuple[int, int]] = field(default_factory=list)
     nodes: list[_Node] = field(default_factory=list)
     workdir: Path | None = None
 
@@ -181,6 +185,8 @@ class KafkaCluster:
                 self.workdir / f"data-{node_id}",
                 count,
             )
+            if self.proxied:
+                properties.update(_proxied_listener(properties, self.host, *self.proxied[i]))
             properties.update(self.settings)
             config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
             log = self.log_path if count == 1 else _node_log(self.log_path, node_id)
@@ -343,6 +349,22 @@ def _server_properties(
         # Deleted topics and their files go at once: tests create and delete many.
         "log.segment.delete.delay.ms": "0",
         "file.delete.delay.ms": "0",
+    }
+
+
+def _proxied_listener(
+    properties: dict[str, str], host: str, port: int, advertised: int
+) -> dict[str, str]:
+    # Brokers keep talking to each other on PLAINTEXT: a fault between a client and a
+    # node's proxy leaves replication alone.
+    return {
+        "listeners": f"{properties['listeners']},PROXIED://{host}:{port}",
+        "advertised.listeners": (
+            f"{properties['advertised.listeners']},PROXIED://{host}:{advertised}"
+        ),
+        "listener.security.protocol.map": (
+            f"{properties['listener.security.protocol.map']},PROXIED:PLAINTEXT"
+        ),
     }
 
 

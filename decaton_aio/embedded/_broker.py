@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -45,7 +43,7 @@ from decaton_aio.embedded._kafka_security import (
     SecuredSetup,
     prepare,
 )
-from decaton_aio.embedded._spawn import popen_for_life
+from decaton_aio.embedded._spawn import die_with_parent, popen_for_life
 from decaton_aio.errors import BrokerError, ConfigError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 
@@ -57,6 +55,7 @@ __all__ = [
     "BrokerListener",
     "BrokerSecurity",
     "EmbeddedBroker",
+    "ProxyRoute",
     "default_flavor",
     "find_free_port",
     "resolve_tansu_binary",
@@ -199,20 +198,22 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return buf
 
 
-def _die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    pr_set_pdeathsig = 1
+@dataclass(frozen=True)
+class ProxyRoute:
+    """The proxy in front of one node of a proxied broker.
 
-    def preexec() -> None:
-        libc.prctl(pr_set_pdeathsig, sig, 0, 0, 0)
+    Attributes:
+        name: ``kafka-<port>-node-<id>`` (``port``: the broker's :attr:`EmbeddedBroker.port`,
+            so that the proxies of several brokers can share one Toxiproxy).
+        node_id: the node (from 1).
+        listen_port: the loopback port the proxy listens on, which the node advertises.
+        upstream: the node's ``host:port`` the proxy forwards to.
+    """
 
-    return preexec
+    name: str
+    node_id: int
+    listen_port: int
+    upstream: str
 
 
 class EmbeddedBroker:
@@ -247,8 +248,14 @@ class EmbeddedBroker:
             listing every node.
         security: start Apache Kafka (one node) secured: SASL_SSL with SCRAM users and/or
             mutual TLS, with a CA and certificates made for this start; clients connect
-            with [`security`][decaton_aio.EmbeddedBroker.security] (see
-            [`listeners`][decaton_aio.EmbeddedBroker.listeners] for each secured listener).
+            with :attr:`security` (see :attr:`listeners` for each secured listener).
+        proxied: give each Apache Kafka node a second plain listener that advertises the
+            address of a proxy in front of it (see :attr:`proxy_routes`): a client that
+            bootstraps on :attr:`proxied_bootstrap_servers` makes every connection
+            (fetch, produce, group and transaction coordinators) through the proxy of the
+            node it talks to, while :attr:`bootstrap_servers` and the brokers' own
+            replication stay direct. The caller creates the proxies (e.g. with
+            :class:`Toxiproxy`), before or after :meth:`start`.
     """
 
     def __init__(
@@ -265,6 +272,7 @@ class EmbeddedBroker:
         settings: dict[str, str] | None = None,
         startup_timeout_s: float | None = None,
         security: BrokerSecurity | None = None,
+        proxied: bool = False,
     ) -> None:
         flavor = flavor or default_flavor()
         if flavor not in FLAVORS:
@@ -278,6 +286,8 @@ class EmbeddedBroker:
             raise ConfigError("Tansu runs one node without server settings: use flavor='apache'")
         if security is not None and (flavor != "apache" or nodes != 1):
             raise ConfigError("a secured embedded broker is Apache Kafka with one node")
+        if proxied and (flavor != "apache" or security is not None):
+            raise ConfigError("a proxied embedded broker is Apache Kafka without security")
         if flavor == "apache" and (storage_engine or binary or env):
             raise ConfigError("storage_engine, binary and env are Tansu settings: flavor='tansu'")
         self.flavor = flavor
@@ -296,6 +306,26 @@ class EmbeddedBroker:
         self._security = security
         self._secured: SecuredSetup | None = None
         self._ports = [self.port] + [find_free_port(host) for _ in range(nodes - 1)]
+        self._proxied = [(find_free_port(host), find_free_port(host)) for _ in range(nodes)]
+        if not proxied:
+            self._proxied = []
+
+    @property
+    def proxy_routes(self) -> list[ProxyRoute]:
+        """Per node, the proxy a proxied broker expects: where it listens and the node's
+        listener it forwards to (empty unless ``proxied``)."""
+        return [
+            ProxyRoute(f"kafka-{self.port}-node-{i + 1}", i + 1, advertised, f"{self.host}:{port}")
+            for i, (port, advertised) in enumerate(self._proxied)
+        ]
+
+    @property
+    def proxied_bootstrap_servers(self) -> str:
+        """The proxies' ``host:port[,host:port]`` (a proxied broker's; else
+        :attr:`bootstrap_servers`)."""
+        if not self._proxied:
+            return self.bootstrap_servers
+        return ",".join(f"{self.host}:{route.listen_port}" for route in self.proxy_routes)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -393,9 +423,10 @@ class EmbeddedBroker:
             self._log_path,
             settings=settings,
             # SIGKILL: a JVM's orderly shutdown can wait on peers that are gone too.
-            preexec=_die_with_parent(signal.SIGKILL),
+            preexec=die_with_parent(signal.SIGKILL),
             format_args=format_args,
             probe_ports=probe_ports,
+            proxied=self._proxied,
         )
         self._cluster = cluster
         atexit.register(self.stop)
@@ -418,7 +449,7 @@ class EmbeddedBroker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self._env},
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         atexit.register(self.stop)
         deadline = time.monotonic() + self._startup_timeout_s

@@ -11,12 +11,16 @@ Caller: the broker classes of `decaton_aio.embedded`, when they start a process.
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["popen_for_life"]
+__all__ = ["die_with_parent", "popen_for_life"]
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decaton-aio-broker-spawner")
 
@@ -31,3 +35,19 @@ def popen_for_life(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     if threading.current_thread() is threading.main_thread():
         return fork()
     return _SPAWNER.submit(fork).result()
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        libc.prctl(pr_set_pdeathsig, sig, 0, 0, 0)
+
+    return preexec

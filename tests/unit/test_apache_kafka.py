@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from decaton_aio.embedded import EmbeddedBroker, _apache_kafka
-from decaton_aio.embedded._broker import _die_with_parent
-from decaton_aio.embedded._spawn import popen_for_life
+from decaton_aio.embedded._spawn import die_with_parent, popen_for_life
 
 
 def test_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +48,7 @@ def test_a_process_started_from_a_short_lived_thread_outlives_it() -> None:
         target=lambda: started.append(
             popen_for_life(
                 [sys.executable, "-c", "import time; time.sleep(60)"],
-                preexec_fn=_die_with_parent(signal.SIGKILL),
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
         )
     )

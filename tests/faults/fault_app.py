@@ -1,0 +1,43 @@
+"""The network fault suite's application: the soak's tasks (some fail once, retry once,
+always fail or are rejected into the dead letter topic, each logged as the soak logs
+them), and for each task that succeeds one output record (its task number) to
+``$FAULT_OUT`` and, when it succeeded at its first attempt, a count of its key in
+``ctx.state``. (Only first attempts count: a retry runs in the retry topic's lane of the
+key, which shares the key's state with the task topic's lane, and two lanes' updates
+could interleave.) Run with ``--exactly-once`` the outputs, the
+state's changelog and the offsets commit in one transaction.
+
+The suite copies this file and ``tests/soak/soak_app.py`` beside the instances.
+"""
+
+from __future__ import annotations
+
+import os
+
+import soak_app  # type: ignore[import-not-found]
+
+from decaton_aio import Application, BytesSerializer, ProcessingContext, StateStoreConfig
+
+OUT = os.environ["FAULT_OUT"]
+
+
+async def process(ctx: ProcessingContext, task: bytes) -> None:
+    await soak_app.process(ctx, task)  # logs it; raises or retries as its fate says
+    n = int(task)
+    first = ctx.metadata.retry_count == 0
+    if soak_app.fate(n) == "retries once" and first:
+        return  # sent to the retry topic: its output comes with the retry
+    if first:
+        ctx.state.set(ctx.state.get(0) + 1)
+    await ctx.produce(OUT, b"%d" % n, key=ctx.key)
+
+
+app = Application(
+    process,
+    topics=("unused",),  # named with --topic
+    serializer=BytesSerializer(),
+    retry=soak_app.app.retry,
+    state=StateStoreConfig("counts"),
+    on_startup=soak_app._open_log,
+    on_shutdown=soak_app._close_log,
+)

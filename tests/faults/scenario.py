@@ -1,0 +1,514 @@
+"""One network fault scenario: two ``run`` instances of the fault application
+(``fault_app.py``) behind Toxiproxy, tasks produced at a steady pace, one fault injected
+for a while on one path, and what the group made of it.
+
+Paths (which clients go through the faulty proxies):
+
+- ``runtime``: one node; the instances reach it through its proxy for everything (fetch,
+  group coordinator, outputs, state, retries, transactions), the tasks are produced
+  directly.
+- ``producer``: one node; ``python -m decaton_aio produce --spool-dir`` goes through the
+  proxy, a batch a second, and the instances connect directly.
+- ``coordinator``: three nodes; the instances go through the proxies and the fault is on
+  the node that coordinates their group only. Every topic the application uses is
+  placed with its leaders on the two other nodes, so the instances still reach every
+  leader they fetch from and produce to: one proxy per node is shared by all clients of
+  that node, so "cut from the coordinator only" needs the coordinator on a node that
+  leads none of the group's partitions. (Under exactly-once the transaction coordinator
+  may sit on that node too.)
+- ``node``: three nodes; the fault is on a node that leads half the partitions (not the
+  group's coordinator): every client of that node is cut from it, while the brokers keep
+  replicating to it.
+
+The figures of a run (:class:`Figures`): how long until an instance's readiness probe
+said not ready (``detect_s``), the longest time no task started (``stall_s``), how long
+after the fault ended every task produced until then was committed (``recover_s``), and
+the task runs redone (runs beyond each task's fate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
+
+from decaton_aio import BytesSerializer, TaskProducer
+from decaton_aio.embedded import EmbeddedBroker, Toxiproxy
+from decaton_aio.offsets import committed_offsets, partition_extents
+from decaton_aio.testing import BrokerHandle
+from tests.chaos.test_chaos import Instance, run_argv
+from tests.integration.test_exactly_once import read_all
+from tests.soak import soak_app
+from tests.soak.checks import Reading, TaskLog, parse_metrics
+from tests.soak.soak_app import DEAD, fate
+
+PARTITIONS = 6
+KEYS = 60
+INSTANCES = 2
+#: Tasks a second.
+RATE = 150
+#: Commit interval of the instances.
+COMMIT_INTERVAL_MS = 500
+#: No fetch returning for this long makes an instance's readiness probe fail.
+FETCH_TIMEOUT_MS = 3000
+
+_METRICS_URL = re.compile(r"http://[0-9.]+:[0-9]+/metrics")
+_HERE = Path(__file__).parent
+
+#: Runs of a task by its fate: retried once, retried until the attempts (3) ran out.
+_RUNS = {"ok": 1, "fails once": 2, "retries once": 2, "always fails": 3, "rejected": 1}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A toxic (``kind`` and its attributes, on each of ``streams``) or ``down`` (the
+    proxy disabled: the node refuses connections, open ones are dropped)."""
+
+    kind: str
+    attributes: dict[str, int] = field(default_factory=dict)
+    streams: tuple[str, ...] = ("downstream",)
+
+    def apply(self, toxiproxy: Toxiproxy, proxies: list[str]) -> None:
+        for proxy in proxies:
+            if self.kind == "down":
+                toxiproxy.set_enabled(proxy, False)
+                continue
+            for stream in self.streams:
+                toxiproxy.add_toxic(proxy, self.kind, stream=stream, **self.attributes)
+
+    def remove(self, toxiproxy: Toxiproxy, proxies: list[str]) -> None:
+        for proxy in proxies:
+            if self.kind == "down":
+                toxiproxy.set_enabled(proxy, True)
+                continue
+            for stream in self.streams:
+                toxiproxy.remove_toxic(proxy, f"{self.kind}_{stream}")
+
+
+BOTH = ("upstream", "downstream")
+FAULTS = {
+    "latency": Fault("latency", {"latency": 300, "jitter": 200}, BOTH),
+    "bandwidth": Fault("bandwidth", {"rate": 16}),  # KB/s of responses
+    "reset_peer": Fault("reset_peer", {"timeout": 300}),  # each connection reset after 0.3 s
+    "timeout": Fault("timeout", {"timeout": 0}, BOTH),  # a black hole
+    "slicer": Fault("slicer", {"average_size": 24, "size_variation": 16, "delay": 500}, BOTH),
+    "limit_data": Fault("limit_data", {"bytes": 2048}),  # responses cut after 2 KB
+    "down": Fault("down"),
+}
+
+
+@dataclass
+class Figures:
+    """What a fault did (seconds; ``None``: never happened)."""
+
+    path: str
+    fault: str
+    exactly_once: bool
+    fault_s: float
+    tasks: int = 0
+    detect_s: float | None = None
+    stall_s: float = 0.0
+    recover_s: float | None = None
+    redone: int = 0
+    redo_bound: int = 0
+    fds: tuple[float, float] = (0.0, 0.0)
+    rss_mb: tuple[float, float] = (0.0, 0.0)
+    dead_lettered: int = 0
+    outputs: int = 0
+
+
+@dataclass
+class Cluster:
+    """The brokers a scenario runs on: where each kind of client connects, which
+    proxies the fault goes on, and the group (named so its coordinator is known)."""
+
+    broker: EmbeddedBroker
+    toxiproxy: Toxiproxy
+    path: str
+    group: str = field(default_factory=lambda: f"faults-{uuid.uuid4().hex[:8]}")
+    coordinator: int = 1
+    faulty: list[str] = field(default_factory=list)
+    leaders: list[int] = field(default_factory=list)
+
+    @property
+    def direct(self) -> str:
+        return self.broker.bootstrap_servers
+
+    @property
+    def runtime_servers(self) -> str:
+        proxied = self.path != "producer"
+        return self.broker.proxied_bootstrap_servers if proxied else self.direct
+
+    @property
+    def producer_servers(self) -> str:
+        return self.broker.proxied_bootstrap_servers if self.path == "producer" else self.direct
+
+    async def prepare(self, topic: str, out: str) -> None:
+        """Find the group's coordinator, create the topics (with their leaders off the
+        coordinator's node on three nodes) and choose the faulty proxies."""
+        routes = {r.node_id: r.name for r in self.broker.proxy_routes}
+        nodes = sorted(routes)
+        client = AIOKafkaClient(bootstrap_servers=self.direct)
+        await client.bootstrap()
+        try:
+            self.coordinator = await client.coordinator_lookup(0, self.group)
+        finally:
+            await client.close()
+        others = [n for n in nodes if n != self.coordinator] or nodes
+        self.leaders = [others[p % len(others)] for p in range(PARTITIONS)]
+        rf = len(nodes)
+
+        def assignment(p: int) -> list[int]:
+            lead = self.leaders[p]
+            return [lead, *(n for n in nodes if n != lead)][:rf]
+
+        replicas = {p: assignment(p) for p in range(PARTITIONS)}
+        names = [topic, f"{topic}-retry", f"{topic}-dlq", out]
+        new = [NewTopic(name, -1, -1, replica_assignments=replicas) for name in names]
+        changelog = {"cleanup.policy": "compact"}
+        new.append(
+            NewTopic(f"{self.group}-counts-changelog", -1, -1, replicas, topic_configs=changelog)
+        )
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.direct)
+        await admin.start()
+        try:
+            await admin.create_topics(new)
+        finally:
+            await admin.close()
+        await _wait_for_leaders(self.direct, names)
+        if self.path == "coordinator":
+            self.faulty = [routes[self.coordinator]]
+        elif self.path == "node":
+            self.faulty = [routes[others[0]]]
+        else:
+            self.faulty = list(routes.values())
+
+
+async def _wait_for_leaders(servers: str, topics: list[str]) -> None:
+    deadline = time.monotonic() + 30
+    for topic in topics:
+        while True:
+            with contextlib.suppress(Exception):
+                extents = await partition_extents(servers, topic)
+                if len(extents) == PARTITIONS:
+                    break
+            assert time.monotonic() < deadline, f"{topic} has no leaders"
+            await asyncio.sleep(0.2)
+
+
+class Feeder:
+    """Produces task number n with key ``k{n % KEYS}`` at :data:`RATE`: in this process
+    (:meth:`direct`) or a batch a second through ``produce --spool-dir`` (:meth:`cli`)."""
+
+    def __init__(self, servers: str, topic: str, workdir: Path) -> None:
+        self.servers = servers
+        self.topic = topic
+        self.workdir = workdir
+        self.sent = 0
+        self.delivered = 0
+        self.exit_codes: list[int] = []
+
+    async def direct(self, until: asyncio.Event) -> None:
+        producer: TaskProducer[bytes] = TaskProducer(
+            BrokerHandle(self.servers).producer_config(), self.topic, BytesSerializer()
+        )
+        async with producer:
+            began = time.monotonic()
+            while not until.is_set():
+                due = int(RATE * (time.monotonic() - began)) - self.sent
+                for _ in range(due):
+                    await producer.put(f"k{self.sent % KEYS}", str(self.sent).encode())
+                    self.sent += 1
+                self.delivered = self.sent
+                await asyncio.sleep(0.02)
+
+    async def cli(self, until: asyncio.Event) -> None:
+        spool = self.workdir / "spool"
+        argv = [sys.executable, "-m", "decaton_aio", "produce", "--topic", self.topic]
+        argv += ["--bootstrap-servers", self.servers, "--spool-dir", str(spool)]
+        argv += ["--drain-timeout-s", "120"]
+        batch = self.workdir / "batch.jsonl"
+        while not until.is_set():
+            began = time.monotonic()
+            first, self.sent = self.sent, self.sent + RATE
+            lines = (
+                json.dumps({"key": f"k{n % KEYS}", "task": n}) for n in range(first, self.sent)
+            )
+            batch.write_text("".join(f"{line}\n" for line in lines))
+            with (self.workdir / "produce.err").open("ab") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, "--file", str(batch), stdout=err, stderr=err
+                )
+                self.exit_codes.append(await proc.wait())
+            self.delivered = self.sent
+            await asyncio.sleep(max(0.0, began + 1.0 - time.monotonic()))
+
+
+class Scenario:
+    """Runs a fault scenario and judges it; :meth:`run` returns its figures."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        fault: str,
+        *,
+        fault_s: float,
+        exactly_once: bool,
+        workdir: Path,
+    ) -> None:
+        self.cluster = cluster
+        self.fault = FAULTS[fault]
+        self.figures = Figures(cluster.path, fault, exactly_once, fault_s)
+        self.exactly_once = exactly_once
+        self.workdir = workdir
+        self.topic = f"faults-{uuid.uuid4().hex[:8]}"
+        self.out = f"{self.topic}-out"
+        self.instances: list[Instance] = []
+        self.urls: list[str] = []
+        self.progress: list[tuple[float, int]] = []  # (time, tasks processed so far)
+        self.not_ready: list[float] = []  # times a probe said not ready
+
+    async def run(self) -> Figures:
+        cluster = self.cluster
+        await cluster.prepare(self.topic, self.out)
+        for source in (_HERE / "fault_app.py", Path(soak_app.__file__)):
+            shutil.copy(source, self.workdir / source.name)
+        handle = BrokerHandle(cluster.runtime_servers)
+        argv = run_argv(
+            "fault_app:app",
+            handle,
+            self.topic,
+            cluster.group,
+            commit_interval_ms=COMMIT_INTERVAL_MS,
+        )
+        argv += ["--metrics-port", "0", "--fetch-timeout-ms", str(FETCH_TIMEOUT_MS)]
+        if self.exactly_once:
+            argv.append("--exactly-once")
+        env = {"FAULT_OUT": self.out}
+        self.instances = [Instance(f"i{n}", self.workdir, argv, env) for n in range(INSTANCES)]
+        feeder = Feeder(cluster.producer_servers, self.topic, self.workdir)
+        stop_feeding, stop_watching = asyncio.Event(), asyncio.Event()
+        feeding = watching = None
+        try:
+            for instance in self.instances:
+                await instance.start()
+            for instance in self.instances:
+                await instance.joined()
+                self.urls.append(await self._metrics_url(instance))
+            feed = feeder.cli if cluster.path == "producer" else feeder.direct
+            feeding = asyncio.create_task(feed(stop_feeding))
+            watching = asyncio.create_task(self._watch(stop_watching))
+            await asyncio.sleep(3.0)  # the steady state before the fault
+            before = self._readings()
+            committed_before = sum((await self._committed(self.topic)).values())
+            began = time.monotonic()
+            self.fault.apply(cluster.toxiproxy, cluster.faulty)
+            try:
+                await asyncio.sleep(self.figures.fault_s)
+            finally:
+                self.fault.remove(cluster.toxiproxy, cluster.faulty)
+            ended = time.monotonic()
+            sent_by_end = feeder.sent
+            self.figures.redo_bound = (
+                sent_by_end - committed_before + RATE * COMMIT_INTERVAL_MS // 1000
+            )
+            await self._recovered(feeder, sent_by_end, ended)
+            await asyncio.sleep(2.0)  # the steady state after it
+            stop_feeding.set()
+            await feeding
+            await self._settled(feeder.sent)
+            after = self._readings()
+            stop_watching.set()
+            await watching
+            for instance in self.instances:
+                assert instance.proc is not None
+                assert instance.proc.returncode is None, (
+                    f"{instance.name} exited during the fault: {instance.logs[-1]}"
+                )
+        finally:
+            stop_feeding.set()
+            stop_watching.set()
+            for task in (feeding, watching):
+                if task is not None:
+                    with contextlib.suppress(BaseException):
+                        await task
+            for instance in self.instances:
+                await instance.stop(signal.SIGTERM)
+        exits = [i.proc.returncode for i in self.instances if i.proc is not None]
+        assert exits == [0] * INSTANCES, f"instances exited with {exits}"
+        assert set(feeder.exit_codes) <= {0}, f"produce exited with {feeder.exit_codes}"
+        self.figures.tasks = feeder.sent
+        self.figures.detect_s = next((t - began for t in self.not_ready if t >= began), None)
+        self.figures.stall_s = self._longest_stall(began, ended)
+        self.figures.fds = (max(r.fds for r in before), max(r.fds for r in after))
+        self.figures.rss_mb = (
+            round(max(r.rss_mb for r in before), 1),
+            round(max(r.rss_mb for r in after), 1),
+        )
+        await self._judge(feeder.sent)
+        return self.figures
+
+    async def _metrics_url(self, instance: Instance) -> str:
+        err = instance.logs[-1].with_suffix(".err")
+        deadline = time.monotonic() + 60
+        while not (found := _METRICS_URL.findall(err.read_text())):
+            assert time.monotonic() < deadline, f"{instance.name} serves no metrics: {err}"
+            await asyncio.sleep(0.1)
+        return str(found[0])
+
+    def _readings(self) -> list[Reading]:
+        return [parse_metrics(_get(url)) for url in self.urls]
+
+    async def _watch(self, until: asyncio.Event) -> None:
+        """Every 0.2 s: the instances' readiness and how many tasks they processed."""
+        while not until.is_set():
+            now = time.monotonic()
+            processed = 0
+            for url in self.urls:
+                if not await asyncio.to_thread(_ready, url.replace("/metrics", "/readyz")):
+                    self.not_ready.append(now)
+                with contextlib.suppress(OSError):
+                    page = await asyncio.to_thread(_get, url)
+                    processed += int(sum(_samples(page, "decaton_tasks_processed_total")))
+            self.progress.append((now, processed))
+            await asyncio.sleep(0.2)
+
+    def _longest_stall(self, began: float, ended: float) -> float:
+        """The longest stretch in which no task completed, among those that overlap the
+        fault (seen every 0.2 s)."""
+        longest, since, last = 0.0, None, -1
+        for at, processed in self.progress:
+            if processed != last:
+                if since is not None and at >= began and since <= ended:
+                    longest = max(longest, at - since)
+                since, last = at, processed
+        return round(longest, 1)
+
+    async def _committed(self, topic: str) -> dict[int, int]:
+        found = await committed_offsets(
+            self.cluster.direct, self.cluster.group, topic, range(PARTITIONS)
+        )
+        return {p: o or 0 for p, o in found.items()}
+
+    async def _ends(self, topic: str) -> dict[int, int]:
+        extents = await partition_extents(self.cluster.direct, topic)
+        return {p: e.high_watermark for p, e in extents.items()}
+
+    async def _recovered(self, feeder: Feeder, sent: int, ended: float) -> None:
+        """Wait until every task produced before the fault ended is committed."""
+        deadline = ended + 120
+        while feeder.delivered < sent:
+            assert time.monotonic() < deadline, "the producer never delivered its tasks"
+            await asyncio.sleep(0.1)
+        ends = await self._ends(self.topic)
+        while True:
+            committed = await self._committed(self.topic)
+            if all(committed[p] >= end for p, end in ends.items()):
+                self.figures.recover_s = round(time.monotonic() - ended, 2)
+                return
+            assert time.monotonic() < deadline, f"not recovered: {committed} < {ends}"
+            await asyncio.sleep(0.1)
+
+    async def _settled(self, sent: int) -> None:
+        """Wait until the group committed the ends of the task and retry topics."""
+        deadline = time.monotonic() + 120
+        while True:
+            topics = (self.topic, f"{self.topic}-retry")
+            ends = [await self._ends(t) for t in topics]
+            committed = [await self._committed(t) for t in topics]
+            if sum(ends[0].values()) >= sent and all(
+                c[p] >= e for c, e2 in zip(committed, ends, strict=True) for p, e in e2.items()
+            ):
+                return
+            assert time.monotonic() < deadline, f"commits stuck: {committed} < {ends}"
+            await asyncio.sleep(0.5)
+
+    async def _judge(self, tasks: int) -> None:
+        """Nothing lost, keys in order, the right tasks dead-lettered, outputs (once
+        under exactly-once) and the state's counts; and the tasks redone."""
+        log = TaskLog(tasks)
+        for instance in self.instances:
+            for run, path in enumerate(instance.logs, 1):
+                with path.open() as lines:
+                    log.read(f"{instance.name}#{run}", lines)
+        direct = self.cluster.direct
+        dlq = f"{self.topic}-dlq"
+        dead = [int(r.value) for r in await read_all(direct, dlq) if r.value is not None]
+        _, failures = log.failures(dead)
+        assert not failures, "\n".join(failures)
+        self.figures.dead_lettered = len(dead)
+        expected_runs = sum(_RUNS[fate(n)] for n in range(tasks))
+        self.figures.redone = log.runs - expected_runs
+        succeeded = [n for n in range(tasks) if fate(n) not in DEAD]
+        outputs = Counter(int(r.value) for r in await read_all(direct, self.out))
+        self.figures.outputs = sum(outputs.values())
+        missing = set(succeeded) - set(outputs)
+        assert not missing, f"{len(missing)} outputs missing, e.g. {sorted(missing)[:5]}"
+        # The application counts a key's tasks that succeeded at their first attempt.
+        per_key: Counter[str] = Counter(f"k{n % KEYS}" for n in range(tasks) if fate(n) == "ok")
+        changelog: dict[str, int] = {}
+        for record in await read_all(direct, f"{self.cluster.group}-counts-changelog"):
+            changelog[record.key.decode()] = _count(record.value)
+        if self.exactly_once:
+            twice = [n for n, c in outputs.items() if c > 1]
+            assert not twice, f"{len(twice)} outputs committed more than once: {twice[:5]}"
+            assert changelog == dict(per_key), "the state's counts are not the tasks'"
+        else:
+            low = {k: n for k, n in per_key.items() if changelog.get(k, 0) < n}
+            assert not low, f"counts lower than the tasks of their keys: {low}"
+        assert self.figures.redone <= self.figures.redo_bound, (
+            f"{self.figures.redone} runs redone, more than the work pending at the fault and "
+            f"produced during it ({self.figures.redo_bound})"
+        )
+        fds_before, fds_after = self.figures.fds
+        assert fds_after <= fds_before + 16, f"descriptors grew: {self.figures.fds}"
+        rss_before, rss_after = self.figures.rss_mb
+        assert rss_after <= rss_before * 1.25 + 32, f"memory grew: {self.figures.rss_mb}"
+
+    def report(self, name: str) -> None:
+        """Print the figures and write them beside the test's directory."""
+        data = asdict(self.figures)
+        (self.workdir.parent / f"faults-{name}.json").write_text(json.dumps(data))
+        print(f"faults {name}: {json.dumps(data)}")
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _samples(page: str, name: str) -> list[float]:
+    """The values of a metric's samples on a metrics page (Prometheus text format)."""
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith(name) and line[len(name)] in " {"
+    ]
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return False
+
+
+def _count(value: Any) -> int:
+    return int(msgspec.msgpack.decode(value)) if value is not None else 0

@@ -1,0 +1,84 @@
+"""Network faults between the runtime and the cluster, through a real Toxiproxy: two
+``run`` instances of an application with retries, a dead letter topic, outputs and
+per-key state keep every guarantee through latency, a bandwidth cap, connection resets,
+a black hole, fragmented packets, connections cut after some bytes and an unreachable
+node, on each path (see ``scenario.py``): nothing lost, keys in order, the group's
+commits at the end, under exactly-once every output once and the state's counts exact,
+no process exits, descriptors and memory flat, and ``produce --spool-dir`` delivers
+what it spooled once the network is back.
+
+``make test`` runs one short scenario (faults of a few seconds) per fault; ``make
+faults`` (part of ``make chaos``) the whole matrix with 30 s faults. Each prints its
+figures (time to detect, stall, time to recover, tasks redone) and writes them to
+``faults-<name>.json`` beside the test's directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decaton_aio.embedded import EmbeddedBroker, Toxiproxy
+from decaton_aio.testing import BrokerHandle
+from tests.faults.scenario import FAULTS, Cluster, Scenario
+from tests.integration.test_exactly_once import needs_transactions
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+#: One short scenario per fault: (path, exactly-once).
+SHORT = {
+    "latency": ("runtime", False),
+    "bandwidth": ("runtime", True),
+    "reset_peer": ("runtime", False),
+    "timeout": ("runtime", True),
+    "slicer": ("runtime", False),
+    "limit_data": ("runtime", True),
+    "down": ("producer", False),
+}
+SHORT_FAULT_S = 4.0
+LONG_FAULT_S = 30.0
+
+PATHS = ("runtime", "producer", "coordinator", "node")
+
+
+def _matrix() -> list[object]:
+    params: list[object] = []
+    for fault, (path, eos) in SHORT.items():
+        params.append(pytest.param(path, fault, eos, SHORT_FAULT_S, id=f"short-{path}-{fault}"))
+    for path in PATHS:
+        for fault in FAULTS:
+            for eos in (False, True) if path == "runtime" else (False,):
+                name = f"long-{path}-{fault}" + ("-eos" if eos else "")
+                marks = pytest.mark.chaos_long
+                params.append(pytest.param(path, fault, eos, LONG_FAULT_S, id=name, marks=marks))
+    return params
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("path", "fault", "exactly_once", "fault_s"), _matrix())
+async def test_a_network_fault_keeps_every_guarantee(
+    path: str,
+    fault: str,
+    exactly_once: bool,
+    fault_s: float,
+    toxiproxy: Toxiproxy,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+) -> None:
+    three_nodes = path in ("coordinator", "node")
+    broker: EmbeddedBroker = request.getfixturevalue(
+        "proxied_cluster" if three_nodes else "proxied_broker"
+    )
+    if exactly_once:
+        needs_transactions(BrokerHandle(broker.bootstrap_servers, broker))
+    scenario = Scenario(
+        Cluster(broker, toxiproxy, path),
+        fault,
+        fault_s=fault_s,
+        exactly_once=exactly_once,
+        workdir=tmp_path,
+    )
+    figures = await scenario.run()
+    scenario.report(request.node.callspec.id)
+    assert figures.tasks > 0
