@@ -18,9 +18,9 @@ Fixtures:
   (`start_secured_broker()`); ``handle.security`` is what a
   client connects with, ``handle.embedded.listeners`` the ``client.properties`` files.
   Skipped on Tansu and on an external cluster.
-- ``toxiproxy``: a session-wide :class:`~decaton_aio.embedded.Toxiproxy` server on a free
+- ``toxiproxy``: a session-wide `Toxiproxy` server on a free
   loopback port (built by ``go install`` on first use), for network fault tests; with
-  :func:`~decaton_aio.testing.start_proxied_broker` it stands between clients and an
+  `start_proxied_broker()` it stands between clients and an
   embedded broker. Skipped, saying why, when the binary cannot be had.
 
 Every client the fixtures make connects with ``kafka_broker.security`` (from

@@ -202,11 +202,12 @@ def start_proxied_broker(
     toxiproxy: Toxiproxy, *, nodes: int = 1, startup_timeout_s: float | None = None
 ) -> EmbeddedBroker:
     """Start an embedded Apache Kafka of ``nodes`` nodes behind ``toxiproxy``: one proxy per
-    node (named as its :attr:`~EmbeddedBroker.proxy_routes` say), which that node
-    advertises. Clients that bootstrap on its
-    :attr:`~EmbeddedBroker.proxied_bootstrap_servers` go through the proxies for every
-    request; :attr:`~EmbeddedBroker.bootstrap_servers` stays direct (for checks that a
-    fault must not touch).
+    node (named as its [`proxy_routes`][decaton_aio.EmbeddedBroker.proxy_routes] say), which
+    that node advertises. Clients that bootstrap on its
+    [`proxied_bootstrap_servers`][decaton_aio.EmbeddedBroker.proxied_bootstrap_servers] go
+    through the proxies for every request;
+    [`bootstrap_servers`][decaton_aio.EmbeddedBroker.bootstrap_servers] stays direct (for
+    checks that a fault must not touch).
 
     Raises:
         BrokerError: when the broker cannot start or a proxy cannot be created.

@@ -1,16 +1,17 @@
 """The embedded broker: a real broker process started, probed and stopped by this library,
 for tests, demos and benchmarks.
 
-:class:`EmbeddedBroker` runs one of the :data:`FLAVORS`: ``apache``, Apache Kafka itself
-(:data:`KAFKA_VERSION`, KRaft, one node or three; needs Java 17+ and Maven), or ``tansu``,
-a Kafka-compatible broker shipped as a binary (:func:`resolve_tansu_binary`).
-:class:`BrokerSecurity` asks for a secured Apache Kafka (SASL_SSL with SCRAM users, mutual
-TLS); each secured listener comes back as a :class:`BrokerListener` with its client
-settings. :func:`resolve_kafka_classpath` fetches Apache Kafka's jars into
-:func:`kafka_cache_dir` ahead of a first start (``python -m decaton_aio broker
---resolve-only``). A broker started with ``proxied=True`` advertises a proxy per node
-(:attr:`EmbeddedBroker.proxy_routes`); :class:`Toxiproxy` runs Shopify's TCP fault proxy
-(built by :func:`resolve_toxiproxy_binary` into :func:`toxiproxy_cache_dir`) to put there.
+[`EmbeddedBroker`][decaton_aio.EmbeddedBroker] runs one of the `FLAVORS`: ``apache``, Apache
+Kafka itself (`KAFKA_VERSION`, KRaft, one node or three; needs Java 17+ and Maven), or
+``tansu``, a Kafka-compatible broker shipped as a binary (`resolve_tansu_binary()`).
+`BrokerSecurity` asks for a secured Apache Kafka (SASL_SSL with SCRAM users, mutual TLS);
+each secured listener comes back as a `BrokerListener` with its client settings.
+`resolve_kafka_classpath()` fetches Apache Kafka's jars into `kafka_cache_dir()` ahead of a
+first start (``python -m decaton_aio broker --resolve-only``). A broker started with
+``proxied=True`` advertises a proxy per node
+([`EmbeddedBroker.proxy_routes`][decaton_aio.EmbeddedBroker.proxy_routes]); `Toxiproxy` runs
+Shopify's TCP fault proxy (built by `resolve_toxiproxy_binary()` into
+`toxiproxy_cache_dir()`) to put there.
 
 Inside (private): ``_broker`` (the broker process: ports, probes, logs, stop, Tansu),
 ``_apache_kafka`` (Apache Kafka's jars, configuration and nodes; its pom and log

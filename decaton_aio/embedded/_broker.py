@@ -203,7 +203,7 @@ class ProxyRoute:
     """The proxy in front of one node of a proxied broker.
 
     Attributes:
-        name: ``kafka-<port>-node-<id>`` (``port``: the broker's :attr:`EmbeddedBroker.port`,
+        name: ``kafka-<port>-node-<id>`` (``port``: the broker's `EmbeddedBroker.port`,
             so that the proxies of several brokers can share one Toxiproxy).
         node_id: the node (from 1).
         listen_port: the loopback port the proxy listens on, which the node advertises.
@@ -248,14 +248,18 @@ class EmbeddedBroker:
             listing every node.
         security: start Apache Kafka (one node) secured: SASL_SSL with SCRAM users and/or
             mutual TLS, with a CA and certificates made for this start; clients connect
-            with :attr:`security` (see :attr:`listeners` for each secured listener).
+            with [`security`][decaton_aio.EmbeddedBroker.security] (see
+            [`listeners`][decaton_aio.EmbeddedBroker.listeners] for each secured listener).
         proxied: give each Apache Kafka node a second plain listener that advertises the
-            address of a proxy in front of it (see :attr:`proxy_routes`): a client that
-            bootstraps on :attr:`proxied_bootstrap_servers` makes every connection
-            (fetch, produce, group and transaction coordinators) through the proxy of the
-            node it talks to, while :attr:`bootstrap_servers` and the brokers' own
-            replication stay direct. The caller creates the proxies (e.g. with
-            :class:`Toxiproxy`), before or after :meth:`start`.
+            address of a proxy in front of it (see
+            [`proxy_routes`][decaton_aio.EmbeddedBroker.proxy_routes]): a client that
+            bootstraps on
+            [`proxied_bootstrap_servers`][decaton_aio.EmbeddedBroker.proxied_bootstrap_servers]
+            makes every connection (fetch, produce, group and transaction coordinators)
+            through the proxy of the node it talks to, while
+            [`bootstrap_servers`][decaton_aio.EmbeddedBroker.bootstrap_servers] and the
+            brokers' own replication stay direct. The caller creates the proxies (e.g. with
+            `Toxiproxy`), before or after [`start()`][decaton_aio.EmbeddedBroker.start].
     """
 
     def __init__(
@@ -322,7 +326,7 @@ class EmbeddedBroker:
     @property
     def proxied_bootstrap_servers(self) -> str:
         """The proxies' ``host:port[,host:port]`` (a proxied broker's; else
-        :attr:`bootstrap_servers`)."""
+        [`bootstrap_servers`][decaton_aio.EmbeddedBroker.bootstrap_servers])."""
         if not self._proxied:
             return self.bootstrap_servers
         return ",".join(f"{self.host}:{route.listen_port}" for route in self.proxy_routes)

@@ -3,11 +3,11 @@
 A fault test puts a Toxiproxy proxy between the clients and each broker node and then
 injects faults ("toxics") into the traffic: latency, a bandwidth cap, a connection reset,
 a black hole, fragmented packets, a connection closed after some bytes, or the proxy
-disabled (the node unreachable). :class:`Toxiproxy` starts ``toxiproxy-server`` on a free
+disabled (the node unreachable). `Toxiproxy` starts ``toxiproxy-server`` on a free
 loopback port, stops it by its PID, and drives it through its HTTP API (the standard
 library's HTTP client: no dependency).
 
-The binary is built from its Go module by ``go install`` at :data:`TOXIPROXY_VERSION`
+The binary is built from its Go module by ``go install`` at `TOXIPROXY_VERSION`
 into the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``, then
 ``decaton-aio/toxiproxy-<version>``), once, the way Apache Kafka's jars are cached;
 ``$DECATON_AIO_TOXIPROXY_BIN`` names another binary.
@@ -87,7 +87,7 @@ def _find_go() -> str | None:
 def resolve_toxiproxy_binary(*, install: bool = True) -> str:
     """The ``toxiproxy-server`` to run, built with ``go install`` on first use.
 
-    Order: ``$DECATON_AIO_TOXIPROXY_BIN``, then the binary in :func:`toxiproxy_cache_dir`,
+    Order: ``$DECATON_AIO_TOXIPROXY_BIN``, then the binary in `toxiproxy_cache_dir()`,
     which is built there when missing and ``install`` is true (a few minutes, once).
 
     Raises:
@@ -142,16 +142,18 @@ def resolve_toxiproxy_binary(*, install: bool = True) -> str:
 class Toxiproxy:
     """A ``toxiproxy-server`` process owned by this Python process, and its HTTP API.
 
-    Use it as a context manager, or call :meth:`start` and :meth:`stop`::
+    Use it as a context manager, or call `start()` and `stop()`:
 
-        with Toxiproxy() as toxiproxy:
-            toxiproxy.create("node-1", listen_port=19092, upstream="127.0.0.1:9092")
-            toxiproxy.add_toxic("node-1", "latency", latency=200, jitter=50)
+    ```python
+    with Toxiproxy() as toxiproxy:
+        toxiproxy.create("node-1", listen_port=19092, upstream="127.0.0.1:9092")
+        toxiproxy.add_toxic("node-1", "latency", latency=200, jitter=50)
+    ```
 
     Args:
         host: the loopback address the API and every proxy listen on.
         port: the API's port; a free one when omitted.
-        binary: the ``toxiproxy-server`` to run; :func:`resolve_toxiproxy_binary` when
+        binary: the ``toxiproxy-server`` to run; `resolve_toxiproxy_binary()` when
             omitted.
         log_path: where the server's output goes; a temporary file when omitted.
     """
@@ -179,7 +181,7 @@ class Toxiproxy:
         """Start the server and wait until its API answers.
 
         Raises:
-            BrokerError: no binary (see :func:`resolve_toxiproxy_binary`), or the server
+            BrokerError: no binary (see `resolve_toxiproxy_binary()`), or the server
                 exited or did not answer within 10 s.
         """
         if self._process is not None:
@@ -256,12 +258,12 @@ class Toxiproxy:
 
         Args:
             proxy: the proxy's name.
-            kind: one of :data:`TOXICS`.
+            kind: one of `TOXICS`.
             stream: ``downstream`` (upstream to client: responses) or ``upstream``
                 (client to upstream: requests).
             name: the toxic's name; ``<kind>_<stream>`` when omitted.
             toxicity: the share of connections it applies to (0 to 1).
-            attributes: the kind's attributes (see :data:`TOXICS`).
+            attributes: the kind's attributes (see `TOXICS`).
 
         Raises:
             ConfigError: an unknown kind, stream or attribute.
