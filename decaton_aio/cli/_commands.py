@@ -30,7 +30,7 @@ from aiokafka.errors import KafkaError
 
 from decaton_aio._connect import start_admin
 from decaton_aio.admin import TopicAdmin
-from decaton_aio.app import Application
+from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_UNAVAILABLE, import_object
 from decaton_aio.cli._run_args import consumer_config, health_config
 from decaton_aio.cli._security import cluster_from_args
@@ -430,6 +430,14 @@ def _guarantee(app: Application, args: argparse.Namespace, cluster: ClusterSetti
     return dataclasses.replace(app, exactly_once=exactly_once)  # checks checkpoints
 
 
+def worker_consumer(consumer: ConsumerConfig, index: int) -> ConsumerConfig:
+    """Worker ``index``'s consumer settings: a static id of its own (``<id>-<index>``),
+    since workers sharing one would fence each other out of the group."""
+    if consumer.group_instance_id is None:
+        return consumer
+    return dataclasses.replace(consumer, group_instance_id=f"{consumer.group_instance_id}-{index}")
+
+
 def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     cluster = cluster_from_args(args)
     app = _guarantee(_application(args), args, cluster)
@@ -488,6 +496,7 @@ def run_target(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             if spool_dir is not None:  # a spool belongs to one process
                 spool_dir = worker_spool(spool_dir, role.index)
             app = worker_application(app, role.index)
+            consumer = worker_consumer(consumer, role.index)
         options = RunOptions(
             consumer=consumer,
             producer=ProducerConfig(

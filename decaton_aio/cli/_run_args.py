@@ -23,7 +23,8 @@ __all__ = ["add_consumer_arguments", "add_probe_arguments", "consumer_config", "
 _FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str], ...] = (
     ("--group-instance-id", "group_instance_id", str, environment.GROUP_INSTANCE_ID,
      "static membership (group.instance.id): a stable id per instance, e.g. the pod "
-     "name; a restart within the session timeout keeps its partitions without a rebalance"),
+     "name; a restart within the session timeout keeps its partitions without a rebalance; "
+     "with --workers N, worker n joins as ID-n"),
     ("--client-id", "client_id", str, environment.CLIENT_ID,
      "the client id the broker sees (client.id; default decaton-aio)"),
     ("--client-rack", "client_rack", str, environment.CLIENT_RACK,

@@ -46,9 +46,9 @@ from typing import Any
 
 import msgspec
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.client import AIOKafkaClient
 
 from decaton_aio import BytesSerializer, TaskProducer
+from decaton_aio._aiokafka import AIOKafkaClient
 from decaton_aio.embedded import EmbeddedBroker, Toxiproxy
 from decaton_aio.offsets import committed_offsets, partition_extents
 from decaton_aio.testing import BrokerHandle

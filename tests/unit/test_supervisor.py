@@ -458,3 +458,16 @@ async def test_a_worker_that_does_not_drain_in_time_is_killed(tmp_path: Path) ->
     async with asyncio.timeout(30):
         code = await supervise(config, [sys.executable, "-c", script])
     assert code == -signal.SIGKILL
+
+
+def test_each_worker_joins_with_a_static_id_of_its_own() -> None:
+    """Given --group-instance-id and --workers, worker n joins as <id>-n; without a static
+    id the settings stay as they are."""
+    from decaton_aio.app import ConsumerConfig
+    from decaton_aio.cli._commands import worker_consumer
+
+    static = ConsumerConfig("localhost:9092", "g", group_instance_id="pod-0")
+    ids = {worker_consumer(static, n).group_instance_id for n in (1, 2, 3)}
+    assert ids == {"pod-0-1", "pod-0-2", "pod-0-3"}
+    dynamic = ConsumerConfig("localhost:9092", "g")
+    assert worker_consumer(dynamic, 2) is dynamic
