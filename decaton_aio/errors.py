@@ -8,6 +8,8 @@ DecatonError
  +-- ConfigError            a setting, argument or application object is wrong
  +-- BrokerError            the embedded broker cannot be found, started or reached
  |    +-- SecurityError     TLS or SASL failed: untrusted certificate, wrong password
+ +-- GroupRefusedError      the consumer group refused this member: an ACL, an assignor,
+ |                          the group's size limit
  +-- DecodeError            a record's body or ``dt_meta`` header cannot be decoded
  +-- ProducerError          a task could not be delivered to the broker
  |    +-- AccessDeniedError     the cluster refused the credentials or an ACL
@@ -28,6 +30,7 @@ __all__ = [
     "ConfigError",
     "DecatonError",
     "DecodeError",
+    "GroupRefusedError",
     "MissingTopicError",
     "ProcessingError",
     "ProducerError",
@@ -58,6 +61,22 @@ class SecurityError(BrokerError):
     Not retriable: the same settings fail the same way until someone changes them. The
     message names the setting or file to fix and never holds a secret.
     """
+
+
+class GroupRefusedError(DecatonError):
+    """The group coordinator refused this member for good: no READ on the group, no
+    assignor the group accepts, the group at its size limit, an instance id in use by
+    another process. The message names what to grant or change.
+
+    Attributes:
+        code: the Kafka error code of the refusal.
+        group_id: the consumer group.
+    """
+
+    def __init__(self, message: str, *, code: int, group_id: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.group_id = group_id
 
 
 class DecodeError(DecatonError):

@@ -31,7 +31,8 @@ EXIT_USAGE = 2
 EXIT_DATA = 65
 #: The broker or cluster could not be found, started or reached.
 EXIT_UNAVAILABLE = 69
-#: The cluster refused the client: TLS or SASL authentication failed.
+#: The cluster refused the client: TLS or SASL authentication failed, or the consumer
+#: group refused the member (an ACL, an assignor, its size limit).
 EXIT_NOPERM = 77
 #: Stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130

@@ -34,6 +34,7 @@ from decaton_aio.errors import (
     MissingTopicError,
     ProducerError,
     RecordRejectedError,
+    GroupRefusedError,
     SecurityError,
 )
 from decaton_aio.logs import LOG_LEVELS, configure_logging
@@ -452,6 +453,7 @@ def _env_int(variable: environment.EnvironmentVariable) -> int | None:
 _EXIT_CODES: Final[tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...]] = (
     (_commands.DataError, EXIT_DATA),
     (SecurityError, EXIT_NOPERM),
+    (GroupRefusedError, EXIT_NOPERM),
     (RecordRejectedError, EXIT_DATA),  # a task too large to send
     (MissingTopicError, EXIT_USAGE),
     ((BrokerError, ProducerError), EXIT_UNAVAILABLE),

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from decaton_aio import environment
 from decaton_aio.embedded._broker import find_free_port
 from decaton_aio.embedded._maven import cache_root
 from decaton_aio.embedded._spawn import die_with_parent, popen_for_life
@@ -49,7 +50,7 @@ __all__ = [
 TOXIPROXY_VERSION = "v2.7.0"
 
 #: Environment variable naming a ``toxiproxy-server`` binary to use instead of the cached one.
-TOXIPROXY_BIN_ENV_VAR = "DECATON_AIO_TOXIPROXY_BIN"
+TOXIPROXY_BIN_ENV_VAR = environment.TOXIPROXY_BIN.name
 
 _MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
 _BINARY = "toxiproxy-server"
