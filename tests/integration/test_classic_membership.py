@@ -16,10 +16,13 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError
 from aiokafka.structs import OffsetAndMetadata
 
+from decaton_aio._aiokafka import RangePartitionAssignor
 from decaton_aio.consumer.group import ClassicMembership
 from decaton_aio.consumer.state._assignor import MemberState, StateAwareAssignor
 from decaton_aio.errors import GroupRefusedError
 from decaton_aio.testing import BrokerHandle, wait_until
+from tests.integration.test_exactly_once import needs_transactions
+from tests.integration.test_group_txn import transactional
 
 pytestmark = pytest.mark.integration
 
@@ -364,3 +367,51 @@ async def test_a_second_process_with_the_same_instance_id_fences_the_first(
 )
 async def test_no_read_on_the_group_is_refused() -> None:
     """GROUP_AUTHORIZATION_FAILED ends the membership with GroupRefusedError."""
+
+
+async def test_a_transactions_offsets_carry_the_generation_and_hold_the_stable_read(
+    kafka_broker: BrokerHandle, topic_factory: Any, members: Callable[..., Any]
+) -> None:
+    """Exactly-once's transactional offset commit with the membership's identity is
+    accepted by the coordinator, and `committed()` waits while that transaction is open."""
+    needs_transactions(kafka_broker)
+    topic = await topic_factory(partitions=1)
+    group = group_name()
+    tp = TopicPartition(topic, 0)
+    listener = Recorder()
+    membership = await members(group, [topic], listener)
+    await wait_until(lambda: bool(listener.owned), timeout_s=20, what="an assignment")
+    producer = await transactional(kafka_broker, lambda: membership.identity)
+    try:
+        await producer.begin_transaction()
+        await producer.send_offsets_to_transaction({tp: OffsetAndMetadata(3, "")}, group)
+        reading = asyncio.ensure_future(membership.committed([tp]))
+        done, _ = await asyncio.wait([reading], timeout=1.0)
+        assert not done  # the open transaction holds the offsets
+        await producer.commit_transaction()
+        found = await asyncio.wait_for(reading, 20)
+        assert found[tp] is not None
+        assert found[tp].offset == 3
+    finally:
+        await producer.stop()
+
+
+class BrokenAssignor(RangePartitionAssignor):  # type: ignore[misc]
+    """An assignor that fails when it assigns."""
+
+    name = "broken"
+
+    @classmethod
+    def assign(cls, cluster: Any, members: Any) -> Any:
+        raise RuntimeError("the assignor broke")
+
+
+async def test_an_unexpected_error_ends_the_routine_with_it(
+    topic_factory: Any, members: Callable[..., Any]
+) -> None:
+    """An error nobody expects (the leader's assignor raising) ends the membership's
+    routine with that error, for the subscription's supervisor to see."""
+    topic = await topic_factory(partitions=1)
+    membership = await members(group_name(), [topic], Recorder(), assignors=[BrokenAssignor])
+    with pytest.raises(RuntimeError, match="the assignor broke"):
+        await asyncio.wait_for(membership.routine, 20)

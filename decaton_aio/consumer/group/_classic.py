@@ -167,6 +167,7 @@ class ClassicMembership:
         self._requests: set[asyncio.Task[None]] = set()
         self._routine: asyncio.Task[None] | None = None
         self._stop_asked = False
+        self._crash: BaseException | None = None
 
     # ------------------------------------------------------------------ reading
 
@@ -335,6 +336,8 @@ class ClassicMembership:
         member = self._member
         try:
             while True:
+                if self._crash is not None:
+                    raise self._crash
                 while self._events:
                     if self._carry_out(self._events.popleft()()):
                         return
@@ -378,7 +381,14 @@ class ClassicMembership:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._requests.add(task)
-        task.add_done_callback(self._requests.discard)
+        task.add_done_callback(self._request_ended)
+
+    def _request_ended(self, task: asyncio.Task[None]) -> None:
+        self._requests.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Unexpected (an assignor that raised...): the routine ends with it.
+            self._crash = task.exception()
+            self._wake.set()
 
     async def _carry_out_one(self, output: Output) -> None:
         member = self._member
@@ -392,6 +402,14 @@ class ClassicMembership:
             elif isinstance(output, Join):
                 await self._join(output)
             elif isinstance(output, Sync):
+                log.info(
+                    "joined the group",
+                    group=self._config.group_id,
+                    generation=output.generation,
+                    member_id=output.member_id,
+                    leader=bool(output.members),
+                    protocol=output.protocol,
+                )
                 await self._sync(output)
             elif isinstance(output, Heartbeat):
                 code = await self._heartbeat(output)
