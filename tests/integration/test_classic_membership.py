@@ -415,3 +415,21 @@ async def test_an_unexpected_error_ends_the_routine_with_it(
     membership = await members(group_name(), [topic], Recorder(), assignors=[BrokenAssignor])
     with pytest.raises(RuntimeError, match="the assignor broke"):
         await asyncio.wait_for(membership.routine, 20)
+
+
+async def test_rejoin_revokes_and_assigns_again_in_a_new_generation(
+    kafka_broker: BrokerHandle, topic_factory: Any, members: Callable[..., Any]
+) -> None:
+    """The owner's rejoin (a topic gone, the subscription changed) revokes what the member
+    owns and has it assigned again in the next generation."""
+    topic = await topic_factory(partitions=2)
+    listener = Recorder()
+    membership = await members(group_name(), [topic], listener)
+    await wait_until(lambda: len(listener.owned) == 2, timeout_s=20, what="an assignment")
+    generation = membership.identity.generation_id
+    membership.rejoin("a test asked")
+    await wait_until(lambda: len(listener.calls) == 3, timeout_s=20, what="the new assignment")
+    assert listener.kinds() == ["assigned", "revoked", "assigned"]
+    assert listener.owned == partitions_of(topic, 2)
+    if kafka_broker.flavor != "tansu":  # Tansu keeps the generation of a lone member
+        assert membership.identity.generation_id > generation
