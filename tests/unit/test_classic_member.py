@@ -11,12 +11,14 @@ checking after every step that:
   while the member owns partitions or a listener call runs;
 - from the moment the member learns its generation is over, no commit of the partitions
   it held is allowed until they are assigned again;
+- a deadline that is due always makes a tick do something (the driver never spins);
 - a static member never sends ``LeaveGroup``; a stop always ends in ``Stopped`` (or
   ``Failed``) once the listener and the coordinator answer.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import pytest
@@ -463,13 +465,23 @@ class MemberAgainstCoordinator(RuleBasedStateMachine):
             assert not self.h.member.may_commit([tp]), tp
 
     @invariant()
-    def deadline_is_ahead_or_due(self) -> None:
+    def a_due_deadline_is_acted_on(self) -> None:
+        """A deadline already due makes `tick()` do something (else the driver would spin),
+        and a member that ended has none."""
         if self.h is None:
             return
-        m = self.h.member
+        m, now = self.h.member, self.h.clock.now
         if m.phase in (Phase.STOPPED, Phase.FAILED):
             assert m.deadline() is None
             assert m.tick() == []
+            return
+        due = m.deadline()
+        if due is None or due > now:
+            return
+        twin = copy.deepcopy(m)
+        outputs = twin.tick()
+        after = twin.deadline()
+        assert outputs or after is None or after > now, (m.phase, due, now)
 
     def _answer(self, output: Output, error: int, parts: frozenset[TopicPartition]) -> None:
         h = self.harness
