@@ -106,7 +106,6 @@ _NOT_COORDINATOR_CODES: Final = frozenset({14, 15, NOT_COORDINATOR})
 _COMMIT_REFUSALS: Final = {
     ILLEGAL_GENERATION: "ILLEGAL_GENERATION",
     UNKNOWN_MEMBER_ID: "UNKNOWN_MEMBER_ID",
-    REBALANCE_IN_PROGRESS: "REBALANCE_IN_PROGRESS",
     82: "FENCED_INSTANCE_ID",
 }
 
@@ -275,6 +274,12 @@ class ClassicMembership:
                 if not code:
                     continue
                 self._feed(functools.partial(self._member.commit_refused, code))
+                if code == REBALANCE_IN_PROGRESS:
+                    raise CommitFailedError(
+                        f"group {cfg.group_id!r}: commit refused (REBALANCE_IN_PROGRESS): "
+                        f"the group is rebalancing; member {member_id} gives its partitions "
+                        "up and joins again"
+                    )
                 if code in _COMMIT_REFUSALS:
                     raise CommitFailedError(
                         f"group {cfg.group_id!r}: commit refused "
