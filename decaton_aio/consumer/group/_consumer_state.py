@@ -19,7 +19,8 @@ Who may call what (one event loop; no call awaits):
 - the membership's routine, the only caller of the listener: `MemberState.next_step()`,
   runs the step's listener call, then `MemberState.step_done()` with the step;
 - anyone (the owner of the membership): `MemberState.leave()`,
-  `MemberState.rejoin()`, `MemberState.subscribe()`, and the read-only properties.
+  `MemberState.rejoin()`, `MemberState.heartbeat_now()`, `MemberState.subscribe()`, and
+  the read-only properties.
 
 Every change of what the routines wait for bumps `MemberState.version`, which the I/O
 class turns into a wake-up.
@@ -231,6 +232,12 @@ class MemberState:
     def rejoin(self) -> None:
         """Send a full heartbeat now (the coordinator answers with the whole assignment)."""
         self._full = True
+        self._next_at = 0.0
+        self._changed()
+
+    def heartbeat_now(self) -> None:
+        """Send the next heartbeat without waiting for the interval (to learn the current
+        epoch)."""
         self._next_at = 0.0
         self._changed()
 
