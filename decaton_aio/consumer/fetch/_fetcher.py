@@ -125,7 +125,7 @@ class Fetcher:
         self._client = client
         self.config = config or FetchConfig()
         self._pacing = (self.config.min_bytes, self.config.max_wait_ms)
-        self.counters = FetchCounters()
+        self._counters = FetchCounters()
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._sessions: dict[int, FetchSession] = {}
         self._routines: dict[int, asyncio.Task[None]] = {}
@@ -259,6 +259,12 @@ class Fetcher:
         return self._pacing
 
     @property
+    def counters(self) -> FetchCounters:
+        """What the loop did since it was made."""
+        self._counters.session_resets = sum(s.resets for s in self._sessions.values())
+        return self._counters
+
+    @property
     def sessions(self) -> dict[int, FetchSession]:
         """The fetch session of each broker (node id) fetched from."""
         return dict(self._sessions)
@@ -279,7 +285,7 @@ class Fetcher:
             KafkaError: a partition's records cannot be read (corrupt, not authorized),
                 or a routine failed.
         """
-        self.counters.cycles += 1
+        self._counters.cycles += 1
         self._raise_errors()
         got = self._drain(max_records)
         if got or timeout_ms <= 0:
@@ -342,7 +348,7 @@ class Fetcher:
                 self._filled[tp] = None
             if taken:
                 got[tp] = taken
-        self.counters.records += sum(len(r) for r in got.values())
+        self._counters.records += sum(len(r) for r in got.values())
         if freed:
             full = self._buffered_bytes >= self.config.max_buffered_bytes
             self._buffered_bytes -= freed
@@ -420,14 +426,13 @@ class Fetcher:
         cfg = self.config
         backoff_s = cfg.retry_backoff_ms / 1000
         isolation = 1 if cfg.read_committed else 0
-        counters = self.counters
+        counters = self._counters
         while True:
             wanted = self._wanted(node_id)
             if not wanted or self._buffered_bytes >= cfg.max_buffered_bytes:
                 await self._changed.wait()
                 continue
             plan = session.plan(wanted)
-            resets = session.resets
             counters.requests += 1
             if plan.full:
                 counters.full_requests += 1
@@ -442,7 +447,6 @@ class Fetcher:
             except KafkaError as exc:
                 session.failed(plan)
                 counters.errors += 1
-                counters.session_resets += session.resets - resets
                 log.info("a fetch request failed", node_id=node_id, error=repr(exc))
                 self._refresh_metadata()
                 await asyncio.sleep(backoff_s)
@@ -454,7 +458,6 @@ class Fetcher:
                 response.session_id,
                 [data.tp for data in response.partitions],
             )
-            counters.session_resets += session.resets - resets
             retry = False
             if usable:
                 retry = self._take(plan, response.partitions)
@@ -478,7 +481,7 @@ class Fetcher:
         cfg = self.config
         read_committed = cfg.read_committed
         check_crcs = cfg.check_crcs
-        counters = self.counters
+        counters = self._counters
         retry = False
         ready = False
         for data in answered:
@@ -491,6 +494,11 @@ class Fetcher:
             if code:
                 counters.errors += 1
                 retry = True
+                log.info(
+                    "a partition's fetch failed",
+                    partition=f"{tp.topic}-{tp.partition}",
+                    error=for_code(code).__name__,
+                )
                 if code == OFFSET_OUT_OF_RANGE:
                     self._out_of_range(part, asked)
                 elif code in LEADER_ERRORS:
@@ -604,7 +612,7 @@ class Fetcher:
                 continue
             part.position = part.fetch_offset = offset
             part.resetting = False
-            self.counters.offset_resets += 1
+            self._counters.offset_resets += 1
         self._pulse()
         return done
 
