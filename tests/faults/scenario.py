@@ -67,6 +67,11 @@ RATE = 150
 COMMIT_INTERVAL_MS = 500
 #: No fetch returning for this long makes an instance's readiness probe fail.
 FETCH_TIMEOUT_MS = 3000
+#: Faults after which the lag must be back to 0 within :data:`RECOVERY_LIMIT_S` when they
+#: lasted :data:`LONG_OUTAGE_S` or more: a black hole and an unreachable node.
+OUTAGES = ("timeout", "down")
+LONG_OUTAGE_S = 30.0
+RECOVERY_LIMIT_S = 10.0
 
 _METRICS_URL = re.compile(r"http://[0-9.]+:[0-9]+/metrics")
 _HERE = Path(__file__).parent
@@ -131,6 +136,11 @@ class Figures:
     rss_mb: tuple[float, float] = (0.0, 0.0)
     dead_lettered: int = 0
     outputs: int = 0
+    lost: int = 0
+    out_of_order: int = 0
+    duplicate_outputs: int = 0
+    instance_exits: list[int | None] = field(default_factory=list)
+    produce_exits: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -351,6 +361,8 @@ class Scenario:
             for instance in self.instances:
                 await instance.stop(signal.SIGTERM)
         exits = [i.proc.returncode for i in self.instances if i.proc is not None]
+        self.figures.instance_exits = exits
+        self.figures.produce_exits = sorted(set(feeder.exit_codes))
         assert exits == [0] * INSTANCES, f"instances exited with {exits}"
         assert set(feeder.exit_codes) <= {0}, f"produce exited with {feeder.exit_codes}"
         self.figures.tasks = feeder.sent
@@ -450,9 +462,16 @@ class Scenario:
         direct = self.cluster.direct
         dlq = f"{self.topic}-dlq"
         dead = [int(r.value) for r in await read_all(direct, dlq) if r.value is not None]
-        _, failures = log.failures(dead)
-        assert not failures, "\n".join(failures)
+        counts, failures = log.failures(dead)
         self.figures.dead_lettered = len(dead)
+        self.figures.lost = tasks - counts["processed"] - counts["dead_lettered"]
+        failures += await self._topic_order(tasks)
+        self.figures.out_of_order = (
+            counts["out_of_order"]
+            + counts["overlaps"]
+            + sum(1 for f in failures if f.startswith("in the task topic"))
+        )
+        assert not failures, "\n".join(failures)
         expected_runs = sum(_RUNS[fate(n)] for n in range(tasks))
         self.figures.redone = log.runs - expected_runs
         succeeded = [n for n in range(tasks) if fate(n) not in DEAD]
@@ -465,8 +484,9 @@ class Scenario:
         changelog: dict[str, int] = {}
         for record in await read_all(direct, f"{self.cluster.group}-counts-changelog"):
             changelog[record.key.decode()] = _count(record.value)
+        twice = [n for n, c in outputs.items() if c > 1]
+        self.figures.duplicate_outputs = len(twice)
         if self.exactly_once:
-            twice = [n for n, c in outputs.items() if c > 1]
             assert not twice, f"{len(twice)} outputs committed more than once: {twice[:5]}"
             assert changelog == dict(per_key), "the state's counts are not the tasks'"
         else:
@@ -476,10 +496,34 @@ class Scenario:
             f"{self.figures.redone} runs redone, more than the work pending at the fault and "
             f"produced during it ({self.figures.redo_bound})"
         )
+        if self.figures.fault in OUTAGES and self.figures.fault_s >= LONG_OUTAGE_S:
+            recover = self.figures.recover_s
+            assert recover is not None
+            assert recover <= RECOVERY_LIMIT_S, (
+                f"{recover} s after a {self.figures.fault_s:g} s outage until the lag was 0 "
+                f"(the target: {RECOVERY_LIMIT_S:g} s)"
+            )
         fds_before, fds_after = self.figures.fds
         assert fds_after <= fds_before + 16, f"descriptors grew: {self.figures.fds}"
         rss_before, rss_after = self.figures.rss_mb
         assert rss_after <= rss_before * 1.25 + 32, f"memory grew: {self.figures.rss_mb}"
+
+    async def _topic_order(self, tasks: int) -> list[str]:
+        """The task topic holds each key's tasks in the order they were produced (the
+        spool of ``produce --spool-dir`` included): one failure per key out of order."""
+        last: dict[tuple[int, bytes | None], int] = {}
+        failures = []
+        records = await read_all(self.cluster.direct, self.topic, at_least=tasks)
+        for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+            n = int(record.value)
+            lane = (record.partition, record.key)
+            if n <= last.get(lane, -1):
+                failures.append(
+                    f"in the task topic, key {record.key!r}: task {n} at offset "
+                    f"{record.offset} after task {last[lane]}"
+                )
+            last[lane] = max(n, last.get(lane, -1))
+        return failures
 
     def report(self, name: str) -> None:
         """Print the figures and write them beside the test's directory."""

@@ -79,6 +79,8 @@ async def test_a_network_fault_keeps_every_guarantee(
         exactly_once=exactly_once,
         workdir=tmp_path,
     )
-    figures = await scenario.run()
-    scenario.report(request.node.callspec.id)
+    try:
+        figures = await scenario.run()
+    finally:
+        scenario.report(request.node.callspec.id)  # the figures of a failed run too
     assert figures.tasks > 0
