@@ -41,6 +41,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,11 @@ FETCH_TIMEOUT_MS = 3000
 OUTAGES = ("timeout", "down")
 LONG_OUTAGE_S = 30.0
 RECOVERY_LIMIT_S = 10.0
+
+#: An instance's oldest partition commit older than this (10 commit intervals) shows a fault.
+AGED_S = 5.0
+#: What the application logs of its own tasks' failures.
+_APP_EVENTS = ("processor failed",)
 
 _METRICS_URL = re.compile(r"http://[0-9.]+:[0-9]+/metrics")
 _HERE = Path(__file__).parent
@@ -128,6 +134,8 @@ class Figures:
     fault_s: float
     tasks: int = 0
     detect_s: float | None = None
+    aged_s: float | None = None
+    warnings: int = 0
     stall_s: float = 0.0
     recover_s: float | None = None
     redone: int = 0
@@ -293,6 +301,7 @@ class Scenario:
         self.urls: list[str] = []
         self.progress: list[tuple[float, int]] = []  # (time, tasks processed so far)
         self.not_ready: list[float] = []  # times a probe said not ready
+        self.aged: list[float] = []  # times an instance's oldest commit was over AGED_S old
 
     async def run(self) -> Figures:
         cluster = self.cluster
@@ -327,7 +336,7 @@ class Scenario:
             await asyncio.sleep(3.0)  # the steady state before the fault
             before = self._readings()
             committed_before = sum((await self._committed(self.topic)).values())
-            began = time.monotonic()
+            began, began_wall = time.monotonic(), time.time()
             self.fault.apply(cluster.toxiproxy, cluster.faulty)
             try:
                 await asyncio.sleep(self.figures.fault_s)
@@ -366,7 +375,9 @@ class Scenario:
         assert exits == [0] * INSTANCES, f"instances exited with {exits}"
         assert set(feeder.exit_codes) <= {0}, f"produce exited with {feeder.exit_codes}"
         self.figures.tasks = feeder.sent
-        self.figures.detect_s = next((t - began for t in self.not_ready if t >= began), None)
+        self.figures.detect_s = _first_after(self.not_ready, began)
+        self.figures.aged_s = _first_after(self.aged, began)
+        self.figures.warnings = self._warnings(began_wall)
         self.figures.stall_s = self._longest_stall(began, ended)
         self.figures.fds = (max(r.fds for r in before), max(r.fds for r in after))
         self.figures.rss_mb = (
@@ -384,6 +395,26 @@ class Scenario:
             await asyncio.sleep(0.1)
         return str(found[0])
 
+    def _warnings(self, since: float) -> int:
+        """The warnings and errors the instances logged from ``since`` (wall clock) on,
+        but for the application's own failures."""
+        count = 0
+        for instance in self.instances:
+            for log in instance.logs:
+                for line in log.with_suffix(".err").read_text().splitlines():
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        count += line.startswith(("Traceback", "WARNING", "ERROR"))
+                        continue
+                    if (
+                        entry.get("level") in ("warning", "error", "critical")
+                        and entry.get("event") not in _APP_EVENTS
+                        and datetime.fromisoformat(entry["timestamp"]).timestamp() >= since
+                    ):
+                        count += 1
+        return count
+
     def _readings(self) -> list[Reading]:
         return [parse_metrics(_get(url)) for url in self.urls]
 
@@ -398,6 +429,11 @@ class Scenario:
                 with contextlib.suppress(OSError):
                     page = await asyncio.to_thread(_get, url)
                     processed += int(sum(_samples(page, "decaton_tasks_processed_total")))
+                    if (
+                        max(_samples(page, "decaton_partition_commit_age_seconds"), default=0)
+                        > AGED_S
+                    ):
+                        self.aged.append(now)
             self.progress.append((now, processed))
             await asyncio.sleep(0.2)
 
@@ -530,6 +566,10 @@ class Scenario:
         data = asdict(self.figures)
         (self.workdir.parent / f"faults-{name}.json").write_text(json.dumps(data))
         print(f"faults {name}: {json.dumps(data)}")
+
+
+def _first_after(times: list[float], began: float) -> float | None:
+    return next((round(t - began, 1) for t in times if t >= began), None)
 
 
 def _get(url: str) -> str:
