@@ -16,14 +16,27 @@ Paths (which clients go through the faulty proxies):
   that node, so "cut from the coordinator only" needs the coordinator on a node that
   leads none of the group's partitions. (Under exactly-once the transaction coordinator
   may sit on that node too.)
+- ``leaders``: three nodes, placed as for ``coordinator``, and the fault is on the two
+  nodes that lead every partition: the instances reach their group's coordinator but
+  none of the leaders they fetch from and produce to (the fetch path alone).
 - ``node``: three nodes; the fault is on a node that leads half the partitions (not the
   group's coordinator): every client of that node is cut from it, while the brokers keep
   replicating to it.
 
-The figures of a run (:class:`Figures`): how long until an instance's readiness probe
-said not ready (``detect_s``), the longest time no task started (``stall_s``), how long
-after the fault ended every task produced until then was committed (``recover_s``), and
-the task runs redone (runs beyond each task's fate).
+The figures of a run (`Figures`): how long until an instance's readiness probe said not
+ready (``detect_s``) and until an instance's oldest partition commit was over 5 s old
+(``aged_s``), the warnings the instances logged from the fault on, the longest time no
+task completed (``stall_s``), how long after the fault ended every task produced until
+then was committed (``recover_s``), and the task runs redone (runs beyond each task's
+fate), against their bound: the work pending at the fault, produced during it, plus one
+commit interval.
+
+What is judged: nothing lost (every task processed or dead-lettered, as its fate says),
+each key's tasks in order in the task topic (``produce --spool-dir`` included) and in
+every instance, every output there (once under exactly-once, in ``read_committed``) and
+the state's counts, no process exit (``produce`` exits 0), descriptors and memory flat,
+the runs redone within their bound, and after a black hole or an unreachable node of
+30 s the lag back to 0 within 10 s.
 """
 
 from __future__ import annotations
@@ -68,8 +81,8 @@ RATE = 150
 COMMIT_INTERVAL_MS = 500
 #: No fetch returning for this long makes an instance's readiness probe fail.
 FETCH_TIMEOUT_MS = 3000
-#: Faults after which the lag must be back to 0 within :data:`RECOVERY_LIMIT_S` when they
-#: lasted :data:`LONG_OUTAGE_S` or more: a black hole and an unreachable node.
+#: Faults after which the lag must be back to 0 within `RECOVERY_LIMIT_S` when they
+#: lasted `LONG_OUTAGE_S` or more: a black hole and an unreachable node.
 OUTAGES = ("timeout", "down")
 LONG_OUTAGE_S = 30.0
 RECOVERY_LIMIT_S = 10.0
@@ -212,6 +225,8 @@ class Cluster:
         await _wait_for_leaders(self.direct, names)
         if self.path == "coordinator":
             self.faulty = [routes[self.coordinator]]
+        elif self.path == "leaders":
+            self.faulty = [routes[n] for n in others]
         elif self.path == "node":
             self.faulty = [routes[others[0]]]
         else:
@@ -231,8 +246,8 @@ async def _wait_for_leaders(servers: str, topics: list[str]) -> None:
 
 
 class Feeder:
-    """Produces task number n with key ``k{n % KEYS}`` at :data:`RATE`: in this process
-    (:meth:`direct`) or a batch a second through ``produce --spool-dir`` (:meth:`cli`)."""
+    """Produces task number n with key ``k{n % KEYS}`` at `RATE`: in this process
+    (`direct`) or a batch a second through ``produce --spool-dir`` (`cli`)."""
 
     def __init__(self, servers: str, topic: str, workdir: Path) -> None:
         self.servers = servers
@@ -279,7 +294,7 @@ class Feeder:
 
 
 class Scenario:
-    """Runs a fault scenario and judges it; :meth:`run` returns its figures."""
+    """Runs a fault scenario and judges it; `run` returns its figures."""
 
     def __init__(
         self,

@@ -39,7 +39,7 @@ SHORT = {
 SHORT_FAULT_S = 4.0
 LONG_FAULT_S = 30.0
 
-PATHS = ("runtime", "producer", "coordinator", "node")
+PATHS = ("runtime", "producer", "coordinator", "leaders", "node")
 
 
 def _matrix() -> list[object]:
@@ -66,7 +66,7 @@ async def test_a_network_fault_keeps_every_guarantee(
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
-    three_nodes = path in ("coordinator", "node")
+    three_nodes = path in ("coordinator", "leaders", "node")
     broker: EmbeddedBroker = request.getfixturevalue(
         "proxied_cluster" if three_nodes else "proxied_broker"
     )
