@@ -25,7 +25,7 @@ Paths (which clients go through the faulty proxies):
 
 The figures of a run (`Figures`): how long until an instance's readiness probe said not
 ready (``detect_s``) and until an instance's oldest partition commit was over 5 s old
-(``aged_s``), the warnings the instances logged from the fault on, the longest time no
+(``aged_s``), the warnings the instances logged from the fault to the steady state after it, the longest time no
 task completed (``stall_s``), how long after the fault ended every task produced until
 then was committed (``recover_s``), and the task runs redone (runs beyond each task's
 fate), against their bound: the work pending at the fault, produced during it, plus one
@@ -148,7 +148,7 @@ class Figures:
     tasks: int = 0
     detect_s: float | None = None
     aged_s: float | None = None
-    warnings: int = 0
+    warnings: dict[str, int] = field(default_factory=dict)
     stall_s: float = 0.0
     recover_s: float | None = None
     redone: int = 0
@@ -364,6 +364,7 @@ class Scenario:
             )
             await self._recovered(feeder, sent_by_end, ended)
             await asyncio.sleep(2.0)  # the steady state after it
+            steady_wall = time.time()
             stop_feeding.set()
             await feeding
             await self._settled(feeder.sent)
@@ -392,7 +393,7 @@ class Scenario:
         self.figures.tasks = feeder.sent
         self.figures.detect_s = _first_after(self.not_ready, began)
         self.figures.aged_s = _first_after(self.aged, began)
-        self.figures.warnings = self._warnings(began_wall)
+        self.figures.warnings = self._warnings(began_wall, steady_wall)
         self.figures.stall_s = self._longest_stall(began, ended)
         self.figures.fds = (max(r.fds for r in before), max(r.fds for r in after))
         self.figures.rss_mb = (
@@ -410,25 +411,26 @@ class Scenario:
             await asyncio.sleep(0.1)
         return str(found[0])
 
-    def _warnings(self, since: float) -> int:
-        """The warnings and errors the instances logged from ``since`` (wall clock) on,
-        but for the application's own failures."""
-        count = 0
+    def _warnings(self, since: float, until: float) -> dict[str, int]:
+        """The warnings and errors the instances logged between ``since`` and ``until``
+        (wall clock), by event (numbers in it as ``N``), but for the application's own
+        failures."""
+        found: Counter[str] = Counter()
         for instance in self.instances:
             for log in instance.logs:
                 for line in log.with_suffix(".err").read_text().splitlines():
                     try:
                         entry = json.loads(line)
-                    except ValueError:
-                        count += line.startswith(("Traceback", "WARNING", "ERROR"))
+                        at = datetime.fromisoformat(entry["timestamp"]).timestamp()
+                    except (ValueError, KeyError, TypeError):
                         continue
                     if (
                         entry.get("level") in ("warning", "error", "critical")
                         and entry.get("event") not in _APP_EVENTS
-                        and datetime.fromisoformat(entry["timestamp"]).timestamp() >= since
+                        and since <= at <= until
                     ):
-                        count += 1
-        return count
+                        found[re.sub(r"\d+", "N", str(entry.get("event")))[:120]] += 1
+        return dict(found)
 
     def _readings(self) -> list[Reading]:
         return [parse_metrics(_get(url)) for url in self.urls]
