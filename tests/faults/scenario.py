@@ -25,11 +25,11 @@ Paths (which clients go through the faulty proxies):
 
 The figures of a run (`Figures`): how long until an instance's readiness probe said not
 ready (``detect_s``) and until an instance's oldest partition commit was over 5 s old
-(``aged_s``), the warnings the instances logged from the fault to the steady state after it, the longest time no
-task completed (``stall_s``), how long after the fault ended every task produced until
-then was committed (``recover_s``), and the task runs redone (runs beyond each task's
-fate), against their bound: the work pending at the fault, produced during it, plus one
-commit interval.
+(``aged_s``), the warnings the instances logged from the fault to the steady state after
+it, the longest time no task completed (``stall_s``), how long after the fault ended every
+task produced until then was committed (``recover_s``), and the task runs redone (runs
+beyond each task's fate), against their bound: the work pending at the fault, produced
+during it, plus one commit interval.
 
 What is judged: nothing lost (every task processed or dead-lettered, as its fate says),
 each key's tasks in order in the task topic (``produce --spool-dir`` included) and in
