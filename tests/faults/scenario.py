@@ -151,6 +151,8 @@ class Figures:
     warnings: dict[str, int] = field(default_factory=dict)
     stall_s: float = 0.0
     recover_s: float | None = None
+    resumed_s: float | None = None
+    drain_per_s: float | None = None
     redone: int = 0
     redo_bound: int = 0
     fds: tuple[float, float] = (0.0, 0.0)
@@ -395,6 +397,7 @@ class Scenario:
         self.figures.aged_s = _first_after(self.aged, began)
         self.figures.warnings = self._warnings(began_wall, steady_wall)
         self.figures.stall_s = self._longest_stall(began, ended)
+        self._catch_up(ended)
         self.figures.fds = (max(r.fds for r in before), max(r.fds for r in after))
         self.figures.rss_mb = (
             round(max(r.rss_mb for r in before), 1),
@@ -464,6 +467,21 @@ class Scenario:
                     longest = max(longest, at - since)
                 since, last = at, processed
         return round(longest, 1)
+
+    def _catch_up(self, ended: float) -> None:
+        """When a task first completed after the fault ended (``resumed_s``), and the
+        pace (tasks a second, both instances) from the end until every task produced
+        before it was committed (``drain_per_s``)."""
+        before = [n for at, n in self.progress if at <= ended]
+        at_end = before[-1] if before else 0
+        for at, processed in self.progress:
+            if at > ended and processed > at_end:
+                self.figures.resumed_s = round(at - ended, 1)
+                break
+        recover = self.figures.recover_s
+        if recover:
+            until = [n for at, n in self.progress if at <= ended + recover]
+            self.figures.drain_per_s = round((until[-1] - at_end) / recover) if until else None
 
     async def _committed(self, topic: str) -> dict[int, int]:
         found = await committed_offsets(

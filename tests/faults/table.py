@@ -16,7 +16,8 @@ PATHS = ("runtime", "leaders", "coordinator", "node", "producer")
 FAULTS = ("latency", "bandwidth", "reset_peer", "timeout", "slicer", "limit_data", "down")
 HEADER = (
     "| path | fault | mode | tasks | not ready after | commit 5 s old after | warnings "
-    "| longest stall | recovered after the end | redone / bound | lost | out of order "
+    "| longest stall | resumed after the end | lag 0 after the end | pace then "
+    "| redone / bound | lost | out of order "
     "| outputs twice | fds | RSS MiB |"
 )
 
@@ -35,10 +36,12 @@ def row(f: dict[str, Any]) -> str:
         mode,
         str(f["tasks"]),
         _s(f["detect_s"]),
-        _s(f.get("aged_s")),
+        _s(f["aged_s"]) if "aged_s" in f else "",
         str(sum(w.values()) if isinstance(w := f.get("warnings", ""), dict) else w),
         _s(f["stall_s"]),
+        _s(f["resumed_s"]) if "resumed_s" in f else "",
         _s(f["recover_s"]),
+        "" if f.get("drain_per_s") is None else f"{f['drain_per_s']}/s",
         f"{f['redone']} / {f['redo_bound']}",
         str(f["lost"]),
         str(f["out_of_order"]),
