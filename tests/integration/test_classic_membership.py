@@ -19,6 +19,7 @@ from aiokafka.structs import OffsetAndMetadata
 from decaton_aio._aiokafka import RangePartitionAssignor
 from decaton_aio.consumer.group import ClassicMembership
 from decaton_aio.consumer.state._assignor import MemberState, StateAwareAssignor
+from decaton_aio.embedded import EmbeddedBroker, default_flavor
 from decaton_aio.errors import GroupRefusedError
 from decaton_aio.testing import BrokerHandle, wait_until
 from tests.integration.test_exactly_once import needs_transactions
@@ -433,3 +434,61 @@ async def test_rejoin_revokes_and_assigns_again_in_a_new_generation(
     assert listener.owned == partitions_of(topic, 2)
     if kafka_broker.flavor != "tansu":  # Tansu keeps the generation of a lone member
         assert membership.identity.generation_id > generation
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[BrokerHandle]:
+    """A three-node Apache Kafka cluster of its own (the offsets topic replicated 3 times)."""
+    if default_flavor() != "apache":
+        pytest.skip("a three-node cluster is the embedded Apache Kafka's")
+    broker = EmbeddedBroker(flavor="apache", nodes=3, startup_timeout_s=180).start()
+    try:
+        yield BrokerHandle(broker.bootstrap_servers, broker, replication_factor=3)
+    finally:
+        broker.stop()
+
+
+async def test_the_coordinators_node_killed_members_find_the_next_one_and_keep_their_partitions(
+    cluster: BrokerHandle,
+) -> None:
+    """Given two members of a three-node cluster's group, when the node coordinating the
+    group is killed, then both find the next coordinator and keep heartbeating: neither
+    loses a partition, and commits go on in the same generation."""
+    admin = cluster.topic_admin()
+    try:
+        topic = await admin.create(4, replication_factor=3)
+    finally:
+        await admin.close(delete=False)
+    group = group_name()
+    settings = {"session_timeout_ms": 10_000, "heartbeat_interval_ms": 500}
+    recorders = (Recorder("a"), Recorder("b"))
+    memberships = [
+        ClassicMembership(cluster.consumer_config(group, **settings), [topic]) for _ in recorders
+    ]
+    try:
+        for membership, recorder in zip(memberships, recorders, strict=True):
+            await membership.start(recorder)
+        await settled(*recorders, partitions=partitions_of(topic, 4))
+        generation = memberships[0].identity.generation_id
+        coordinator = memberships[0].coordinator_id
+        assert coordinator is not None
+        assert cluster.embedded is not None
+        began = time.monotonic()
+        cluster.embedded.kill_node(coordinator)
+        await wait_until(
+            lambda: all(m.coordinator_id not in (None, coordinator) for m in memberships),
+            timeout_s=30,
+            what="the next coordinator",
+        )
+        moved_s = time.monotonic() - began
+        await asyncio.sleep(2.0)  # heartbeats to the new coordinator
+        for membership, recorder in zip(memberships, recorders, strict=True):
+            assert "lost" not in recorder.kinds()
+            assert membership.identity.generation_id == generation
+            owned = next(iter(recorder.owned))
+            await membership.commit({owned: OffsetAndMetadata(1, "")})
+        print(f"coordinator moved in {moved_s:.3f} s; no partition lost")
+    finally:
+        for membership in memberships:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(membership.stop(), 20)

@@ -195,6 +195,11 @@ class ClassicMembership:
         return self._routine
 
     @property
+    def coordinator_id(self) -> int | None:
+        """The node id of the group's coordinator as last found (``None``: not known)."""
+        return self._coordinator
+
+    @property
     def member(self) -> ClassicMember:
         """The state machine (read only: its phase, generation, leader)."""
         return self._member
@@ -477,10 +482,11 @@ class ClassicMembership:
         client, node = self._client, self._coordinator
         if client is None:
             raise CoordinatorNotAvailableError("the membership is not started")
-        if node is None:
-            node = await client.coordinator_lookup(CoordinationType.GROUP, self._config.group_id)
-            self._coordinator = node
         async with asyncio.timeout(timeout_s):
+            if node is None:
+                group_id = self._config.group_id
+                node = await client.coordinator_lookup(CoordinationType.GROUP, group_id)
+                self._coordinator = node
             return await client.send(node, request, group=group)
 
     async def _join(self, output: Join) -> None:
@@ -542,7 +548,8 @@ class ClassicMembership:
         metadata = {mid: ConsumerProtocolMemberMetadata.decode(raw) for mid, raw in members}
         topics = set(self._topics).union(*(m.subscription for m in metadata.values()))
         client.set_topics(topics)
-        await client.force_metadata_update()
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            await client.force_metadata_update()
         result = assignor.assign(client.cluster, metadata)
         log.info(
             "assigned the group's partitions as its leader",
