@@ -448,6 +448,7 @@ async def cluster() -> AsyncIterator[BrokerHandle]:
         broker.stop()
 
 
+@pytest.mark.timeout(420)  # three JVMs start on a loaded machine
 async def test_the_coordinators_node_killed_members_find_the_next_one_and_keep_their_partitions(
     cluster: BrokerHandle,
 ) -> None:
