@@ -1,14 +1,22 @@
 """The classic group membership (`ClassicMembership`) against a real broker: joining,
 splitting a group, a graceful leave, a killed member's eviction, static members, commits
-in a generation, the state store's assignor, and the refusals."""
+in a generation (and a transaction's), the state store's assignor, a rejoin, the
+refusals (no shared assignor, a fenced instance id, no access to the group on a broker
+with an authorizer) and the coordinator's node killed in a three-node cluster.
+
+The last two start brokers of their own (one secured node with an authorizer, three
+nodes); on Tansu they and the static membership tests are skipped, saying why.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,9 +25,10 @@ from aiokafka.errors import CommitFailedError
 from aiokafka.structs import OffsetAndMetadata
 
 from decaton_aio._aiokafka import RangePartitionAssignor
+from decaton_aio.app import ConsumerConfig
 from decaton_aio.consumer.group import ClassicMembership
 from decaton_aio.consumer.state._assignor import MemberState, StateAwareAssignor
-from decaton_aio.embedded import EmbeddedBroker, default_flavor
+from decaton_aio.embedded import BrokerSecurity, EmbeddedBroker, default_flavor
 from decaton_aio.errors import GroupRefusedError
 from decaton_aio.testing import BrokerHandle, wait_until
 from tests.integration.test_exactly_once import needs_transactions
@@ -362,12 +371,56 @@ async def test_a_second_process_with_the_same_instance_id_fences_the_first(
     await wait_until(lambda: len(second.owned) == 2, timeout_s=20, what="the second member")
 
 
-@pytest.mark.skip(
-    reason="no embedded broker with an authorizer (ACLs) yet: the refusal's message is "
-    "covered by tests/unit/test_classic_member.py"
-)
-async def test_no_read_on_the_group_is_refused() -> None:
-    """GROUP_AUTHORIZATION_FAILED ends the membership with GroupRefusedError."""
+#: The users of the broker with an authorizer: a super user, and one with no ACL at all.
+ADMIN, NOBODY = "decaton-admin", "no-acls"
+
+
+@pytest.fixture
+def acl_broker() -> Iterator[tuple[EmbeddedBroker, str]]:
+    """A secured Apache Kafka of its own with an authorizer, and the password of
+    ``NOBODY``, who has no ACL (so no access to any group); ``ADMIN`` may do anything."""
+    if default_flavor() != "apache":
+        pytest.skip("the broker with an authorizer is the embedded Apache Kafka")
+    password = secrets.token_urlsafe(12)
+    security = BrokerSecurity({ADMIN: secrets.token_urlsafe(12), NOBODY: password})
+    broker = EmbeddedBroker(
+        flavor="apache",
+        security=security,
+        settings={
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            # The brokers' own listeners (controller, inter-broker) are unauthenticated.
+            "super.users": f"User:ANONYMOUS;User:{ADMIN}",
+        },
+        startup_timeout_s=180,
+    ).start()
+    try:
+        yield broker, password
+    finally:
+        broker.stop()
+
+
+@pytest.mark.timeout(300)  # a JVM of its own
+async def test_no_access_to_the_group_is_refused_saying_what_to_grant(
+    acl_broker: tuple[EmbeddedBroker, str],
+) -> None:
+    """A principal without ACLs on its group ends the membership with GroupRefusedError
+    (exit code 77 in the CLI) saying to grant READ on the group to it, not a traceback."""
+    broker, password = acl_broker
+    listener = broker.listeners["SASL_SSL"]
+    security = dataclasses.replace(listener.security, sasl_username=NOBODY, sasl_password=password)
+    group = group_name()
+    config = ConsumerConfig(listener.bootstrap_servers, group, security=security, **TIMINGS)
+    membership = ClassicMembership(config, ["any-topic"])
+    recorder = Recorder()
+    await membership.start(recorder)
+    try:
+        with pytest.raises(GroupRefusedError, match=f"grant READ on group '{group}'") as refused:
+            await asyncio.wait_for(membership.routine, 60)
+        assert refused.value.code == 30
+        assert refused.value.group_id == group
+        assert recorder.calls == []
+    finally:
+        await membership.stop()
 
 
 async def test_a_transactions_offsets_carry_the_generation_and_hold_the_stable_read(
