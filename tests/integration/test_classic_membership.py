@@ -490,15 +490,8 @@ async def test_rejoin_revokes_and_assigns_again_in_a_new_generation(
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[BrokerHandle]:
-    """A three-node Apache Kafka cluster of its own (the offsets topic replicated 3 times)."""
-    if default_flavor() != "apache":
-        pytest.skip("a three-node cluster is the embedded Apache Kafka's")
-    broker = EmbeddedBroker(flavor="apache", nodes=3, startup_timeout_s=180).start()
-    try:
-        yield BrokerHandle(broker.bootstrap_servers, broker, replication_factor=3)
-    finally:
-        broker.stop()
+def cluster(three_node_cluster: BrokerHandle) -> BrokerHandle:
+    return three_node_cluster
 
 
 @pytest.mark.timeout(420)  # three JVMs start on a loaded machine
