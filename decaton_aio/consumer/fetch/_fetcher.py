@@ -12,8 +12,9 @@ offset moves when its records are read; its position (what `position()` says) wh
 
 Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
 (ListOffsets, `_reset_routine()`); a leader error asks for new metadata and leaves the
-partition out until the metadata names its leader; a leader change starts the sessions
-of both brokers over. The client's metadata updates reach the loop through its listener.
+partition out (its session forgets it) until the next metadata names its leader; a
+partition that moves to another leader starts the sessions of both brokers over. The
+client's metadata updates reach the loop through its listener.
 
 Caller: one task calls `getmany()` at a time; `assign()`, `unassign()`, `seek()`,
 `pause()` and `resume()` from the event loop's thread, at any time (a response to a
@@ -84,6 +85,7 @@ class _Partition:
         "paused",
         "position",
         "resetting",
+        "stale",
         "tp",
     )
 
@@ -94,6 +96,7 @@ class _Partition:
         self.paused = False
         self.resetting = offset is None
         self.leader: int | None = None
+        self.stale = False  # its leader answered with a leader error
         self.highwater: int | None = None
         self.last_stable_offset: int | None = None
         self.log_start_offset: int | None = None
@@ -108,7 +111,7 @@ class _Partition:
             and not self.resetting
             and self.error is None
             and self.leader is not None
-            and self.leader >= 0
+            and not self.stale
         )
 
 
@@ -137,6 +140,8 @@ class Fetcher:
         self._failure: BaseException | None = None
         self._started = False
         self._cluster: Any = None
+        self._refreshed_at = float("-inf")
+        self._refresh_handle: asyncio.TimerHandle | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -168,6 +173,9 @@ class Fetcher:
         self._reset_task = None
         with contextlib.suppress(KeyError):
             self._cluster.remove_listener(self._metadata_updated)
+        if self._refresh_handle is not None:
+            self._refresh_handle.cancel()
+            self._refresh_handle = None
 
     def _routine_ended(self, task: asyncio.Task[None]) -> None:
         # The routines' supervisor: an unexpected error is raised by the next getmany().
@@ -377,32 +385,52 @@ class Fetcher:
             return
         cluster = self._client.cluster
         missing = False
-        moved = False
+        changed = False
         for part in self._partitions.values():
             leader = cluster.leader_for_partition(part.tp)
             if leader is None or leader < 0:
                 missing = True
                 leader = None
             if leader != part.leader:
-                for node in (part.leader, leader):
-                    if node is not None and node in self._sessions:
-                        self._sessions[node].reset()
+                if part.leader is not None and leader is not None:
+                    # moved: both sessions start over with a full request
+                    for node in (part.leader, leader):
+                        if node in self._sessions:
+                            self._sessions[node].reset()
                 part.leader = leader
-                moved = True
+                changed = True
+            if part.stale and leader is not None:
+                part.stale = False  # the metadata after the error names its leader
+                changed = True
             if leader is not None and leader not in self._routines:
                 self._start_node(leader)
         if missing:
             self._refresh_metadata()
-        if moved:
+        if changed:
             self._pulse()
 
     def _refresh_metadata(self) -> None:
+        # At most one forced update per retry backoff: a partition without a leader
+        # would otherwise have the client ask again as soon as each update lands.
+        now = asyncio.get_running_loop().time()
+        if now - self._refreshed_at < self.config.retry_backoff_ms / 1000:
+            if self._refresh_handle is None:
+                delay = self._refreshed_at + self.config.retry_backoff_ms / 1000 - now
+                self._refresh_handle = asyncio.get_running_loop().call_later(
+                    delay, self._refresh_later
+                )
+            return
+        self._refreshed_at = now
         self._client.force_metadata_update().add_done_callback(_quiet)
 
+    def _refresh_later(self) -> None:
+        self._refresh_handle = None
+        if self._started:
+            self._refresh_metadata()
+
     def _lost_leader(self, part: _Partition) -> None:
-        if part.leader is not None and part.leader in self._sessions:
-            self._sessions[part.leader].reset()
-        part.leader = None
+        # Left out (forgotten by its session) until the next metadata names its leader.
+        part.stale = True
         self._refresh_metadata()
 
     # ---------------------------------------------------------------- the routines
@@ -575,7 +603,7 @@ class Fetcher:
                 continue
             by_leader: dict[int, list[_Partition]] = {}
             for part in due:
-                if part.leader is not None:
+                if part.leader is not None and not part.stale:
                     by_leader.setdefault(part.leader, []).append(part)
             if not by_leader:
                 await asyncio.sleep(backoff_s)  # waiting for leaders in the metadata
@@ -607,6 +635,7 @@ class Fetcher:
                 continue  # unassigned or sought meanwhile
             if code:
                 done = False
+                self._counters.errors += 1
                 if code in LEADER_ERRORS:
                     self._lost_leader(part)
                 continue
