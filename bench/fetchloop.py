@@ -235,7 +235,11 @@ async def measure_fetch_loops(args: Any, record: Any, say: Any) -> None:
     from decaton_aio.embedded import EmbeddedBroker
     from decaton_aio.testing import TopicAdmin
 
-    broker = EmbeddedBroker(flavor="apache", log_path=args.workdir / "broker.log")
+    broker = EmbeddedBroker(
+        flavor="apache",
+        log_path=args.workdir / "broker.log",
+        startup_timeout_s=240,  # a shared machine may start it slowly
+    )
     reaper.adopt_broker(broker)
     broker.start()
     admin = TopicAdmin(broker.bootstrap_servers)
