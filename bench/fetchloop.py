@@ -228,6 +228,19 @@ def loop_figures(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _create(admin: Any, partitions: int) -> str:
+    # A loaded machine's broker may refuse topics for a while after it answers.
+    for attempt in range(30):
+        try:
+            topic: str = await admin.create(partitions, prefix=f"fetchloop-p{partitions}")
+            return topic
+        except Exception:
+            if attempt == 29:
+                raise
+            await asyncio.sleep(2)
+    raise AssertionError("unreachable")
+
+
 async def measure_fetch_loops(args: Any, record: Any, say: Any) -> None:
     """Each loop of ``args.impls`` on a fresh topic of each of ``args.partitions`` at
     each of ``args.rates`` (records/s); each row goes to ``record``."""
@@ -245,7 +258,7 @@ async def measure_fetch_loops(args: Any, record: Any, say: Any) -> None:
     admin = TopicAdmin(broker.bootstrap_servers)
     try:
         for partitions in args.partitions:
-            topic = await admin.create(partitions, prefix=f"fetchloop-p{partitions}")
+            topic = await _create(admin, partitions)
             for rate in args.rates:
                 producing = asyncio.get_running_loop().create_task(
                     _produce(broker.bootstrap_servers, topic, partitions, rate)
