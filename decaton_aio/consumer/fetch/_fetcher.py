@@ -134,6 +134,7 @@ class Fetcher:
         self._routines: dict[int, asyncio.Task[None]] = {}
         self._reset_task: asyncio.Task[None] | None = None
         self._filled: dict[TopicPartition, None] = {}  # partitions with chunks, in order
+        self._errored: set[TopicPartition] = set()  # partitions with an error to raise
         self._buffered_bytes = 0
         self._changed = asyncio.Event()  # pulsed: fetchable partitions or room changed
         self._ready = asyncio.Event()  # pulsed: records were buffered
@@ -312,13 +313,18 @@ class Fetcher:
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise KafkaError("the fetch loop failed") from failure
-        for part in self._partitions.values():
-            if part.error is not None and not part.paused:
+        if not self._errored:
+            return
+        for tp in list(self._errored):
+            part = self._partitions.get(tp)
+            if part is None or part.error is None:
+                self._errored.discard(tp)
+            elif not part.paused:
+                self._errored.discard(tp)
                 error, part.error = part.error, None
                 if isinstance(error, OffsetOutOfRangeError | NoOffsetForPartitionError):
                     part.fetch_offset = None  # out until seek()
                     part.resetting = False
-                    part.error = None
                 raise error
 
     def _drain(self, max_records: int | None) -> dict[TopicPartition, list[TaskRecord]]:
@@ -533,6 +539,7 @@ class Fetcher:
                     self._lost_leader(part)
                 else:
                     part.error = for_code(code)(f"cannot fetch {tp.topic}-{tp.partition}")
+                    self._errored.add(tp)
                 continue
             if data.highwater >= 0:
                 part.highwater = data.highwater
@@ -554,6 +561,7 @@ class Fetcher:
                 )
             except KafkaError as exc:
                 part.error = exc
+                self._errored.add(tp)
                 continue
             if next_offset == asked:
                 continue  # an incomplete batch only (it grows past max_partition_bytes)
@@ -572,6 +580,7 @@ class Fetcher:
     def _out_of_range(self, part: _Partition, offset: int) -> None:
         if self.config.auto_offset_reset == "none":
             part.error = OffsetOutOfRangeError({part.tp: offset})
+            self._errored.add(part.tp)
             self._ready.set()
             self._ready.clear()
             return
@@ -587,6 +596,7 @@ class Fetcher:
     def _needs_reset(self, part: _Partition) -> None:
         if self.config.auto_offset_reset == "none":
             part.error = NoOffsetForPartitionError(part.tp)
+            self._errored.add(part.tp)
             return
         part.fetch_offset = None
         part.resetting = True
