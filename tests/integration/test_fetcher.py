@@ -267,6 +267,9 @@ async def test_requests_after_the_first_are_incremental(
     assert counters.bytes > 0
     [session] = fetcher.sessions.values()
     assert session.open
+    await fetcher.stop()  # closes its session on the broker
+    assert not session.open
+    assert fetcher.counters.sessions_closed == 1
 
 
 async def test_a_sessionless_fetcher_sends_full_requests_only(

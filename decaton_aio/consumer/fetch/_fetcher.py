@@ -58,6 +58,8 @@ __all__ = ["Fetcher"]
 log = structlog.get_logger("decaton_aio.consumer.fetch")
 
 OFFSET_OUT_OF_RANGE: Final = 1
+#: How long `Fetcher.stop()` waits for the brokers to close its fetch sessions.
+_CLOSE_TIMEOUT_S: Final = 1.0
 #: Partition errors that say the broker asked is not (or no longer) the leader.
 LEADER_ERRORS: Final = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100})
 
@@ -160,7 +162,8 @@ class Fetcher:
 
     async def stop(self) -> None:
         """Stop every routine (a request in flight is abandoned) and the metadata
-        listener. The client stays open (its owner closes it)."""
+        listener, and close the fetch sessions on their brokers. The client stays open
+        (its owner closes it)."""
         if not self._started:
             return
         self._started = False
@@ -171,12 +174,35 @@ class Fetcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._routines.clear()
+        await self._close_sessions()
         self._reset_task = None
         with contextlib.suppress(KeyError):
             self._cluster.remove_listener(self._metadata_updated)
         if self._refresh_handle is not None:
             self._refresh_handle.cancel()
             self._refresh_handle = None
+
+    async def _close_sessions(self) -> None:
+        # Free the brokers' session slots now rather than when they expire (best effort:
+        # a broker that does not answer soon keeps its slot until then).
+        isolation = 1 if self.config.read_committed else 0
+        sends = []
+        for node_id, session in self._sessions.items():
+            plan = session.close()
+            if plan is not None:
+                request = FetchRequest(plan, 0, 1, self.config.max_bytes, isolation)
+                sends.append(self._client.send(node_id, request))
+        if not sends:
+            return
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                answers = await asyncio.gather(*sends, return_exceptions=True)
+        except TimeoutError:
+            log.info("fetch sessions left to expire on their brokers")
+            return
+        self._counters.sessions_closed += sum(
+            1 for answer in answers if isinstance(answer, FetchResponse) and not answer.error_code
+        )
 
     def _routine_ended(self, task: asyncio.Task[None]) -> None:
         # The routines' supervisor: an unexpected error is raised by the next getmany().
