@@ -125,6 +125,28 @@ async def test_three_partitions_are_read_in_order_from_the_offsets_given(
     assert await fetcher.getmany(timeout_ms=300) == {}  # nothing twice
 
 
+async def test_max_records_splits_what_was_fetched_without_loss_or_reorder(
+    kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
+) -> None:
+    topic = await topic_factory(partitions=2)
+    t0, t1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    await _produce(kafka_broker, topic, {0: [b"a"] * 10, 1: [b"b"] * 10})
+    fetcher = await fetcher_factory()
+    assert fetcher.highwater(t0) is None
+    fetcher.assign(t0, 0)
+    fetcher.assign(t1, 0)
+    seen: dict[TopicPartition, list[int]] = {t0: [], t1: []}
+    async with asyncio.timeout(20):
+        while len(seen[t0]) + len(seen[t1]) < 20:
+            got = await fetcher.getmany(timeout_ms=200, max_records=3)
+            assert sum(len(records) for records in got.values()) <= 3
+            for tp, records in got.items():
+                seen[tp] += [r.offset for r in records]
+                assert fetcher.position(tp) == records[-1].offset + 1
+    assert seen == {t0: list(range(10)), t1: list(range(10))}
+    assert fetcher.counters.records == 20
+
+
 @pytest.mark.parametrize("policy", ["earliest", "latest"])
 async def test_a_partition_without_an_offset_starts_where_the_reset_policy_says(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory, policy: str
@@ -245,6 +267,9 @@ async def test_requests_after_the_first_are_incremental(
     assert counters.bytes > 0
     [session] = fetcher.sessions.values()
     assert session.open
+    await fetcher.stop()  # closes its session on the broker
+    assert not session.open
+    assert fetcher.counters.sessions_closed == 1
 
 
 async def test_a_sessionless_fetcher_sends_full_requests_only(
