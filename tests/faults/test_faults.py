@@ -48,7 +48,9 @@ def _matrix() -> list[object]:
         params.append(pytest.param(path, fault, eos, SHORT_FAULT_S, id=f"short-{path}-{fault}"))
     for path in PATHS:
         for fault in FAULTS:
-            for eos in (False, True) if path == "runtime" else (False,):
+            # Exactly-once where the transactions' path is cut: the runtime's, and the
+            # coordinator's (a member cut from it is fenced, its transaction aborted).
+            for eos in (False, True) if path in ("runtime", "coordinator") else (False,):
                 name = f"long-{path}-{fault}" + ("-eos" if eos else "")
                 marks = pytest.mark.chaos_long
                 params.append(pytest.param(path, fault, eos, LONG_FAULT_S, id=name, marks=marks))
