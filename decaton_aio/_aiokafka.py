@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import aiokafka
 import structlog
-from aiokafka.client import AIOKafkaClient, CoordinationType
+from aiokafka.client import AIOKafkaClient, ConnectionGroup, CoordinationType
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.conn import create_conn
 from aiokafka.consumer.fetcher import PartitionRecords
@@ -65,6 +65,7 @@ from aiokafka.protocol import (
 from aiokafka.protocol import (
     transaction as protocol_transaction,
 )
+from aiokafka.protocol.abstract import AbstractType
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.protocol.types import (
@@ -95,6 +96,7 @@ __all__ = [
     "C_RECORDS",
     "AIOKafkaClient",
     "AbstractPartitionAssignor",
+    "AbstractType",
     "Array",
     "Boolean",
     "Bytes",
@@ -102,6 +104,7 @@ __all__ = [
     "CompactArray",
     "CompactBytes",
     "CompactString",
+    "ConnectionGroup",
     "ConsumerProtocolMemberAssignment",
     "ConsumerProtocolMemberMetadata",
     "CoordinationType",
