@@ -66,6 +66,8 @@ _PRINTED = re.compile(r"faults (long-[\w-]+): (\{.*?\})")
 
 def _read(where: str) -> list[dict[str, Any]]:
     found = Path(where)
+    if not found.exists():
+        return []
     if found.is_dir():
         return [json.loads(p.read_text()) for p in sorted(found.glob("faults-long-*.json"))]
     return [json.loads(m[2]) for m in _PRINTED.finditer(found.read_text())]
