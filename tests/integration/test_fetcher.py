@@ -151,6 +151,8 @@ async def test_max_records_splits_what_was_fetched_without_loss_or_reorder(
 async def test_a_partition_without_an_offset_starts_where_the_reset_policy_says(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory, policy: str
 ) -> None:
+    if policy == "latest" and kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu answers ListOffsets(latest) short of the end (1 for 2 records)")
     topic = await topic_factory(partitions=1)
     tp = TopicPartition(topic, 0)
     await _produce(kafka_broker, topic, {0: [b"before-0", b"before-1"]})
@@ -249,6 +251,8 @@ async def test_a_paused_partition_is_left_out_and_resumes_without_loss_or_duplic
 async def test_requests_after_the_first_are_incremental(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu opens no fetch sessions: every request is full")
     topic = await topic_factory(partitions=3)
     fetcher = await fetcher_factory(max_wait_ms=50)
     for p in range(3):
@@ -289,6 +293,8 @@ async def test_a_sessionless_fetcher_sends_full_requests_only(
 async def test_an_offset_out_of_range_is_reset_by_the_policy(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu does not delete records (DeleteRecords)")
     topic = await topic_factory(partitions=1)
     tp = TopicPartition(topic, 0)
     await _produce(kafka_broker, topic, {0: [f"v-{i}".encode() for i in range(10)]})
@@ -314,6 +320,8 @@ async def test_an_offset_out_of_range_is_reset_by_the_policy(
 async def test_an_offset_out_of_range_without_a_policy_is_raised(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu does not delete records (DeleteRecords)")
     from aiokafka.errors import OffsetOutOfRangeError
 
     topic = await topic_factory(partitions=1)
