@@ -299,3 +299,28 @@ def test_tansu_does_not_offer_the_consumer_protocol() -> None:
         assert not asyncio.run(offers_consumer_protocol(broker.bootstrap_servers))
     finally:
         broker.stop()
+
+
+async def test_a_member_silent_past_its_session_loses_its_partitions_and_rejoins(
+    topic_factory: TopicFactory, members: Members, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = await topic_factory(partitions=2)
+    a, rec = await members(group_name(), topic)
+    await wait_until(lambda: rec.owned == all_of(topic, 2), timeout_s=20, what="all to a")
+    first_epoch = a.member_epoch
+    # a process frozen (SIGSTOP) past the session timeout: no heartbeat goes out
+    state = a._state
+    frozen = True
+    real_delay = state.heartbeat_delay
+    monkeypatch.setattr(state, "heartbeat_delay", lambda now: None if frozen else real_delay(now))
+    await asyncio.sleep(SESSION_TIMEOUT_S + 1.5)
+    frozen = False
+    a.rejoin("thawed")
+    await wait_until(
+        lambda: [kind for kind, *_ in rec.calls] == ["assign", "lose", "assign"],
+        timeout_s=20,
+        what="lost, then assigned again",
+    )
+    assert rec.owned == all_of(topic, 2)
+    assert a.member_id == a.identity.member_id
+    assert a.member_epoch > first_epoch
