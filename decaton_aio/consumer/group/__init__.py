@@ -3,6 +3,7 @@ coordinator checks against it (see `decaton_aio.consumer.group._contract`)."""
 
 from __future__ import annotations
 
+from decaton_aio.consumer.group._classic import ClassicMembership
 from decaton_aio.consumer.group._consumer_protocol import (
     ConsumerProtocolMembership,
     offers_consumer_protocol,
@@ -10,6 +11,7 @@ from decaton_aio.consumer.group._consumer_protocol import (
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol, Membership
 
 __all__ = [
+    "ClassicMembership",
     "ConsumerProtocolMembership",
     "GroupListener",
     "GroupProtocol",
