@@ -19,6 +19,8 @@ from decaton_aio.consumer.group import (
     _consumer_protocol,
     offers_consumer_protocol,
 )
+from decaton_aio.embedded import EmbeddedBroker, resolve_tansu_binary
+from decaton_aio.errors import BrokerError, GroupRefusedError
 from decaton_aio.pytest_plugin import TopicFactory
 from decaton_aio.testing import BrokerHandle, wait_until
 
@@ -248,3 +250,77 @@ async def test_a_commit_with_a_stale_epoch_is_retried(
     await a.commit({tp: OffsetAndMetadata(11, "")})
     assert sent == [a.member_epoch - 1, a.member_epoch]
     assert (await a.committed([tp]))[tp] == OffsetAndMetadata(11, "")
+
+
+async def test_an_unknown_server_assignor_is_refused(
+    topic_factory: TopicFactory, members: Members
+) -> None:
+    topic = await topic_factory(partitions=1)
+    a, rec = await members(group_name(), topic, server_assignor="no-such-assignor")
+    with pytest.raises(GroupRefusedError, match=r"group\.remote\.assignor") as refused:
+        await asyncio.wait_for(a.routine, 20)
+    assert refused.value.code == 112
+    assert rec.calls == []
+
+
+async def test_a_pattern_subscription_picks_up_a_new_topic(
+    kafka_broker: BrokerHandle, topic_factory: TopicFactory, members: Members
+) -> None:
+    prefix = f"pat-{uuid.uuid4().hex[:6]}"
+    first = await topic_factory(partitions=2, name=f"{prefix}-one")
+    membership = ConsumerProtocolMembership(
+        group_name(),
+        kafka_broker.bootstrap_servers,
+        pattern=f"{prefix}-.*",
+        security=kafka_broker.security,
+    )
+    rec = Recorder()
+    await membership.start(rec)
+    try:
+        await wait_until(lambda: rec.owned == all_of(first, 2), timeout_s=20, what="the first")
+        second = await topic_factory(partitions=1, name=f"{prefix}-two")
+        await wait_until(
+            lambda: rec.owned == all_of(first, 2) | all_of(second, 1),
+            timeout_s=30,
+            what="the new topic",
+        )
+        assert not rec.stopped()
+    finally:
+        await membership.stop()
+
+
+def test_tansu_does_not_offer_the_consumer_protocol() -> None:
+    try:
+        binary = resolve_tansu_binary()
+    except BrokerError:
+        pytest.skip("no Tansu binary")
+    broker = EmbeddedBroker(flavor="tansu", binary=binary).start()
+    try:
+        assert not asyncio.run(offers_consumer_protocol(broker.bootstrap_servers))
+    finally:
+        broker.stop()
+
+
+async def test_a_member_silent_past_its_session_loses_its_partitions_and_rejoins(
+    topic_factory: TopicFactory, members: Members, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = await topic_factory(partitions=2)
+    a, rec = await members(group_name(), topic)
+    await wait_until(lambda: rec.owned == all_of(topic, 2), timeout_s=20, what="all to a")
+    first_epoch = a.member_epoch
+    # a process frozen (SIGSTOP) past the session timeout: no heartbeat goes out
+    state = a._state
+    frozen = True
+    real_delay = state.heartbeat_delay
+    monkeypatch.setattr(state, "heartbeat_delay", lambda now: None if frozen else real_delay(now))
+    await asyncio.sleep(SESSION_TIMEOUT_S + 1.5)
+    frozen = False
+    a.rejoin("thawed")
+    await wait_until(
+        lambda: [kind for kind, *_ in rec.calls] == ["assign", "lose", "assign"],
+        timeout_s=20,
+        what="lost, then assigned again",
+    )
+    assert rec.owned == all_of(topic, 2)
+    assert a.member_id == a.identity.member_id
+    assert a.member_epoch > first_epoch

@@ -198,6 +198,9 @@ class ConsumerProtocolMembership:
             node_id = await self._coordinator()
             if not await _offers(client, node_id):
                 raise refusal_error(_UNSUPPORTED_VERSION, group_id=self.group_id)
+        except GroupAuthorizationFailedError as exc:
+            await client.close()
+            raise self._error_for(GROUP_AUTHORIZATION_FAILED, None) from exc
         except BaseException:
             await client.close()
             raise

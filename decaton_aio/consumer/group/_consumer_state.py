@@ -203,6 +203,17 @@ class MemberState:
         return self.epoch > 0 and self.phase in (Phase.STABLE, Phase.RECONCILING, Phase.LEAVING)
 
     @property
+    def acknowledged(self) -> Assignment | None:
+        """The owned set the last heartbeat carried (``None`` after an error: the next
+        heartbeat carries it again)."""
+        return self._sent_owned
+
+    @property
+    def step_out(self) -> Step | None:
+        """The listener call under way, if any."""
+        return self._step_out
+
+    @property
     def leave_epoch(self) -> int:
         """The epoch of the leave heartbeat: ``-2`` for a static member, else ``-1``."""
         return _LEAVE_STATIC if self.settings.instance_id is not None else _LEAVE
