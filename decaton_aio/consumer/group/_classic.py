@@ -34,7 +34,6 @@ from aiokafka import TopicPartition
 from aiokafka.errors import (
     CommitFailedError,
     CoordinatorNotAvailableError,
-    IncompatibleBrokerVersion,
     KafkaError,
     for_code,
 )
@@ -50,15 +49,13 @@ from decaton_aio._aiokafka import (
     RoundRobinPartitionAssignor,
     StickyPartitionAssignor,
     check_version,
-    protocol_commit,
 )
 from decaton_aio._connect import connect_error
 from decaton_aio.app import ConsumerConfig
-from decaton_aio.consumer.commit import UNSTABLE_OFFSET_COMMIT, GroupMetadata, OffsetFetchRequest
+from decaton_aio.consumer.commit import GroupMetadata
 from decaton_aio.consumer.group._classic_refusals import refusal
 from decaton_aio.consumer.group._classic_state import (
     ILLEGAL_GENERATION,
-    NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
     Assign,
@@ -83,6 +80,7 @@ from decaton_aio.consumer.group._classic_wire import (
     SyncGroupRequest,
 )
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol
+from decaton_aio.consumer.group._offsets import read_committed
 
 __all__ = ["ClassicMembership"]
 
@@ -99,9 +97,6 @@ _PROTOCOL_TYPE: Final = "consumer"
 REQUEST_TIMEOUT_S: Final = 30.0
 #: How long a join may wait beyond the rebalance timeout (the coordinator answers by then).
 _JOIN_GRACE_S: Final = 5.0
-#: How long to wait between two offset reads while a transaction holds offsets.
-_STABLE_RETRY_S: Final = 0.1
-_NOT_COORDINATOR_CODES: Final = frozenset({14, 15, NOT_COORDINATOR})
 _COMMIT_REFUSALS: Final = {
     ILLEGAL_GENERATION: "ILLEGAL_GENERATION",
     UNKNOWN_MEMBER_ID: "UNKNOWN_MEMBER_ID",
@@ -300,40 +295,15 @@ class ClassicMembership:
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """The group's committed offsets, once no open transaction holds them (see
         `Membership.committed`)."""
-        found: dict[TopicPartition, OffsetAndMetadata | None] = {}
-        wanted = sorted(set(partitions))
-        group = self._config.group_id
-        while wanted:
-            try:
-                response = await self._send_to_coordinator(OffsetFetchRequest(group, wanted))
-            except (IncompatibleBrokerVersion, NotImplementedError):
-                # No require_stable before version 7: read what is committed.
-                old = protocol_commit.OffsetFetchRequest(group, _by_topic(wanted))
-                response = await self._send_to_coordinator(old)
-            if getattr(response, "error_code", 0):
-                code = response.error_code
-                if code in _NOT_COORDINATOR_CODES:
-                    self._coordinator = None
-                    await asyncio.sleep(_STABLE_RETRY_S)
-                    continue
-                raise for_code(code)(f"cannot read the offsets of group {group!r}")
-            pending = []
-            for topic, parts, *_ in response.topics:
-                for partition, offset, *rest in parts:
-                    tp = TopicPartition(topic, partition)
-                    metadata, code = (rest[-3], rest[-2]) if len(rest) >= 3 else rest[:2]
-                    if code == UNSTABLE_OFFSET_COMMIT or code in _NOT_COORDINATOR_CODES:
-                        pending.append(tp)
-                    elif code:
-                        raise for_code(code)(f"cannot read the offset of {topic}-{partition}")
-                    elif tp in wanted:
-                        found[tp] = (
-                            None if offset < 0 else OffsetAndMetadata(offset, metadata or "")
-                        )
-            wanted = pending
-            if wanted:
-                await asyncio.sleep(_STABLE_RETRY_S)
-        return found
+        return await read_committed(
+            self._send_to_coordinator,
+            self._config.group_id,
+            partitions,
+            coordinator_moved=self._forget_coordinator,
+        )
+
+    def _forget_coordinator(self) -> None:
+        self._coordinator = None
 
     # ------------------------------------------------------------------ routine
 
@@ -595,10 +565,3 @@ class ClassicMembership:
 
 def _names(partitions: Any) -> list[str]:
     return sorted(f"{tp.topic}-{tp.partition}" for tp in partitions)
-
-
-def _by_topic(partitions: Sequence[TopicPartition]) -> list[tuple[str, list[int]]]:
-    topics: dict[str, list[int]] = {}
-    for tp in partitions:
-        topics.setdefault(tp.topic, []).append(tp.partition)
-    return sorted(topics.items())

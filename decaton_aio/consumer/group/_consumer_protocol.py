@@ -41,7 +41,7 @@ from decaton_aio._aiokafka import (
     protocol_admin,
 )
 from decaton_aio._connect import connect_error
-from decaton_aio.consumer.commit import UNSTABLE_OFFSET_COMMIT, GroupMetadata, OffsetFetchRequest
+from decaton_aio.consumer.commit import GroupMetadata
 from decaton_aio.consumer.group._consumer_messages import (
     CONSUMER_GROUP_HEARTBEAT,
     ConsumerGroupHeartbeatRequest,
@@ -64,6 +64,7 @@ from decaton_aio.consumer.group._consumer_state import (
     Step,
 )
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol
+from decaton_aio.consumer.group._offsets import NOT_COORDINATOR_CODES, read_committed
 from decaton_aio.errors import ConfigError, DecatonError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 
@@ -71,10 +72,8 @@ __all__ = ["ConsumerProtocolMembership", "offers_consumer_protocol"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
-_NOT_COORDINATOR: Final = frozenset({14, 15, 16})
 _STALE_MEMBER_EPOCH: Final = 113
 _ILLEGAL_GENERATION: Final = 22
-_STABLE_RETRY_S: Final = 0.1
 _UNSUPPORTED_VERSION: Final = 35
 
 
@@ -221,8 +220,9 @@ class ConsumerProtocolMembership:
                 log.warning("the group membership did not end in time", group=self.group_id)
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            # asyncio.wait raises neither the routine's error nor its cancellation, and
+            # lets a cancellation of stop() itself through.
+            await asyncio.wait({task})
         if self._client is not None:
             await self._client.close()
 
@@ -247,6 +247,16 @@ class ConsumerProtocolMembership:
             if not state.joined:
                 raise CommitFailedError(
                     f"member {state.member_id} is not in group {self.group_id} now"
+                )
+            mine = state.named(state.owned | state.started)
+            if not_owned := sorted(
+                f"{tp.topic}-{tp.partition}" for tp in offsets if tp not in mine
+            ):
+                # The coordinator checks the epoch only: it would take the commit of a
+                # partition given up, over its new owner's.
+                raise CommitFailedError(
+                    f"member {state.member_id} of group {self.group_id} does not own "
+                    f"{', '.join(not_owned)} now: not committed"
                 )
             epoch = state.epoch
             request = OffsetCommitRequest(
@@ -274,32 +284,12 @@ class ConsumerProtocolMembership:
     async def committed(
         self, partitions: Collection[TopicPartition]
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
-        found: dict[TopicPartition, OffsetAndMetadata | None] = {}
-        wanted = sorted(set(partitions))
-        while wanted:
-            response = await self._send_to_coordinator(OffsetFetchRequest(self.group_id, wanted))
-            if response.error_code in _NOT_COORDINATOR:
-                self._coordinator_id = None
-                await asyncio.sleep(_STABLE_RETRY_S)
-                continue
-            if response.error_code:
-                raise for_code(response.error_code)(f"cannot read the offsets of {self.group_id}")
-            pending: list[TopicPartition] = []
-            for topic, parts, _ in response.topics:
-                for partition, offset, _epoch, metadata, code, _ in parts:
-                    tp = TopicPartition(topic, partition)
-                    if code == UNSTABLE_OFFSET_COMMIT or code in _NOT_COORDINATOR:
-                        pending.append(tp)
-                    elif code:
-                        raise for_code(code)(f"cannot read the offset of {topic}-{partition}")
-                    else:
-                        found[tp] = (
-                            OffsetAndMetadata(offset, metadata or "") if offset >= 0 else None
-                        )
-            wanted = pending
-            if wanted:
-                await asyncio.sleep(_STABLE_RETRY_S)
-        return found
+        return await read_committed(
+            self._send_to_coordinator,
+            self.group_id,
+            partitions,
+            coordinator_moved=self._forget_coordinator,
+        )
 
     # ------------------------------------------------------------------- routines
 
@@ -330,8 +320,7 @@ class ConsumerProtocolMembership:
                     wake.cancel()
         finally:
             heartbeats.cancel()
-            with contextlib.suppress(BaseException):
-                await heartbeats
+            await asyncio.wait({heartbeats})  # its error, if any, is raised above
 
     async def _run_step(self, step: Step) -> None:
         listener = self._listener
@@ -385,7 +374,8 @@ class ConsumerProtocolMembership:
         state = self._state
         try:
             response = await self._send_to_coordinator(
-                ConsumerGroupHeartbeatRequest(self.group_id, fields)
+                ConsumerGroupHeartbeatRequest(self.group_id, fields),
+                group=ConnectionGroup.COORDINATION,
             )
         except GroupAuthorizationFailedError:
             return self._refuse(seq, GROUP_AUTHORIZATION_FAILED, None)
@@ -395,7 +385,7 @@ class ConsumerProtocolMembership:
             log.info("heartbeat failed; retrying", group=self.group_id, error=repr(exc))
             return state.heartbeat_failed(seq, self._clock())
         code = response.error_code
-        if code and code not in FENCING and code not in _NOT_COORDINATOR:
+        if code and code not in FENCING and code not in NOT_COORDINATOR_CODES:
             log.info(
                 "heartbeat refused", group=self.group_id, code=code, message=response.error_message
             )
@@ -460,20 +450,28 @@ class ConsumerProtocolMembership:
                 )
         return self._coordinator_id
 
-    async def _send_to_coordinator(self, request: Any) -> Any:
+    async def _send_to_coordinator(
+        self, request: Any, *, group: Any = ConnectionGroup.DEFAULT
+    ) -> Any:
+        """Send ``request`` to the coordinator (looked up when not known) on ``group``'s
+        connection: heartbeats have the coordination one to themselves, so that no commit
+        or offset read delays them."""
         client = self._client
         if client is None:
             raise RuntimeError("the membership is not started")
         node_id = await self._coordinator()
         try:
             async with asyncio.timeout(self._request_timeout_s):
-                return await client.send(node_id, request, group=ConnectionGroup.COORDINATION)
+                return await client.send(node_id, request, group=group)
         except (KafkaError, OSError, TimeoutError):
             self._coordinator_id = None
             raise
 
+    def _forget_coordinator(self) -> None:
+        self._coordinator_id = None
+
     def _commit_error(self, code: int, tp: TopicPartition, epoch: int) -> KafkaError:
-        if code in _NOT_COORDINATOR:
+        if code in NOT_COORDINATOR_CODES:
             self._coordinator_id = None
         if code in FENCING or code == _ILLEGAL_GENERATION:
             return CommitFailedError(
