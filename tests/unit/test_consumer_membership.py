@@ -33,15 +33,17 @@ class FakeClient:
     """Records what is sent; answers commits without error and offset reads with
     ``offsets``."""
 
-    def __init__(self) -> None:
+    def __init__(self, commit_error: int = 0) -> None:
         self.sent: list[tuple[Any, Any]] = []
         self.closed = False
+        self.commit_error = commit_error
 
     async def send(self, node_id: int, request: Any, group: Any = None) -> Any:
         self.sent.append((request, group))
         if isinstance(request, OffsetCommitRequest):
             topics = [
-                (topic, [(p[0], 0, {}) for p in parts], {}) for topic, parts, _ in request.topics
+                (topic, [(p[0], self.commit_error, {}) for p in parts], {})
+                for topic, parts, _ in request.topics
             ]
             return SimpleNamespace(topics=topics)
         wanted = [(t, parts) for t, parts, _ in request._topics]
@@ -134,3 +136,15 @@ async def test_stop_lets_its_callers_cancellation_through() -> None:
     release.set()
     await asyncio.wait({stopping})
     assert stopping.cancelled()
+
+
+@pytest.mark.parametrize("code", [25, 110])  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
+async def test_a_commit_refused_as_fenced_sends_the_next_heartbeat_at_once(code: int) -> None:
+    m, client = stable_member(frozenset({(TOPIC_ID, 0)}))
+    seq, _ = m._state.next_heartbeat(1.0)  # type: ignore[misc]
+    m._state.heartbeat_answered(seq, Answer(0, member_epoch=3, heartbeat_interval_ms=5000), 1.0)
+    assert m._state.heartbeat_delay(2.0) == pytest.approx(4.0)
+    client.commit_error = code
+    with pytest.raises(CommitFailedError):
+        await m.commit({T0: OffsetAndMetadata(10, "")})
+    assert m._state.heartbeat_delay(2.0) == 0.0

@@ -417,9 +417,10 @@ class ClassicMembership:
                 await listener.partitions_assigned(call.partitions)
             else:
                 await listener.partitions_lost(call.partitions)
-        except Exception:
-            log.exception("the group listener failed", call=kind)
         finally:
+            # A listener that raised ends the routine with its error (`_request_ended`),
+            # as on the consumer protocol: a partition it half started or half gave up
+            # must not stay silently owned.
             self._feed(self._member.listener_done)
 
     # ----------------------------------------------------------------- requests

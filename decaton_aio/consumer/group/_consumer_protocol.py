@@ -474,6 +474,10 @@ class ConsumerProtocolMembership:
         if code in NOT_COORDINATOR_CODES:
             self._coordinator_id = None
         if code in FENCING or code == _ILLEGAL_GENERATION:
+            # The member is out of the group: its next heartbeat, sent now, hears it is
+            # fenced (its partitions lost) instead of up to an interval later.
+            self._state.heartbeat_now()
+            self._poke()
             return CommitFailedError(
                 f"member {self.member_id} (epoch {epoch}) no longer owns {tp.topic}-{tp.partition}"
             )

@@ -43,7 +43,8 @@ class GroupListener(Protocol):
 
     Each call is awaited before the membership goes on: a revoke ends (drained and
     committed) before the coordinator hears the partitions are free, an assignment is
-    acknowledged at once and started by `partitions_assigned()`.
+    acknowledged at once and started by `partitions_assigned()`. A call that raises ends
+    the membership's routine with its error (`Membership.routine`).
     """
 
     async def partitions_revoked(self, partitions: frozenset[TopicPartition]) -> None:
