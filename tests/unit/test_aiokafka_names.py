@@ -72,6 +72,7 @@ OWN: frozenset[tuple[str, str]] = frozenset(
         ("tests/integration/test_state.py", "sub._sender"),
         ("tests/integration/test_state.py", "sub._sender._client"),
         ("tests/unit/test_apache_kafka.py", "broker._cluster"),
+        ("tests/unit/test_classic_membership_driver.py", "membership._listener"),
         ("tests/unit/test_client_start.py", "client._closed"),
         ("tests/unit/test_consumer_membership.py", "m._client"),
         ("tests/unit/test_consumer_membership.py", "request._topics"),
