@@ -27,7 +27,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from decaton_aio.consumer.group._classic_refusals import refusal
 from decaton_aio.consumer.group._classic_state import (
     COORDINATOR_LOAD_IN_PROGRESS,
     FENCED_INSTANCE_ID,
@@ -54,6 +53,7 @@ from decaton_aio.consumer.group._classic_state import (
     Sync,
     Timings,
 )
+from decaton_aio.consumer.group._refusals import refusal
 
 TIMINGS = Timings(session_s=3.0, heartbeat_s=0.5, retry_s=0.1, retry_max_s=1.0)
 PARTITIONS = tuple(TopicPartition("t", p) for p in range(4))
@@ -394,17 +394,21 @@ def test_fenced_instance_in_every_phase_loses_what_is_owned_and_fails(where: str
 
 
 def test_refusal_messages_say_what_to_change() -> None:
-    denied = refusal(GROUP_AUTHORIZATION_FAILED, group_id="g", assignors=["range"])
+    denied = refusal("classic", GROUP_AUTHORIZATION_FAILED, group_id="g", assignors=["range"])
     assert "grant READ on group 'g'" in str(denied)
     assert denied.code == GROUP_AUTHORIZATION_FAILED
-    shared = refusal(INCONSISTENT_GROUP_PROTOCOL, group_id="g", assignors=["roundrobin"])
+    shared = refusal("classic", INCONSISTENT_GROUP_PROTOCOL, group_id="g", assignors=["roundrobin"])
     assert "roundrobin" in str(shared)
     assert "range" in str(shared)
-    state = refusal(INCONSISTENT_GROUP_PROTOCOL, group_id="g", assignors=["decaton-state"])
+    state = refusal(
+        "classic", INCONSISTENT_GROUP_PROTOCOL, group_id="g", assignors=["decaton-state"]
+    )
     assert "state store" in str(state)
-    fenced = refusal(FENCED_INSTANCE_ID, group_id="g", assignors=[], instance_id="pod-1")
+    fenced = refusal("classic", FENCED_INSTANCE_ID, group_id="g", assignors=[], instance_id="pod-1")
     assert "pod-1" in str(fenced)
-    assert "group.max.size" in str(refusal(GROUP_MAX_SIZE_REACHED, group_id="g", assignors=[]))
+    assert "group.max.size" in str(
+        refusal("classic", GROUP_MAX_SIZE_REACHED, group_id="g", assignors=[])
+    )
 
 
 # --------------------------------------------------------- the fake coordinator

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from decaton_aio.consumer.group._consumer_refusals import refusal_error
+from decaton_aio.consumer.group._refusals import refusal
 from decaton_aio.errors import ConfigError, GroupRefusedError
 
 
@@ -21,8 +21,13 @@ from decaton_aio.errors import ConfigError, GroupRefusedError
     ],
 )
 def test_refusals_name_what_to_change(code: int, says: str) -> None:
-    error = refusal_error(
-        code, group_id="orders", instance_id="i-1", server_assignor="fancy", pattern="orders-("
+    error = refusal(
+        "consumer",
+        code,
+        group_id="orders",
+        instance_id="i-1",
+        server_assignor="fancy",
+        pattern="orders-(",
     )
     assert isinstance(error, GroupRefusedError)
     assert (error.code, error.group_id) == (code, "orders")
@@ -32,11 +37,27 @@ def test_refusals_name_what_to_change(code: int, says: str) -> None:
 
 
 def test_the_coordinators_own_words_are_kept() -> None:
-    error = refusal_error(81, group_id="g", detail="max 3 members")
+    error = refusal("consumer", 81, group_id="g", detail="max 3 members")
     assert str(error).endswith("(the coordinator said: max 3 members)")
 
 
 def test_a_cluster_without_the_protocol_is_a_config_error() -> None:
-    error = refusal_error(35, group_id="g")
+    error = refusal("consumer", 35, group_id="g")
     assert isinstance(error, ConfigError)
     assert "group.protocol=classic" in str(error)
+
+
+@pytest.mark.parametrize("code", [30, 82])
+def test_both_protocols_say_the_same_for_the_refusals_they_share(code: int) -> None:
+    said = {
+        protocol: str(refusal(protocol, code, group_id="g", instance_id="i-1"))  # type: ignore[arg-type]
+        for protocol in ("classic", "consumer")
+    }
+    assert said["classic"] == said["consumer"]
+
+
+def test_the_size_limit_named_is_the_protocols() -> None:
+    assert "group.consumer.max.size" in str(refusal("consumer", 81, group_id="g"))
+    classic = str(refusal("classic", 81, group_id="g"))
+    assert "group.max.size" in classic
+    assert "consumer.max.size" not in classic

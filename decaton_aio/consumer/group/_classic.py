@@ -53,7 +53,6 @@ from decaton_aio._aiokafka import (
 from decaton_aio._connect import connect_error
 from decaton_aio.app import ConsumerConfig
 from decaton_aio.consumer.commit import GroupMetadata
-from decaton_aio.consumer.group._classic_refusals import refusal
 from decaton_aio.consumer.group._classic_state import (
     ILLEGAL_GENERATION,
     REBALANCE_IN_PROGRESS,
@@ -81,6 +80,7 @@ from decaton_aio.consumer.group._classic_wire import (
 )
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol
 from decaton_aio.consumer.group._offsets import read_committed
+from decaton_aio.consumer.group._refusals import refusal
 
 __all__ = ["ClassicMembership"]
 
@@ -348,6 +348,7 @@ class ClassicMembership:
                 return True
             if isinstance(output, Failed):
                 raise refusal(
+                    "classic",
                     output.code,
                     group_id=self._config.group_id,
                     assignors=list(self._assignors),

@@ -50,10 +50,6 @@ from decaton_aio.consumer.group._consumer_messages import (
     TopicIdsRequest,
     read_assignment,
 )
-from decaton_aio.consumer.group._consumer_refusals import (
-    GROUP_AUTHORIZATION_FAILED,
-    refusal_error,
-)
 from decaton_aio.consumer.group._consumer_state import (
     FENCING,
     Answer,
@@ -65,6 +61,11 @@ from decaton_aio.consumer.group._consumer_state import (
 )
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol
 from decaton_aio.consumer.group._offsets import NOT_COORDINATOR_CODES, read_committed
+from decaton_aio.consumer.group._refusals import (
+    GROUP_AUTHORIZATION_FAILED,
+    UNSUPPORTED_VERSION,
+    refusal,
+)
 from decaton_aio.errors import ConfigError, DecatonError
 from decaton_aio.security import PLAINTEXT, SecuritySettings
 
@@ -74,7 +75,6 @@ log = structlog.get_logger("decaton_aio.consumer")
 
 _STALE_MEMBER_EPOCH: Final = 113
 _ILLEGAL_GENERATION: Final = 22
-_UNSUPPORTED_VERSION: Final = 35
 
 
 class ConsumerProtocolMembership:
@@ -196,7 +196,7 @@ class ConsumerProtocolMembership:
         try:
             node_id = await self._coordinator()
             if not await _offers(client, node_id):
-                raise refusal_error(_UNSUPPORTED_VERSION, group_id=self.group_id)
+                raise refusal("consumer", UNSUPPORTED_VERSION, group_id=self.group_id)
         except GroupAuthorizationFailedError as exc:
             await client.close()
             raise self._error_for(GROUP_AUTHORIZATION_FAILED, None) from exc
@@ -380,7 +380,7 @@ class ConsumerProtocolMembership:
         except GroupAuthorizationFailedError:
             return self._refuse(seq, GROUP_AUTHORIZATION_FAILED, None)
         except IncompatibleBrokerVersion:
-            return self._refuse(seq, _UNSUPPORTED_VERSION, None)
+            return self._refuse(seq, UNSUPPORTED_VERSION, None)
         except (KafkaError, OSError, TimeoutError) as exc:
             log.info("heartbeat failed; retrying", group=self.group_id, error=repr(exc))
             return state.heartbeat_failed(seq, self._clock())
@@ -413,7 +413,8 @@ class ConsumerProtocolMembership:
 
     def _error_for(self, code: int, detail: str | None) -> DecatonError:
         settings = self._state.settings
-        return refusal_error(
+        return refusal(
+            "consumer",
             code,
             group_id=self.group_id,
             instance_id=settings.instance_id,

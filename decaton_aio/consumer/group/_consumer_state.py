@@ -57,7 +57,7 @@ _NONE: Final = 0
 FENCING: Final = frozenset({25, 110})  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
 #: The coordinator moved or is not there: find it again, then send a full heartbeat.
 RETRY_COORDINATOR: Final = frozenset({15, 16})  # COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
-#: The member cannot join as it is configured (see ``_consumer_refusals``).
+#: The member cannot join as it is configured (see ``_refusals``).
 REFUSALS: Final = frozenset({30, 35, 42, 81, 82, 111, 112, 128})
 
 _LEAVE: Final = -1
