@@ -22,8 +22,8 @@ Who may call what (one event loop; no call awaits):
   `MemberState.rejoin()`, `MemberState.heartbeat_now()`, `MemberState.subscribe()`, and
   the read-only properties.
 
-Every change of what the routines wait for bumps `MemberState.version`, which the I/O
-class turns into a wake-up.
+`MemberState.version` counts the changes of what the routines wait for; nothing reads it
+to wake up: the I/O class wakes both routines after every call it makes on the state.
 """
 
 from __future__ import annotations
