@@ -5,7 +5,8 @@ broker: a fake aiokafka client answers what the membership sends.
   epoch, not who owns a partition: a revoked partition's late commit would be accepted
   and overwrite its new owner's);
 - commits and offset reads do not queue behind heartbeats on the coordination connection;
-- `stop()` lets a cancellation of its caller through.
+- `stop()` lets a cancellation of its caller through; the routine closes the connections
+  however it ends, also when an owner that gave `stop()` up cancels it.
 """
 
 from __future__ import annotations
@@ -148,3 +149,30 @@ async def test_a_commit_refused_as_fenced_sends_the_next_heartbeat_at_once(code:
     with pytest.raises(CommitFailedError):
         await m.commit({T0: OffsetAndMetadata(10, "")})
     assert m._state.heartbeat_delay(2.0) == 0.0
+
+
+class SilentCoordinator(FakeClient):
+    """Never answers a heartbeat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+    async def send(self, node_id: int, request: Any, group: Any = None) -> Any:
+        self.asked.set()
+        await asyncio.Event().wait()
+
+
+async def test_the_routine_closes_the_connections_when_cancelled() -> None:
+    m = ConsumerProtocolMembership("g", "localhost:9092", topics=["t"])
+    client = SilentCoordinator()
+    m._client = client  # type: ignore[assignment]
+    m._coordinator_id = 1
+    m._task = asyncio.create_task(m._membership_routine())
+    await client.asked.wait()  # joining
+    stopping = asyncio.create_task(m.stop())
+    await asyncio.wait({stopping}, timeout=0)
+    stopping.cancel()  # the owner gives the stop up...
+    m.routine.cancel()  # ...and cancels the routine
+    await asyncio.wait({stopping, m.routine})
+    assert client.closed

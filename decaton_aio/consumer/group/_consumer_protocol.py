@@ -6,7 +6,9 @@ coordinator (found again after an error), reads its answer, and resolves the tar
 assignment's topic ids to names (``Metadata`` version 12); the membership's routine
 (`ConsumerProtocolMembership.routine`, the only caller of the listener) runs each step the
 state hands out: revoke, then assign, or lose. Unexpected errors of either end the
-membership's routine, which the subscription supervises. Commits go to the coordinator as
+membership's routine, which the subscription supervises; however it ends, the membership's
+routine closes the connections (an owner that gives `stop()` up cancels it). Heartbeats
+have the coordinator's coordination connection to themselves. Commits go to the coordinator as
 this member (``OffsetCommit`` version 9 with the member epoch); committed offsets are read
 stable (``OffsetFetch`` with ``require_stable``).
 
@@ -223,8 +225,6 @@ class ConsumerProtocolMembership:
             # asyncio.wait raises neither the routine's error nor its cancellation, and
             # lets a cancellation of stop() itself through.
             await asyncio.wait({task})
-        if self._client is not None:
-            await self._client.close()
 
     def rejoin(self, reason: str) -> None:
         log.info(
@@ -319,8 +319,14 @@ class ConsumerProtocolMembership:
                 finally:
                     wake.cancel()
         finally:
+            # The routine owns the connections: however it ends (left, refused, failed,
+            # cancelled by an owner that gave its stop up), it closes them.
             heartbeats.cancel()
-            await asyncio.wait({heartbeats})  # its error, if any, is raised above
+            try:
+                await asyncio.wait({heartbeats})  # its error, if any, is raised above
+            finally:
+                if self._client is not None:
+                    await self._client.close()
 
     async def _run_step(self, step: Step) -> None:
         listener = self._listener
