@@ -79,7 +79,12 @@ from decaton_aio.consumer.group._classic_wire import (
     SyncGroupRequest,
 )
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol
-from decaton_aio.consumer.group._offsets import read_committed
+from decaton_aio.consumer.group._offsets import (
+    COMMIT_ATTEMPTS,
+    NOT_COORDINATOR_CODES,
+    read_committed,
+    retry_wait,
+)
 from decaton_aio.consumer.group._refusals import refusal
 
 __all__ = ["ClassicMembership"]
@@ -257,38 +262,54 @@ class ClassicMembership:
         if not offsets:
             return
         member, cfg = self._member, self._config
-        generation, member_id = member.generation, member.member_id
-        if not member.may_commit(offsets):
+        generation = member.generation
+        for attempt in range(COMMIT_ATTEMPTS):
+            code, where = await self._commit_once(offsets, generation)
+            if not code:
+                return
+            self._feed(functools.partial(self._member.commit_refused, code))
+            if code in NOT_COORDINATOR_CODES and attempt + 1 < COMMIT_ATTEMPTS:
+                # The coordinator moved (the member looks it up again): sent again soon.
+                self._forget_coordinator()
+                await asyncio.sleep(retry_wait(attempt))
+                continue
+            member_id = member.member_id
+            if code == REBALANCE_IN_PROGRESS:
+                raise CommitFailedError(
+                    f"group {cfg.group_id!r}: commit refused (REBALANCE_IN_PROGRESS): "
+                    f"the group is rebalancing; member {member_id} gives its partitions "
+                    "up and joins again"
+                )
+            if code in _COMMIT_REFUSALS:
+                raise CommitFailedError(
+                    f"group {cfg.group_id!r}: commit refused "
+                    f"({_COMMIT_REFUSALS[code]}): generation {generation} of member "
+                    f"{member_id} is over; the partitions belong to another member"
+                )
+            error: KafkaError = for_code(code)(f"group {cfg.group_id!r}: cannot commit {where}")
+            raise error
+
+    async def _commit_once(
+        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], generation: int
+    ) -> tuple[int, str]:
+        """Send ``offsets`` once, in ``generation`` (still the member's, and the member
+        still owning them); the first error code answered and its partition (0: none)."""
+        member, cfg = self._member, self._config
+        if member.generation != generation or not member.may_commit(offsets):
             raise CommitFailedError(
                 f"group {cfg.group_id!r}: not committed, the member does not own "
                 f"{_names(tp for tp in offsets if tp not in member.owned | member.revoking)} "
-                f"in a generation now (generation {generation})"
+                f"in generation {generation} now (generation {member.generation})"
             )
         request = OffsetCommitRequest(
-            cfg.group_id, generation, member_id, cfg.group_instance_id, offsets
+            cfg.group_id, generation, member.member_id, cfg.group_instance_id, offsets
         )
         response = await self._send_to_coordinator(request)
         for topic, partitions in response.topics:
             for partition, code in partitions:
-                if not code:
-                    continue
-                self._feed(functools.partial(self._member.commit_refused, code))
-                if code == REBALANCE_IN_PROGRESS:
-                    raise CommitFailedError(
-                        f"group {cfg.group_id!r}: commit refused (REBALANCE_IN_PROGRESS): "
-                        f"the group is rebalancing; member {member_id} gives its partitions "
-                        "up and joins again"
-                    )
-                if code in _COMMIT_REFUSALS:
-                    raise CommitFailedError(
-                        f"group {cfg.group_id!r}: commit refused "
-                        f"({_COMMIT_REFUSALS[code]}): generation {generation} of member "
-                        f"{member_id} is over; the partitions belong to another member"
-                    )
-                error: KafkaError = for_code(code)(
-                    f"group {cfg.group_id!r}: cannot commit {topic}-{partition}"
-                )
-                raise error
+                if code:
+                    return int(code), f"{topic}-{partition}"
+        return 0, ""
 
     async def committed(
         self, partitions: Collection[TopicPartition]

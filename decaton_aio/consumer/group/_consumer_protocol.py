@@ -62,7 +62,12 @@ from decaton_aio.consumer.group._consumer_state import (
     Step,
 )
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol
-from decaton_aio.consumer.group._offsets import NOT_COORDINATOR_CODES, read_committed
+from decaton_aio.consumer.group._offsets import (
+    COMMIT_ATTEMPTS,
+    NOT_COORDINATOR_CODES,
+    read_committed,
+    retry_wait,
+)
 from decaton_aio.consumer.group._refusals import (
     GROUP_AUTHORIZATION_FAILED,
     UNSUPPORTED_VERSION,
@@ -242,7 +247,8 @@ class ConsumerProtocolMembership:
     async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         if not offsets:
             return
-        for attempt in range(2):
+        stale_retried = False
+        for attempt in range(COMMIT_ATTEMPTS):
             state = self._state
             if not state.joined:
                 raise CommitFailedError(
@@ -263,23 +269,27 @@ class ConsumerProtocolMembership:
                 self.group_id, epoch, state.member_id, state.settings.instance_id, offsets
             )
             response = await self._send_to_coordinator(request)
-            stale = False
-            for topic, partitions, _ in response.topics:
-                for partition, code, _ in partitions:
-                    if code == _STALE_MEMBER_EPOCH:
-                        stale = True
-                    elif code:
-                        raise self._commit_error(code, TopicPartition(topic, partition), epoch)
-            if not stale:
+            code, tp = _first_error(response)
+            last = attempt + 1 == COMMIT_ATTEMPTS
+            if not code:
                 return
-            if attempt == 0:
+            if code == _STALE_MEMBER_EPOCH and not stale_retried and not last:
+                stale_retried = True
                 log.info(
                     "commit with a stale member epoch; retrying with the current one",
                     group=self.group_id,
                     epoch=epoch,
                 )
                 await self._next_answer()
-        raise CommitFailedError(f"the member epoch of {self.member_id} stays stale")
+                continue
+            if code in NOT_COORDINATOR_CODES and not last:
+                # The coordinator moved: looked up again, sent again soon.
+                self._forget_coordinator()
+                await asyncio.sleep(retry_wait(attempt))
+                continue
+            if code == _STALE_MEMBER_EPOCH:
+                raise CommitFailedError(f"the member epoch of {self.member_id} stays stale")
+            raise self._commit_error(code, tp, epoch)
 
     async def committed(
         self, partitions: Collection[TopicPartition]
@@ -504,6 +514,15 @@ class ConsumerProtocolMembership:
     def _poke(self) -> None:
         self._hb_wake.set()
         self._step_wake.set()
+
+
+def _first_error(response: Any) -> tuple[int, TopicPartition]:
+    """The first error code of an ``OffsetCommit`` response and its partition (0: none)."""
+    for topic, partitions, _ in response.topics:
+        for partition, code, _ in partitions:
+            if code:
+                return int(code), TopicPartition(topic, partition)
+    return 0, TopicPartition("", -1)
 
 
 async def _offers(client: AIOKafkaClient, node_id: int | None = None) -> bool:

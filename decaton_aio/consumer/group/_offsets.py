@@ -10,6 +10,10 @@ when every partition is read: the transaction coordinator ends an open transacti
 its timeout, and a failed request raises.
 
 A broker older than ``OffsetFetch`` version 7 (no ``require_stable``) is read without it.
+
+Commits are sent again the same way while their coordinator moves, `COMMIT_ATTEMPTS` times
+at most (`retry_wait()`); each membership checks, before each try, that the member still
+owns what it commits.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from aiokafka.structs import OffsetAndMetadata
 from decaton_aio._aiokafka import protocol_commit
 from decaton_aio.consumer.commit import UNSTABLE_OFFSET_COMMIT, OffsetFetchRequest
 
-__all__ = ["NOT_COORDINATOR_CODES", "RETRY_MAX_S", "RETRY_S", "read_committed"]
+__all__ = [
+    "COMMIT_ATTEMPTS",
+    "NOT_COORDINATOR_CODES",
+    "RETRY_MAX_S",
+    "RETRY_S",
+    "read_committed",
+    "retry_wait",
+]
 
 #: COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR: ask again.
 NOT_COORDINATOR_CODES: Final = frozenset({14, 15, 16})
@@ -33,6 +44,14 @@ NOT_COORDINATOR_CODES: Final = frozenset({14, 15, 16})
 RETRY_S: Final = 0.1
 #: The longest wait between two reads.
 RETRY_MAX_S: Final = 1.0
+#: How many times a commit is sent while its coordinator moves (then its error is raised).
+COMMIT_ATTEMPTS: Final = 5
+
+
+def retry_wait(attempt: int) -> float:
+    """The wait before try ``attempt + 1`` (``attempt`` from 0): `RETRY_S` doubled each
+    time, at most `RETRY_MAX_S`."""
+    return float(min(RETRY_MAX_S, RETRY_S * 2**attempt))
 
 
 async def read_committed(
@@ -55,7 +74,7 @@ async def read_committed(
     """
     found: dict[TopicPartition, OffsetAndMetadata | None] = {}
     wanted = sorted(set(partitions))
-    wait = 0.0
+    attempt = 0
     while wanted:
         try:
             response = await send(OffsetFetchRequest(group_id, wanted))
@@ -88,8 +107,8 @@ async def read_committed(
                         )
         wanted = pending
         if wanted:
-            wait = min(RETRY_MAX_S, max(RETRY_S, wait * 2))
-            await asyncio.sleep(wait)
+            await asyncio.sleep(retry_wait(attempt))
+            attempt += 1
     return found
 
 
