@@ -105,7 +105,9 @@ class Membership(Protocol):
 
     async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         """Commit ``offsets`` as this member (epoch or generation checked by the
-        coordinator); a stale epoch is retried once with the current one.
+        coordinator) if it owns them all now (or is revoking them); a stale epoch is
+        retried once with the current one, and a coordinator that moved a few times
+        after growing waits.
 
         Raises:
             KafkaError: the commit failed (``CommitFailedError`` when the member no longer
