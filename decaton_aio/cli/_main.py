@@ -31,10 +31,10 @@ from decaton_aio.errors import (
     BrokerError,
     ConfigError,
     DecatonError,
+    GroupRefusedError,
     MissingTopicError,
     ProducerError,
     RecordRejectedError,
-    GroupRefusedError,
     SecurityError,
 )
 from decaton_aio.logs import LOG_LEVELS, configure_logging
