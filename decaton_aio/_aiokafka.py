@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import aiokafka
 import structlog
-from aiokafka.client import AIOKafkaClient, CoordinationType
+from aiokafka.client import AIOKafkaClient, ConnectionGroup, CoordinationType
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.conn import create_conn
 from aiokafka.consumer.fetcher import PartitionRecords
@@ -103,6 +103,7 @@ __all__ = [
     "CompactArray",
     "CompactBytes",
     "CompactString",
+    "ConnectionGroup",
     "ConsumerProtocolMemberAssignment",
     "ConsumerProtocolMemberMetadata",
     "CoordinationType",
