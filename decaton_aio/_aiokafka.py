@@ -144,6 +144,7 @@ __all__ = [
     "fetch_pacing",
     "fetch_positions",
     "find_coordinator",
+    "follow_metadata",
     "group_member",
     "install_record_hook",
     "is_idempotent",
@@ -262,6 +263,17 @@ def request_rejoin(consumer: Any) -> None:
 
 
 # ------------------------------------------------------------------------- fetcher
+
+
+def follow_metadata(
+    consumer: Any, listener: Callable[[ClusterMetadata], None]
+) -> Callable[[], None]:
+    """Call ``listener(cluster)`` after each metadata update of the consumer's client (its
+    cluster's listeners: ``client.cluster`` is documented, its listeners are not); returns
+    the call that stops it."""
+    cluster = client_of(consumer).cluster
+    cluster.add_listener(listener)
+    return lambda: cluster._listeners.discard(listener)
 
 
 def fetch_positions(consumer: Any) -> dict[TopicPartition, int]:

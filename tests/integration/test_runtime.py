@@ -249,7 +249,7 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
         return await load(tps)
 
     # The held listener goes on as soon as the stop closes either of the two: the store
-    # (too early: the listener opens it again) or the consumer (which waits for it).
+    # (too early: the listener opens it again) or the membership (which waits for it).
     async def close_store() -> None:
         await close()
         resume.set()
@@ -265,15 +265,15 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
 
     sub._assignment.new = new_partition  # type: ignore[method-assign]
     await sub.start()
-    consumer = sub._consumer
-    assert consumer is not None
-    stop_consumer = consumer.stop
+    membership = sub._membership
+    assert membership is not None
+    stop_membership = membership.stop
 
-    async def close_consumer() -> None:
+    async def leave(*, leave: bool = True) -> None:
         resume.set()
-        await stop_consumer()
+        await stop_membership(leave=leave)
 
-    consumer.stop = close_consumer
+    membership.stop = leave  # type: ignore[method-assign]
     try:
         async with asyncio.timeout(60):
             await loading.wait()  # the first assignment's listener
@@ -368,8 +368,8 @@ async def test_a_position_that_goes_back_starts_the_partition_again(
         await wait_until(lambda: len(seen) == 20, what="the first pass")
         ((tp, first),) = sub.partitions.items()
         await wait_until(lambda: first.last_committed == 20, what="the first commit")
-        assert sub._consumer is not None
-        sub._consumer.seek(tp, 5)
+        assert sub._assigned_fetcher is not None
+        sub._assigned_fetcher.seek(tp, 5)
         await wait_until(lambda: len(seen) == 35, what="the second pass from offset 5")
         assert seen[20:] == list(range(5, 20))
         assert sub.state is SubscriptionState.RUNNING
