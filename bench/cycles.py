@@ -21,6 +21,12 @@ each contender's S1 capacity and best setting in the full run of tree 1868ff9
 warm-up and a 20 s window per rung, 10 s at the first rung's pace before it. Its rows are
 the ladder's JSON lines (stdout); the table goes to stderr and, with ``--out``, to a
 Markdown file.
+
+``--fetch-loops`` measures the fetch loops alone instead, without the runtime: aiokafka's
+fetcher as the runtime uses it beside the consumer's own (`decaton_aio.consumer.fetch`),
+with and without fetch sessions, each in a process of its own on the same paced topic of
+each partition count, at ``--rates`` records per second (`bench.fetchloop`): their calls
+per second, CPU per call and per 1,000 records, and the broker's CPU per 1,000 records.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 
 from bench import reaper
 from bench.contenders import CONTENDERS
+from bench.fetchloop import IMPLS, fetch_loop_table, measure_fetch_loops
 from bench.loopstats import Buckets, window_figures
 
 __all__ = ["BASELINE", "cycle_figures", "cycle_table", "fetch_cycles", "main"]
@@ -180,7 +187,24 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         metavar="LOG",
         help="measure nothing: print the table of an earlier run's standard output",
     )
+    parser.add_argument(
+        "--fetch-loops",
+        action="store_true",
+        help="measure the fetch loops alone (aiokafka's and ours), not the runtime",
+    )
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=[1000.0, 10000.0],
+        help="records/s produced while the fetch loops are measured",
+    )
+    parser.add_argument("--impls", default=",".join(IMPLS), help="fetch loops to measure")
     args = parser.parse_args(argv)
+    args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    for impl in args.impls:
+        if impl not in IMPLS:
+            parser.error(f"--impls takes {', '.join(IMPLS)}, got {impl}")
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     for contender in args.contenders:
         if contender not in CONTENDERS or CONTENDERS[contender].kind != "cli":
@@ -255,6 +279,20 @@ async def _measure(args: argparse.Namespace, workdir: Path) -> list[dict[str, An
     return results
 
 
+async def _measure_loops(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    from bench.run import say
+
+    results: list[dict[str, Any]] = []
+
+    def record(row: dict[str, Any]) -> None:
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+    args.workdir = workdir
+    await measure_fetch_loops(args, record, say)
+    return results
+
+
 def _document(
     args: argparse.Namespace, results: list[dict[str, Any]], facts: dict[str, Any], started: str
 ) -> str:
@@ -264,6 +302,8 @@ def _document(
         f"{c}: {args.capacities[c]:,.0f}/s, {args.settings.get(c) or 'defaults'}"
         for c in args.contenders
     )
+    if args.fetch_loops:
+        settings = f"fetch loops {', '.join(args.impls)} at {args.rates} records/s"
     head = [
         "# Fetch cycles of ours",
         "",
@@ -275,7 +315,7 @@ def _document(
         "warm-up.",
         "",
     ]
-    return "\n".join(head + cycle_table(results))
+    return "\n".join(head + cycle_table(results) + fetch_loop_table(results))
 
 
 def _load() -> str:
@@ -288,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.from_log is not None:
         lines = args.from_log.read_text(errors="replace").splitlines()
-        print("\n".join(cycle_table([json.loads(x) for x in lines if x.startswith("{")])))
+        rows = [json.loads(x) for x in lines if x.startswith("{")]
+        print("\n".join(cycle_table(rows) + fetch_loop_table(rows)))
         return 0
     reaper.install()
     if not reaper.check_leftovers(args.kill_leftovers, say):
@@ -303,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts(Path(__file__).absolute().parent.parent)  # the tree measured
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workdir = Path(tempfile.mkdtemp(prefix="bench-cycles-"))
-    results = asyncio.run(_measure(args, workdir))
+    if args.fetch_loops:
+        results = asyncio.run(_measure_loops(args, workdir))
+    else:
+        results = asyncio.run(_measure(args, workdir))
     errors = [r for r in results if r.get("event") == "error"]
     if errors:
         say(f"logs kept in {workdir}")

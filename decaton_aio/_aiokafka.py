@@ -65,6 +65,7 @@ from aiokafka.protocol import (
 from aiokafka.protocol import (
     transaction as protocol_transaction,
 )
+from aiokafka.protocol.abstract import AbstractType
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.protocol.types import (
@@ -96,6 +97,7 @@ __all__ = [
     "C_RECORDS",
     "AIOKafkaClient",
     "AbstractPartitionAssignor",
+    "AbstractType",
     "Array",
     "Boolean",
     "Bytes",

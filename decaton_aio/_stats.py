@@ -40,7 +40,8 @@ class PartitionStats:
     ``shaping_failed`` (records sent to a side topic, and failed sends, each retried),
     ``throttled_s`` (float seconds), and the time counters read through
     `paused_total()` and `starved_total()`. Gauges are set by the runtime:
-    ``pending`` (records fetched and not completed), ``paused`` (fetching paused for
+    ``pending`` (records fetched and not completed), ``pending_bytes`` (the bytes of their
+    values), ``paused`` (fetching paused for
     back-pressure), ``committed_offset`` (last committed, i.e. the next offset a restart
     reads), ``consumed_offset`` (one past the last fetched record) and ``high_watermark``
     (the partition's end offset, for the lag); ``-1`` means unknown and the gauge is not
@@ -69,6 +70,7 @@ class PartitionStats:
     __slots__ = (
         *_SUMMED, *_HISTOGRAMS, "clock", "commit_current_at", "committed_offset",
         "consumed_offset", "high_watermark", "paused", "paused_s", "paused_since", "pending",
+        "pending_bytes",
         "starved_s", "starved_since",
     )  # fmt: skip
 
@@ -82,6 +84,7 @@ class PartitionStats:
         self.throttled_s = 0.0
         self.clock = clock
         self.pending = 0
+        self.pending_bytes = 0
         self.paused = False
         self.paused_s = 0.0
         self.paused_since = -1.0
@@ -206,6 +209,7 @@ class PartitionStats:
         copy = PartitionStats(self.clock, starved=False)
         copy.merge_counters(self)
         copy.pending, copy.paused = self.pending, self.paused
+        copy.pending_bytes = self.pending_bytes
         copy.committed_offset, copy.consumed_offset = self.committed_offset, self.consumed_offset
         copy.high_watermark = self.high_watermark
         copy.commit_current_at = self.commit_current_at

@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from decaton_aio._aiokafka import MetadataRequest, client_of
 from decaton_aio._connect import start_admin
 from decaton_aio.app import Application
 from decaton_aio.errors import BrokerError, ConfigError
@@ -40,13 +41,27 @@ log = structlog.get_logger("decaton_aio.admin")
 READY_TIMEOUT_S = 30.0
 
 
+def _all_led(topics: list[Any], partitions: dict[str, int]) -> set[str]:
+    """The topics of a metadata answer (``topics`` of its object form) known with every
+    partition in ``partitions`` led."""
+    ready = set()
+    for described in topics:
+        led = [p for p in described.get("partitions") or [] if p.get("leader", -1) >= 0]
+        name = described["topic"]
+        if described.get("error_code", 0) == 0 and len(led) >= partitions.get(name, 0):
+            ready.add(name)
+    return ready
+
+
 async def _wait_for_leaders(
     admin: AIOKafkaAdminClient, partitions: dict[str, int], timeout_s: float
 ) -> None:
-    """Return once every topic in ``partitions`` has that many partitions with a leader.
+    """Return once every topic in ``partitions`` has that many partitions with a leader,
+    in the metadata of every node of the cluster.
 
     CreateTopics answers before every broker's metadata has the topic: under load, a
-    client started at once can still be told that the topic does not exist.
+    client started at once can still be told by one node that the topic does not exist
+    (each node learns it from the controller on its own), so each node is asked.
 
     Raises:
         BrokerError: not within ``timeout_s``.
@@ -55,16 +70,32 @@ async def _wait_for_leaders(
     deadline = loop.time() + timeout_s
     waiting = dict(partitions)
     while waiting:
-        for described in await admin.describe_topics(sorted(waiting)):
-            led = [p for p in described.get("partitions") or [] if p.get("leader", -1) >= 0]
-            if described.get("error_code", 0) == 0 and len(led) >= waiting[described["topic"]]:
-                del waiting[described["topic"]]
+        for name in _all_led(await admin.describe_topics(sorted(waiting)), waiting):
+            del waiting[name]
         if waiting and loop.time() > deadline:
             raise BrokerError(
                 f"topics {sorted(waiting)} were created but have partitions without a leader "
                 f"after {timeout_s:g} s: check the brokers' health"
             )
         if waiting:
+            await asyncio.sleep(0.05)
+    client = client_of(admin)
+    request = MetadataRequest(sorted(partitions), allow_auto_topic_creation=False)
+    nodes = {broker.nodeId for broker in client.cluster.brokers()}
+    while nodes:
+        for node in sorted(nodes):
+            try:
+                answer = (await client.send(node, request)).to_object()
+            except KafkaError:
+                continue  # a node that cannot answer now is asked again
+            if _all_led(answer["topics"], partitions) >= set(partitions):
+                nodes.discard(node)
+        if nodes and loop.time() > deadline:
+            raise BrokerError(
+                f"topics {sorted(partitions)} have leaders, but nodes {sorted(nodes)} do not "
+                f"know them after {timeout_s:g} s: check the brokers' health"
+            )
+        if nodes:
             await asyncio.sleep(0.05)
 
 

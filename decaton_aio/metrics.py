@@ -137,6 +137,9 @@ _HISTOGRAMS: tuple[tuple[str, str, Callable[[PartitionStats], FastHistogram]], .
 _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
     ("decaton_partition_tasks_pending", "Records fetched from the partition and not "
      "completed yet.", lambda s: s.pending),
+    ("decaton_partition_bytes_pending", "Bytes of the values of the records fetched from "
+     "the partition and not completed yet (decaton.max.pending.bytes pauses at its limit).",
+     lambda s: s.pending_bytes),
     ("decaton_partition_paused", "1 while fetching from the partition is paused for "
      "back-pressure, else 0.", lambda s: int(s.paused)),
     ("decaton_partition_committed_offset", "Last offset committed for the partition (the "

@@ -281,13 +281,14 @@ class PartitionProcessor:
         self.tracker.import_completed(base, bitmap)
 
     def fold_stats(self) -> tuple[FastHistogram, ...]:
-        """Bring the partition's pending gauge up to date; return its histograms, whose
+        """Bring the partition's pending gauges up to date; return its histograms, whose
         observation queues the caller folds (which keeps them short).
 
         Caller: the committer, once per commit round.
         """
         stats = self.stats
         stats.pending = self._pending
+        stats.pending_bytes = self._bytes
         return stats.histograms
 
     def receive(self, end: int) -> None:

@@ -76,7 +76,12 @@ from decaton_aio.consumer.commit import (
     commit_interval_within,
     transaction_timeout_ms,
 )
-from decaton_aio.consumer.group import Membership, choose_protocol, new_membership
+from decaton_aio.consumer.group import (
+    Membership,
+    choose_protocol,
+    new_membership,
+    offers_consumer_protocol,
+)
 from decaton_aio.consumer.state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
 from decaton_aio.metrics import Metrics, SubscriptionStats
@@ -342,7 +347,13 @@ class Subscription:
             if self.state_store is not None:
                 await self.state_store.start()
                 assignors = (self.state_store.assignor,)
-            choice = await choose_protocol(cfg, state_store=self.state_store is not None)
+            choice = await choose_protocol(
+                cfg,
+                state_store=self.state_store is not None,
+                offers_consumer=lambda: offers_consumer_protocol(
+                    cfg.bootstrap_servers, cfg.security
+                ),
+            )
             membership = new_membership(
                 choice.protocol, cfg, list(self.app.subscribed_topics), assignors=assignors
             )

@@ -4,9 +4,14 @@ The broker is the real one, resolved from Maven Central by Maven through the pom
 in ``decaton_aio/embedded/kafka-jvm`` and cached per version in the user's cache directory
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/kafka-<version>``). Each node runs
 in KRaft combined mode (broker and controller in one JVM) on free loopback ports, with
-storage formatted in a fresh temporary directory. `KafkaCluster` starts one node or
-three, waits until every broker answers a Metadata request listing them all, and stops
-them by PID; `decaton_aio.embedded` is the public face.
+storage formatted in a fresh temporary directory. Group timings are short so tests stay
+fast: consumer-protocol groups heartbeat every 500 ms and lose a silent member after 6 s
+(Apache Kafka's defaults: ``group.consumer.heartbeat.interval.ms=5000``,
+``group.consumer.session.timeout.ms=45000``; a group may set its own with
+``kafka-configs --entity-type groups``), classic groups accept session timeouts from 1 s.
+`KafkaCluster` starts one node or three, waits until every broker answers a Metadata
+request listing them all, and stops them by PID; `decaton_aio.embedded` is the public
+face.
 
 Caller: [`EmbeddedBroker`][decaton_aio.EmbeddedBroker], from one thread.
 """
@@ -343,6 +348,13 @@ def _server_properties(
         # short session timeouts (a quick failover in tests) are accepted.
         "group.initial.rebalance.delay.ms": "0",
         "group.min.session.timeout.ms": "1000",
+        # Consumer-protocol groups: a heartbeat every 500 ms and a member given up after
+        # 6 s without one (production defaults: 5 s and 45 s, each also the minimum a group
+        # may set); the minimums let a test's group go lower still.
+        "group.consumer.heartbeat.interval.ms": "500",
+        "group.consumer.min.heartbeat.interval.ms": "100",
+        "group.consumer.session.timeout.ms": "6000",
+        "group.consumer.min.session.timeout.ms": "1000",
         # A killed node loses its leaderships after 3 s, not 9: failover tests stay short.
         "broker.session.timeout.ms": "3000",
         "broker.heartbeat.interval.ms": "500",

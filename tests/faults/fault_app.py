@@ -5,7 +5,10 @@ them), and for each task that succeeds one output record (its task number) to
 ``ctx.state``. (Only first attempts count: a retry runs in the retry topic's lane of the
 key, which shares the key's state with the task topic's lane, and two lanes' updates
 could interleave.) Run with ``--exactly-once`` the outputs, the
-state's changelog and the offsets commit in one transaction.
+state's changelog and the offsets commit in one transaction; a transaction that fails
+(a fault that outlasts it) is aborted and its partitions go back to their last commit,
+which the task log marks as it marks a rebalance (an ``epoch`` line: a key may start
+again at its committed point).
 
 The suite copies this file and ``tests/soak/soak_app.py`` beside the instances.
 """
@@ -13,8 +16,10 @@ The suite copies this file and ``tests/soak/soak_app.py`` beside the instances.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import soak_app  # type: ignore[import-not-found]
+import structlog
 
 from decaton_aio import Application, BytesSerializer, ProcessingContext, StateStoreConfig
 
@@ -32,12 +37,28 @@ async def process(ctx: ProcessingContext, task: bytes) -> None:
     await ctx.produce(OUT, b"%d" % n, key=ctx.key)
 
 
+#: What the runtime logs when it aborts a transaction and goes back to the last commit.
+REWIND = "transaction failed; aborting it and going back to the last commit"
+
+
+def _rewinds(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+    if soak_app._out is not None and event.get("event") == REWIND:
+        soak_app._out.write("epoch\n")
+        soak_app._out.flush()
+    return event
+
+
+async def _open_log() -> None:
+    await soak_app._open_log()
+    structlog.configure(processors=[_rewinds, *structlog.get_config()["processors"]])
+
+
 app = Application(
     process,
     topics=("unused",),  # named with --topic
     serializer=BytesSerializer(),
     retry=soak_app.app.retry,
     state=StateStoreConfig("counts"),
-    on_startup=soak_app._open_log,
+    on_startup=_open_log,
     on_shutdown=soak_app._close_log,
 )

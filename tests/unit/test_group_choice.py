@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from decaton_aio import ConfigError, ConsumerConfig
-from decaton_aio.consumer.group import ClassicMembership
+from decaton_aio.consumer.group import ClassicMembership, ConsumerProtocolMembership
 from decaton_aio.consumer.group._choose import (
     CONSUMER_BY_DEFAULT,
     choose_protocol,
@@ -91,7 +91,14 @@ def test_the_classic_membership_is_made_for_classic() -> None:
     assert CONSUMER_BY_DEFAULT in (True, False)
 
 
-def test_a_protocol_this_build_lacks_is_a_config_error() -> None:
+def test_the_consumer_protocol_membership_is_made_for_consumer() -> None:
+    config = ConsumerConfig("b:1", "g", group_instance_id="pod-1", group_protocol="consumer")
+    membership = new_membership("consumer", config, ["t"])
+    assert isinstance(membership, ConsumerProtocolMembership)
+    assert membership.identity.group_instance_id == "pod-1"
+
+
+def test_a_state_store_assignor_on_the_consumer_protocol_is_a_config_error() -> None:
     config = ConsumerConfig("b:1", "g", group_protocol="consumer")
     with pytest.raises(ConfigError, match=r"group\.protocol=classic"):
-        new_membership("consumer", config, ["t"])
+        new_membership("consumer", config, ["t"], assignors=[object()])

@@ -193,6 +193,7 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_task_lane_wait_seconds": "histogram",
         "decaton_task_slot_wait_seconds": "histogram",
         "decaton_partition_tasks_pending": "gauge",
+        "decaton_partition_bytes_pending": "gauge",
         "decaton_partition_paused": "gauge",
         "decaton_partition_committed_offset": "gauge",
         "decaton_partition_consumed_offset": "gauge",
@@ -224,10 +225,12 @@ def test_gauges_report_pending_paused_and_offsets() -> None:
     metrics = Metrics(process_metrics=False)
     stats = metrics.register_partition("sub", "t", 0)
     stats.pending = 42
+    stats.pending_bytes = 4096
     stats.paused = True
     stats.committed_offset = 100
     stats.consumed_offset = 150
     assert value(metrics, "decaton_partition_tasks_pending", **P0) == 42
+    assert value(metrics, "decaton_partition_bytes_pending", **P0) == 4096
     assert value(metrics, "decaton_partition_paused", **P0) == 1
     assert value(metrics, "decaton_partition_committed_offset", **P0) == 100
     assert value(metrics, "decaton_partition_consumed_offset", **P0) == 150

@@ -306,6 +306,8 @@ async def test_pending_bytes_pause_a_partition_and_its_completions_resume_it() -
     await settle()
     await gate.release(1)
     assert proc.pending_bytes == 700
+    proc.fold_stats()
+    assert (proc.stats.pending, proc.stats.pending_bytes) == (2, 700)
     assert resumed == [proc]
     await gate.release(0, 2)
     assert proc.pending_bytes == 0

@@ -24,7 +24,11 @@ from __future__ import annotations
 from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore
 from decaton_aio.consumer.commit._committer import Committer
-from decaton_aio.consumer.commit._group_txn import GroupMetadata, group_metadata
+from decaton_aio.consumer.commit._group_txn import (
+    GroupMetadata,
+    OffsetFetchRequest,
+    group_metadata,
+)
 from decaton_aio.consumer.commit._outputs import DurableOutputs, deliver_outputs
 from decaton_aio.consumer.commit._transactions import (
     Transaction,
@@ -39,6 +43,7 @@ __all__ = [
     "Committer",
     "DurableOutputs",
     "GroupMetadata",
+    "OffsetFetchRequest",
     "Transaction",
     "TransactionFailedError",
     "commit_interval_within",

@@ -86,6 +86,8 @@ _GENERATION_OVER = {
     25: "UNKNOWN_MEMBER_ID",
     27: "REBALANCE_IN_PROGRESS",
     82: "FENCED_INSTANCE_ID",
+    110: "FENCED_MEMBER_EPOCH",  # a consumer-protocol member's epoch is over
+    113: "STALE_MEMBER_EPOCH",  # a consumer-protocol member's epoch moved on
 }
 _FENCED_PRODUCER = {47, 90}  # INVALID_PRODUCER_EPOCH, PRODUCER_FENCED
 UNSTABLE_OFFSET_COMMIT = 88

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 from decaton_aio.consumer.group._choose import Choice, choose_protocol, new_membership
 from decaton_aio.consumer.group._classic import ClassicMembership
+from decaton_aio.consumer.group._consumer_protocol import (
+    ConsumerProtocolMembership,
+    offers_consumer_protocol,
+)
 from decaton_aio.consumer.group._contract import GroupListener, GroupProtocol, Membership
 
 __all__ = [
     "Choice",
     "ClassicMembership",
+    "ConsumerProtocolMembership",
     "GroupListener",
     "GroupProtocol",
     "Membership",
     "choose_protocol",
     "new_membership",
+    "offers_consumer_protocol",
 ]

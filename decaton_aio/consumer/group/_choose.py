@@ -27,6 +27,7 @@ import structlog
 
 from decaton_aio.app import ConsumerConfig
 from decaton_aio.consumer.group._classic import ClassicMembership
+from decaton_aio.consumer.group._consumer_protocol import ConsumerProtocolMembership
 from decaton_aio.consumer.group._contract import GroupProtocol, Membership
 from decaton_aio.errors import ConfigError
 
@@ -115,12 +116,23 @@ def new_membership(
     ``assignors`` replace the configured ones (classic only: a state store's own).
 
     Raises:
-        ConfigError: ``consumer`` with ``assignors`` (the coordinator assigns), or a
-            protocol this build does not have.
+        ConfigError: ``consumer`` with ``assignors`` (the coordinator assigns there).
     """
     if protocol == "classic":
         return ClassicMembership(config, topics, assignors=assignors)
-    raise ConfigError(
-        f"group {config.group_id!r}: group.protocol={protocol} is not available in this "
-        "version of decaton-aio; use group.protocol=classic"
+    if assignors:
+        raise ConfigError(
+            f"group {config.group_id!r}: a state store assigns its partitions with its own "
+            "assignor, which only the classic group protocol runs: set "
+            "group.protocol=classic (or leave it unset)"
+        )
+    return ConsumerProtocolMembership(
+        config.group_id,
+        config.bootstrap_servers,
+        topics=list(topics),
+        security=config.security,
+        instance_id=config.group_instance_id,
+        # As Kafka's consumers: the longest a member may take to give partitions up.
+        rebalance_timeout_ms=config.max_poll_interval_ms,
+        client_id=config.client_id,
     )

@@ -1,0 +1,623 @@
+"""The consumer's fetch loop: one routine per broker, fetch sessions, records buffered
+for `Fetcher.getmany()`.
+
+Each broker that leads an assigned partition gets a routine (`_node_routine()`) with one
+request in flight: it plans the request of its session (`FetchSession`) from the
+partitions it leads that are fetchable (assigned, not paused, placed, not in error),
+sends it, reads the response into `TaskRecord` lists (`read_records()`), and sends the
+next at once, unless the records waiting for `getmany()` are over
+``max_buffered_bytes`` or the broker asked for a pause (throttling). A partition's fetch
+offset moves when its records are read; its position (what `position()` says) when
+`getmany()` hands them out.
+
+Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
+(ListOffsets, `_reset_routine()`); a leader error asks for new metadata and leaves the
+partition out until the metadata names its leader; a leader change starts the sessions
+of both brokers over. The client's metadata updates reach the loop through its listener.
+
+Caller: one task calls `getmany()` at a time; `assign()`, `unassign()`, `seek()`,
+`pause()` and `resume()` from the event loop's thread, at any time (a response to a
+request sent before is checked against them). The routines are the loop's own; an
+unexpected error in one is kept and raised by the next `getmany()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, Final
+
+import structlog
+from aiokafka import TopicPartition
+from aiokafka.errors import (
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    for_code,
+)
+
+from decaton_aio.consumer._records import TaskRecord
+from decaton_aio.consumer.fetch._config import FetchConfig, FetchCounters
+from decaton_aio.consumer.fetch._decode import read_records
+from decaton_aio.consumer.fetch._protocol import (
+    EARLIEST,
+    LATEST,
+    FetchRequest,
+    FetchResponse,
+    PartitionData,
+    list_offsets_request,
+    read_list_offsets,
+)
+from decaton_aio.consumer.fetch._session import FetchPlan, FetchSession
+
+__all__ = ["Fetcher"]
+
+log = structlog.get_logger("decaton_aio.consumer.fetch")
+
+OFFSET_OUT_OF_RANGE: Final = 1
+#: Partition errors that say the broker asked is not (or no longer) the leader.
+LEADER_ERRORS: Final = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100})
+
+
+class _Chunk:
+    __slots__ = ("next_offset", "records", "size")
+
+    def __init__(self, records: list[TaskRecord], next_offset: int, size: int) -> None:
+        self.records = records
+        self.next_offset = next_offset
+        self.size = size
+
+
+class _Partition:
+    """An assigned partition's state."""
+
+    __slots__ = (
+        "chunks",
+        "error",
+        "fetch_offset",
+        "highwater",
+        "last_stable_offset",
+        "leader",
+        "log_start_offset",
+        "paused",
+        "position",
+        "resetting",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, offset: int | None) -> None:
+        self.tp = tp
+        self.position = offset
+        self.fetch_offset = offset
+        self.paused = False
+        self.resetting = offset is None
+        self.leader: int | None = None
+        self.highwater: int | None = None
+        self.last_stable_offset: int | None = None
+        self.log_start_offset: int | None = None
+        self.error: KafkaError | None = None
+        self.chunks: deque[_Chunk] = deque()
+
+    @property
+    def fetchable(self) -> bool:
+        return (
+            not self.paused
+            and self.fetch_offset is not None
+            and not self.resetting
+            and self.error is None
+            and self.leader is not None
+            and self.leader >= 0
+        )
+
+
+class Fetcher:
+    """The fetch loop of one consumer over an aiokafka client's connections.
+
+    Args:
+        client: a started (bootstrapped) ``AIOKafkaClient``; its connections carry its
+            security settings. The fetcher adds the assigned topics to its metadata.
+        config: the fetch settings.
+    """
+
+    def __init__(self, client: Any, config: FetchConfig | None = None) -> None:
+        self._client = client
+        self.config = config or FetchConfig()
+        self._pacing = (self.config.min_bytes, self.config.max_wait_ms)
+        self._counters = FetchCounters()
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._sessions: dict[int, FetchSession] = {}
+        self._routines: dict[int, asyncio.Task[None]] = {}
+        self._reset_task: asyncio.Task[None] | None = None
+        self._filled: dict[TopicPartition, None] = {}  # partitions with chunks, in order
+        self._buffered_bytes = 0
+        self._changed = asyncio.Event()  # pulsed: fetchable partitions or room changed
+        self._ready = asyncio.Event()  # pulsed: records were buffered
+        self._failure: BaseException | None = None
+        self._started = False
+        self._cluster: Any = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start following the client's metadata; routines start as partitions are
+        assigned."""
+        if self._started:
+            return
+        self._started = True
+        self._cluster = self._client.cluster
+        self._cluster.add_listener(self._metadata_updated)
+        self._reset_task = asyncio.get_running_loop().create_task(self._reset_routine())
+        self._reset_task.add_done_callback(self._routine_ended)
+        self._place_leaders()
+
+    async def stop(self) -> None:
+        """Stop every routine (a request in flight is abandoned) and the metadata
+        listener. The client stays open (its owner closes it)."""
+        if not self._started:
+            return
+        self._started = False
+        tasks = [*self._routines.values()]
+        if self._reset_task is not None:
+            tasks.append(self._reset_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._routines.clear()
+        self._reset_task = None
+        with contextlib.suppress(KeyError):
+            self._cluster.remove_listener(self._metadata_updated)
+
+    def _routine_ended(self, task: asyncio.Task[None]) -> None:
+        # The routines' supervisor: an unexpected error is raised by the next getmany().
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failure = task.exception()
+        log.error("a fetch routine failed", exc_info=self._failure)
+        self._ready.set()
+        self._ready.clear()
+
+    # --------------------------------------------------------------- assignment
+
+    def assign(self, tp: TopicPartition, offset: int | None = None) -> None:
+        """Fetch ``tp`` from ``offset`` (None: where the reset policy says)."""
+        if tp in self._partitions:
+            self.unassign(tp)
+        part = _Partition(tp, offset)
+        self._partitions[tp] = part
+        if offset is None:
+            self._needs_reset(part)
+        self._client.add_topic(tp.topic).add_done_callback(_quiet)
+        self._place_leaders()
+        self._pulse()
+
+    def unassign(self, tp: TopicPartition) -> None:
+        """Stop fetching ``tp`` and drop its buffered records."""
+        part = self._partitions.pop(tp, None)
+        if part is not None:
+            self._drop_chunks(part)
+            self._pulse()
+
+    def assignment(self) -> set[TopicPartition]:
+        """The assigned partitions."""
+        return set(self._partitions)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Fetch ``tp`` from ``offset`` next, dropping what was fetched before it."""
+        part = self._partitions[tp]
+        self._drop_chunks(part)
+        part.position = part.fetch_offset = offset
+        part.resetting = False
+        part.error = None
+        self._pulse()
+
+    def pause(self, *tps: TopicPartition) -> None:
+        """Leave ``tps`` out of the requests (their sessions forget them) and of
+        `getmany()`; what was fetched before stays for `resume()`."""
+        for tp in tps:
+            self._partitions[tp].paused = True
+        self._pulse()
+
+    def resume(self, *tps: TopicPartition) -> None:
+        """Fetch ``tps`` again from where they were."""
+        for tp in tps:
+            self._partitions[tp].paused = False
+        self._pulse()
+        if any(self._partitions[tp].chunks for tp in tps):
+            self._ready.set()
+            self._ready.clear()
+
+    def paused(self) -> set[TopicPartition]:
+        """The paused partitions."""
+        return {tp for tp, part in self._partitions.items() if part.paused}
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset of the next record `getmany()` hands out for ``tp``; None while
+        unknown (being reset) or not assigned."""
+        part = self._partitions.get(tp)
+        return part.position if part is not None else None
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's end as its leader last said, None until a response told."""
+        part = self._partitions.get(tp)
+        return part.highwater if part is not None else None
+
+    def last_stable_offset(self, tp: TopicPartition) -> int | None:
+        """The end a ``read_committed`` reader reaches, as the leader last said."""
+        part = self._partitions.get(tp)
+        return part.last_stable_offset if part is not None else None
+
+    def set_pacing(self, min_bytes: int, max_wait_ms: int) -> None:
+        """What the next requests ask the brokers to gather (``min_bytes``) or how long
+        to wait for it (``max_wait_ms``)."""
+        self._pacing = (max(1, min_bytes), max(0, max_wait_ms))
+
+    @property
+    def pacing(self) -> tuple[int, int]:
+        """``(min_bytes, max_wait_ms)`` of the next requests."""
+        return self._pacing
+
+    @property
+    def counters(self) -> FetchCounters:
+        """What the loop did since it was made."""
+        self._counters.session_resets = sum(s.resets for s in self._sessions.values())
+        return self._counters
+
+    @property
+    def sessions(self) -> dict[int, FetchSession]:
+        """The fetch session of each broker (node id) fetched from."""
+        return dict(self._sessions)
+
+    # ------------------------------------------------------------------ getmany
+
+    async def getmany(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[TaskRecord]]:
+        """The records fetched since the last call, up to ``max_records``, by partition
+        in offset order; waits up to ``timeout_ms`` for some when none are there.
+
+        Raises:
+            OffsetOutOfRangeError: a partition's offset is out of range and the reset
+                policy is ``none`` (it stays out until `seek()`).
+            NoOffsetForPartitionError: a partition was assigned without an offset and the
+                reset policy is ``none``.
+            KafkaError: a partition's records cannot be read (corrupt, not authorized),
+                or a routine failed.
+        """
+        self._counters.cycles += 1
+        self._raise_errors()
+        got = self._drain(max_records)
+        if got or timeout_ms <= 0:
+            return got
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                while not got:
+                    await self._ready.wait()
+                    self._raise_errors()
+                    got = self._drain(max_records)
+        except TimeoutError:
+            pass
+        return got
+
+    def _raise_errors(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise KafkaError("the fetch loop failed") from failure
+        for part in self._partitions.values():
+            if part.error is not None and not part.paused:
+                error, part.error = part.error, None
+                if isinstance(error, OffsetOutOfRangeError | NoOffsetForPartitionError):
+                    part.fetch_offset = None  # out until seek()
+                    part.resetting = False
+                    part.error = None
+                raise error
+
+    def _drain(self, max_records: int | None) -> dict[TopicPartition, list[TaskRecord]]:
+        got: dict[TopicPartition, list[TaskRecord]] = {}
+        if not self._filled:
+            return got
+        budget = max_records if max_records is not None and max_records > 0 else -1
+        freed = 0
+        for tp in list(self._filled):
+            if budget == 0:
+                break
+            part = self._partitions[tp]
+            if part.paused:
+                continue
+            taken: list[TaskRecord] = []
+            chunks = part.chunks
+            while chunks and budget != 0:
+                chunk = chunks[0]
+                records = chunk.records
+                if budget < 0 or len(records) <= budget:
+                    taken += records
+                    budget = budget - len(records) if budget > 0 else budget
+                    part.position = chunk.next_offset
+                    freed += chunk.size
+                    chunks.popleft()
+                else:
+                    taken += records[:budget]
+                    part.position = records[budget - 1].offset + 1
+                    chunk.records = records[budget:]
+                    budget = 0
+            if not chunks:
+                del self._filled[tp]
+            elif budget == 0:  # the rest comes first next time... after the others
+                del self._filled[tp]
+                self._filled[tp] = None
+            if taken:
+                got[tp] = taken
+        self._counters.records += sum(len(r) for r in got.values())
+        if freed:
+            full = self._buffered_bytes >= self.config.max_buffered_bytes
+            self._buffered_bytes -= freed
+            if full and self._buffered_bytes < self.config.max_buffered_bytes:
+                self._pulse()
+        return got
+
+    def _drop_chunks(self, part: _Partition) -> None:
+        self._buffered_bytes -= sum(chunk.size for chunk in part.chunks)
+        part.chunks.clear()
+        self._filled.pop(part.tp, None)
+
+    def _pulse(self) -> None:
+        self._changed.set()
+        self._changed.clear()
+
+    # ------------------------------------------------------------------ leaders
+
+    def _metadata_updated(self, cluster: Any) -> None:
+        # The client's listener: called by its metadata synchronizer after each update.
+        if self._started:
+            self._place_leaders()
+
+    def _place_leaders(self) -> None:
+        if not self._started:
+            return
+        cluster = self._client.cluster
+        missing = False
+        moved = False
+        for part in self._partitions.values():
+            leader = cluster.leader_for_partition(part.tp)
+            if leader is None or leader < 0:
+                missing = True
+                leader = None
+            if leader != part.leader:
+                for node in (part.leader, leader):
+                    if node is not None and node in self._sessions:
+                        self._sessions[node].reset()
+                part.leader = leader
+                moved = True
+            if leader is not None and leader not in self._routines:
+                self._start_node(leader)
+        if missing:
+            self._refresh_metadata()
+        if moved:
+            self._pulse()
+
+    def _refresh_metadata(self) -> None:
+        self._client.force_metadata_update().add_done_callback(_quiet)
+
+    def _lost_leader(self, part: _Partition) -> None:
+        if part.leader is not None and part.leader in self._sessions:
+            self._sessions[part.leader].reset()
+        part.leader = None
+        self._refresh_metadata()
+
+    # ---------------------------------------------------------------- the routines
+
+    def _start_node(self, node_id: int) -> None:
+        self._sessions.setdefault(node_id, FetchSession(node_id, enabled=self.config.sessions))
+        task = asyncio.get_running_loop().create_task(self._node_routine(node_id))
+        task.add_done_callback(self._routine_ended)
+        self._routines[node_id] = task
+
+    def _wanted(self, node_id: int) -> dict[TopicPartition, tuple[int, int]]:
+        max_bytes = self.config.max_partition_bytes
+        return {
+            tp: (part.fetch_offset, max_bytes)  # type: ignore[misc]
+            for tp, part in self._partitions.items()
+            if part.leader == node_id and part.fetchable
+        }
+
+    async def _node_routine(self, node_id: int) -> None:
+        session = self._sessions[node_id]
+        cfg = self.config
+        backoff_s = cfg.retry_backoff_ms / 1000
+        isolation = 1 if cfg.read_committed else 0
+        counters = self._counters
+        while True:
+            wanted = self._wanted(node_id)
+            if not wanted or self._buffered_bytes >= cfg.max_buffered_bytes:
+                await self._changed.wait()
+                continue
+            plan = session.plan(wanted)
+            counters.requests += 1
+            if plan.full:
+                counters.full_requests += 1
+            else:
+                counters.incremental_requests += 1
+            min_bytes, max_wait_ms = self._pacing
+            request = FetchRequest(
+                plan, max_wait_ms, min_bytes, cfg.max_bytes, isolation, cfg.rack_id
+            )
+            try:
+                response: FetchResponse = await self._client.send(node_id, request)
+            except KafkaError as exc:
+                session.failed(plan)
+                counters.errors += 1
+                log.info("a fetch request failed", node_id=node_id, error=repr(exc))
+                self._refresh_metadata()
+                await asyncio.sleep(backoff_s)
+                continue
+            counters.responses += 1
+            usable = session.answered(
+                plan,
+                response.error_code,
+                response.session_id,
+                [data.tp for data in response.partitions],
+            )
+            retry = False
+            if usable:
+                retry = self._take(plan, response.partitions)
+            elif response.error_code:
+                counters.errors += 1
+                log.info(
+                    "a fetch session starts over",
+                    node_id=node_id,
+                    error=for_code(response.error_code).__name__,
+                )
+            if response.throttle_time_ms > 0:
+                counters.throttled_ms += response.throttle_time_ms
+                await asyncio.sleep(response.throttle_time_ms / 1000)
+            elif retry:
+                await asyncio.sleep(backoff_s)
+
+    def _take(self, plan: FetchPlan, answered: list[PartitionData]) -> bool:
+        """Buffer a response's records; whether a partition's error calls for a pause."""
+        partitions = self._partitions
+        wanted = plan.wanted
+        cfg = self.config
+        read_committed = cfg.read_committed
+        check_crcs = cfg.check_crcs
+        counters = self._counters
+        retry = False
+        ready = False
+        for data in answered:
+            tp = data.tp
+            part = partitions.get(tp)
+            asked = wanted[tp][0]
+            if part is None or part.fetch_offset != asked or part.resetting:
+                continue  # unassigned, sought or reset since the request was sent
+            code = data.error_code
+            if code:
+                counters.errors += 1
+                retry = True
+                log.info(
+                    "a partition's fetch failed",
+                    partition=f"{tp.topic}-{tp.partition}",
+                    error=for_code(code).__name__,
+                )
+                if code == OFFSET_OUT_OF_RANGE:
+                    self._out_of_range(part, asked)
+                elif code in LEADER_ERRORS:
+                    self._lost_leader(part)
+                else:
+                    part.error = for_code(code)(f"cannot fetch {tp.topic}-{tp.partition}")
+                continue
+            if data.highwater >= 0:
+                part.highwater = data.highwater
+            if data.last_stable_offset >= 0:
+                part.last_stable_offset = data.last_stable_offset
+            if data.log_start_offset >= 0:
+                part.log_start_offset = data.log_start_offset
+            raw = data.records
+            if not raw:
+                continue
+            counters.bytes += len(raw)
+            try:
+                records, next_offset = read_records(
+                    raw,
+                    asked,
+                    data.aborted,
+                    read_committed=read_committed,
+                    check_crcs=check_crcs,
+                )
+            except KafkaError as exc:
+                part.error = exc
+                continue
+            if next_offset == asked:
+                continue  # an incomplete batch only (it grows past max_partition_bytes)
+            part.fetch_offset = next_offset
+            part.chunks.append(_Chunk(records, next_offset, len(raw)))
+            self._buffered_bytes += len(raw)
+            self._filled[tp] = None
+            ready = True
+        if ready:
+            self._ready.set()
+            self._ready.clear()
+        return retry
+
+    # -------------------------------------------------------------------- resets
+
+    def _out_of_range(self, part: _Partition, offset: int) -> None:
+        if self.config.auto_offset_reset == "none":
+            part.error = OffsetOutOfRangeError({part.tp: offset})
+            self._ready.set()
+            self._ready.clear()
+            return
+        log.info(
+            "fetch offset out of range: reset",
+            partition=f"{part.tp.topic}-{part.tp.partition}",
+            offset=offset,
+            policy=self.config.auto_offset_reset,
+        )
+        self._drop_chunks(part)
+        self._needs_reset(part)
+
+    def _needs_reset(self, part: _Partition) -> None:
+        if self.config.auto_offset_reset == "none":
+            part.error = NoOffsetForPartitionError(part.tp)
+            return
+        part.fetch_offset = None
+        part.resetting = True
+        self._pulse()
+
+    async def _reset_routine(self) -> None:
+        backoff_s = self.config.retry_backoff_ms / 1000
+        timestamp = EARLIEST if self.config.auto_offset_reset == "earliest" else LATEST
+        isolation = 1 if self.config.read_committed else 0
+        while True:
+            due = [p for p in self._partitions.values() if p.resetting]
+            if not due:
+                await self._changed.wait()
+                continue
+            by_leader: dict[int, list[_Partition]] = {}
+            for part in due:
+                if part.leader is not None:
+                    by_leader.setdefault(part.leader, []).append(part)
+            if not by_leader:
+                await asyncio.sleep(backoff_s)  # waiting for leaders in the metadata
+                continue
+            results = await asyncio.gather(
+                *(
+                    self._list_offsets(node, parts, timestamp, isolation)
+                    for node, parts in by_leader.items()
+                )
+            )
+            if not all(results):
+                await asyncio.sleep(backoff_s)
+
+    async def _list_offsets(
+        self, node_id: int, parts: Iterable[_Partition], timestamp: int, isolation: int
+    ) -> bool:
+        asked = {part.tp: part for part in parts}
+        request = list_offsets_request(dict.fromkeys(asked, timestamp), isolation)
+        try:
+            response = await self._client.send(node_id, request)
+        except KafkaError as exc:
+            log.info("a list offsets request failed", node_id=node_id, error=repr(exc))
+            self._refresh_metadata()
+            return False
+        done = True
+        for tp, (code, offset) in read_list_offsets(response).items():
+            part = asked.get(tp)
+            if part is None or self._partitions.get(tp) is not part or not part.resetting:
+                continue  # unassigned or sought meanwhile
+            if code:
+                done = False
+                if code in LEADER_ERRORS:
+                    self._lost_leader(part)
+                continue
+            part.position = part.fetch_offset = offset
+            part.resetting = False
+            self._counters.offset_resets += 1
+        self._pulse()
+        return done
+
+
+def _quiet(future: asyncio.Future[Any]) -> None:
+    # A metadata update nobody awaits: its failure is the synchronizer's to log.
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,77 @@
+"""The fault suite's figures as a Markdown table: ``python -m tests.faults.table WHERE``
+reads the ``faults-long-*.json`` a run wrote (WHERE: pytest's base temporary directory,
+e.g. ``/tmp/pytest-of-$USER/pytest-current``) or the lines ``faults <name>: {...}`` it
+printed (WHERE: the output of ``make faults``, kept in a file), and prints one row per
+long scenario, in the order of the operations page's table."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+PATHS = ("runtime", "leaders", "coordinator", "node", "producer")
+FAULTS = ("latency", "bandwidth", "reset_peer", "timeout", "slicer", "limit_data", "down")
+HEADER = (
+    "| path | fault | mode | tasks | not ready after | commit 5 s old after | warnings "
+    "| longest stall | resumed after the end | lag 0 after the end | pace then "
+    "| redone / bound | lost | out of order "
+    "| outputs twice | fds | RSS MiB |"
+)
+
+
+def _s(value: float | None) -> str:
+    return "never" if value is None else f"{value:g} s"
+
+
+def row(f: dict[str, Any]) -> str:
+    mode = "exactly-once" if f["exactly_once"] else "at-least-once"
+    fds = "{:g} → {:g}".format(*f["fds"])
+    rss = "{:g} → {:g}".format(*f["rss_mb"])
+    cells = [
+        f["path"],
+        f["fault"],
+        mode,
+        str(f["tasks"]),
+        _s(f["detect_s"]),
+        _s(f["aged_s"]) if "aged_s" in f else "",
+        str(sum(w.values()) if isinstance(w := f.get("warnings", ""), dict) else w),
+        _s(f["stall_s"]),
+        _s(f["resumed_s"]) if "resumed_s" in f else "",
+        _s(f["recover_s"]),
+        "" if f.get("drain_per_s") is None else f"{f['drain_per_s']}/s",
+        f"{f['redone']} / {f['redo_bound']}",
+        str(f["lost"]),
+        str(f["out_of_order"]),
+        str(f["duplicate_outputs"]),
+        fds,
+        rss,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(figures: list[dict[str, Any]]) -> str:
+    def order(f: dict[str, Any]) -> tuple[int, int, bool]:
+        return PATHS.index(f["path"]), FAULTS.index(f["fault"]), f["exactly_once"]
+
+    lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
+    lines += [row(f) for f in sorted(figures, key=order)]
+    return "\n".join(lines)
+
+
+_PRINTED = re.compile(r"faults (long-[\w-]+): (\{.*?\})")
+
+
+def main(where: str) -> None:
+    found = Path(where)
+    if found.is_dir():
+        figures = [json.loads(p.read_text()) for p in sorted(found.glob("faults-long-*.json"))]
+    else:
+        figures = [json.loads(m[2]) for m in _PRINTED.finditer(found.read_text())]
+    print(table(figures))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,190 @@
+"""Reading fetched bytes into the runtime's records, and the fetch response read in one
+pass: built with aiokafka's batch builder and schema, read with the fetch loop's code."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import CorruptRecordException
+
+from decaton_aio._aiokafka import DefaultRecordBatch, DefaultRecordBatchBuilder, protocol_fetch
+from decaton_aio.consumer._records import TaskRecord
+from decaton_aio.consumer.fetch import FetchSession
+from decaton_aio.consumer.fetch._decode import read_records
+from decaton_aio.consumer.fetch._protocol import FetchRequest, FetchRequestV11, FetchResponse
+from decaton_aio.metadata import METADATA_HEADER
+
+CODECS = {
+    "none": DefaultRecordBatch.CODEC_NONE,
+    "gzip": DefaultRecordBatch.CODEC_GZIP,
+    "snappy": DefaultRecordBatch.CODEC_SNAPPY,
+    "lz4": DefaultRecordBatch.CODEC_LZ4,
+    "zstd": DefaultRecordBatch.CODEC_ZSTD,
+}
+_CONTROL = 0x20  # the attributes bit of a control batch
+
+
+def batch(
+    base: int,
+    values: list[bytes],
+    *,
+    codec: int = 0,
+    producer_id: int = -1,
+    transactional: bool = False,
+    headers: list[tuple[str, bytes | None]] | None = None,
+) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        2, codec, int(transactional), producer_id, 0 if producer_id >= 0 else -1, -1, 1 << 20
+    )
+    for i, value in enumerate(values):
+        builder.append(i, 1_700_000_000_000 + i, b"k", value, headers or [])
+    data = bytearray(builder.build())
+    struct.pack_into(">q", data, 0, base)  # the base offset is outside the checksum
+    return bytes(data)
+
+
+def marker(offset: int, producer_id: int, *, abort: bool) -> bytes:
+    """A control batch of one transaction marker (its checksum left stale: read with
+    ``check_crcs=False``)."""
+    builder = DefaultRecordBatchBuilder(2, 0, 1, producer_id, 0, -1, 1 << 20)
+    builder.append(0, 1_700_000_000_000, struct.pack(">hh", 0, 0 if abort else 1), b"", [])
+    data = bytearray(builder.build())
+    struct.pack_into(">q", data, 0, offset)
+    (attributes,) = struct.unpack_from(">h", data, 21)
+    struct.pack_into(">h", data, 21, attributes | _CONTROL)
+    return bytes(data)
+
+
+def values(records: list[TaskRecord]) -> list[bytes | None]:
+    return [r.value for r in records]
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_records_of_every_codec_are_read_from_the_fetch_offset(codec: str) -> None:
+    data = batch(10, [b"a", b"b", b"c"], codec=CODECS[codec]) + batch(13, [b"d"])
+    records, next_offset = read_records(data, 11)
+    assert [r.offset for r in records] == [11, 12, 13]
+    assert values(records) == [b"b", b"c", b"d"]
+    assert all(isinstance(r, TaskRecord) and r.key == b"k" for r in records)
+    assert records[0].timestamp == 1_700_000_000_001
+    assert next_offset == 14
+
+
+def test_the_metadata_header_is_kept_packed_and_others_as_they_are() -> None:
+    data = batch(0, [b"x"], headers=[(METADATA_HEADER, b"\x08\x01")])
+    data += batch(1, [b"y"], headers=[("a", b"1"), ("b", None)])
+    records, _ = read_records(data, 0)
+    assert records[0].packed_headers == b"\x08\x01"
+    assert list(records[0].headers) == [(METADATA_HEADER, b"\x08\x01")]
+    assert list(records[1].headers) == [("a", b"1"), ("b", None)]
+
+
+def test_nothing_fetched_leaves_the_offset() -> None:
+    assert read_records(b"", 5) == ([], 5)
+
+
+def test_an_incomplete_batch_at_the_end_is_left_for_the_next_fetch() -> None:
+    whole = batch(0, [b"a", b"b"])
+    records, next_offset = read_records(whole + batch(2, [b"c"])[:20], 0)
+    assert values(records) == [b"a", b"b"]
+    assert next_offset == 2
+
+
+def _transactions() -> tuple[bytes, list[tuple[int, int]]]:
+    # producer 7: c-0 c-1 committed (marker 2), a-0 a-1 aborted (marker 5); producer 8: p-0
+    # (not transactional), producer 7: c-2 (marker 8)
+    data = (
+        batch(0, [b"c-0", b"c-1"], producer_id=7, transactional=True)
+        + marker(2, 7, abort=False)
+        + batch(3, [b"a-0", b"a-1"], producer_id=7, transactional=True)
+        + marker(5, 7, abort=True)
+        + batch(6, [b"p-0"], producer_id=8)
+        + batch(7, [b"c-2"], producer_id=7, transactional=True)
+        + marker(8, 7, abort=False)
+    )
+    return data, [(7, 3)]
+
+
+def test_read_committed_skips_aborted_transactions_and_markers() -> None:
+    data, aborted = _transactions()
+    records, next_offset = read_records(data, 0, aborted, read_committed=True, check_crcs=False)
+    assert values(records) == [b"c-0", b"c-1", b"p-0", b"c-2"]
+    assert next_offset == 9
+
+
+def test_read_uncommitted_drops_only_the_markers() -> None:
+    data, aborted = _transactions()
+    records, next_offset = read_records(data, 0, aborted, check_crcs=False)
+    assert values(records) == [b"c-0", b"c-1", b"a-0", b"a-1", b"p-0", b"c-2"]
+    assert next_offset == 9
+
+
+def test_a_fetch_of_markers_only_moves_the_offset_on() -> None:
+    records, next_offset = read_records(marker(4, 7, abort=True), 4, [], check_crcs=False)
+    assert records == []
+    assert next_offset == 5
+
+
+def test_a_corrupt_batch_is_refused() -> None:
+    data = bytearray(batch(0, [b"abc"]))
+    data[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordException):
+        read_records(bytes(data), 0)
+
+
+def test_the_response_is_read_as_aiokafka_writes_it() -> None:
+    records = batch(0, [b"a"])
+    body = protocol_fetch.FetchResponse_v11(
+        7,
+        0,
+        99,
+        [
+            ("t", [(0, 0, 10, 9, 0, [(7, 3)], -1, records), (1, 6, -1, -1, -1, None, -1, None)]),
+            ("u", [(2, 0, 5, 5, 1, [], 1, b"")]),
+        ],
+    ).encode()
+    response = FetchResponse.decode(body)
+    assert (response.throttle_time_ms, response.error_code, response.session_id) == (7, 0, 99)
+    first, second, third = response.partitions
+    assert first.tp == TopicPartition("t", 0)
+    assert (first.error_code, first.highwater, first.last_stable_offset) == (0, 10, 9)
+    assert first.aborted == [(7, 3)]
+    assert first.records == records
+    assert (second.tp, second.error_code, second.aborted, second.records) == (
+        TopicPartition("t", 1),
+        6,
+        None,
+        b"",
+    )
+    assert (third.tp, third.log_start_offset, third.aborted) == (TopicPartition("u", 2), 1, [])
+
+
+def test_the_request_carries_the_plan_of_its_session() -> None:
+    session = FetchSession(1)
+    a0, a1, b0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+    plan = session.plan({a0: (1, 100), a1: (2, 100), b0: (3, 100)})
+    session.answered(plan, 0, 5, [])
+    plan = session.plan({a0: (4, 100), a1: (2, 100)})
+    built = FetchRequest(plan, 500, 1, 1000, 1, "rack").build(FetchRequestV11)
+    fields = built.to_object()
+    assert fields["session_id"] == 5
+    assert fields["session_epoch"] == 1
+    assert fields["isolation_level"] == 1
+    assert fields["topics"] == [
+        {
+            "topic": "a",
+            "partitions": [
+                {
+                    "partition": 0,
+                    "current_leader_epoch": -1,
+                    "fetch_offset": 4,
+                    "log_start_offset": -1,
+                    "max_bytes": 100,
+                }
+            ],
+        }
+    ]
+    assert fields["forgotten_topics_data"] == [{"topic": "b", "partitions": [0]}]
+    assert FetchRequestV11.decode(built.encode()).to_object() == fields
