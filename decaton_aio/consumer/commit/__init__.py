@@ -25,6 +25,7 @@ from decaton_aio.consumer.commit._checkpoint_codec import Checkpoint
 from decaton_aio.consumer.commit._checkpoints import CheckpointStore
 from decaton_aio.consumer.commit._committer import Committer
 from decaton_aio.consumer.commit._group_txn import (
+    UNSTABLE_OFFSET_COMMIT,
     GroupMetadata,
     OffsetFetchRequest,
     group_metadata,
@@ -38,6 +39,7 @@ from decaton_aio.consumer.commit._transactions import (
 )
 
 __all__ = [
+    "UNSTABLE_OFFSET_COMMIT",
     "Checkpoint",
     "CheckpointStore",
     "Committer",

@@ -54,8 +54,7 @@ from decaton_aio._aiokafka import (
 )
 from decaton_aio._connect import connect_error
 from decaton_aio.app import ConsumerConfig
-from decaton_aio.consumer.commit import GroupMetadata
-from decaton_aio.consumer.commit._group_txn import UNSTABLE_OFFSET_COMMIT, OffsetFetchRequest
+from decaton_aio.consumer.commit import UNSTABLE_OFFSET_COMMIT, GroupMetadata, OffsetFetchRequest
 from decaton_aio.consumer.group._classic_refusals import refusal
 from decaton_aio.consumer.group._classic_state import (
     ILLEGAL_GENERATION,

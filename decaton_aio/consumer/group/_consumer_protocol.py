@@ -41,7 +41,7 @@ from decaton_aio._aiokafka import (
     protocol_admin,
 )
 from decaton_aio._connect import connect_error
-from decaton_aio.consumer.commit import GroupMetadata, OffsetFetchRequest
+from decaton_aio.consumer.commit import UNSTABLE_OFFSET_COMMIT, GroupMetadata, OffsetFetchRequest
 from decaton_aio.consumer.group._consumer_messages import (
     CONSUMER_GROUP_HEARTBEAT,
     ConsumerGroupHeartbeatRequest,
@@ -73,7 +73,6 @@ log = structlog.get_logger("decaton_aio.consumer")
 
 _NOT_COORDINATOR: Final = frozenset({14, 15, 16})
 _STALE_MEMBER_EPOCH: Final = 113
-_UNSTABLE_OFFSET_COMMIT: Final = 88
 _ILLEGAL_GENERATION: Final = 22
 _STABLE_RETRY_S: Final = 0.1
 _UNSUPPORTED_VERSION: Final = 35
@@ -286,7 +285,7 @@ class ConsumerProtocolMembership:
             for topic, parts, _ in response.topics:
                 for partition, offset, _epoch, metadata, code, _ in parts:
                     tp = TopicPartition(topic, partition)
-                    if code == _UNSTABLE_OFFSET_COMMIT or code in _NOT_COORDINATOR:
+                    if code == UNSTABLE_OFFSET_COMMIT or code in _NOT_COORDINATOR:
                         pending.append(tp)
                     elif code:
                         raise for_code(code)(f"cannot read the offset of {topic}-{partition}")
