@@ -483,15 +483,24 @@ class Subscription:
         # does not answer is given up after LEAVE_TIMEOUT_S: the group notices the member
         # is gone at its session timeout, and nothing is lost (what was not committed is
         # fetched again by the partitions' next owner).
+        stopping = asyncio.ensure_future(membership.stop())
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
-                await membership.stop()
+                await asyncio.shield(stopping)
+            return
         except TimeoutError:
-            log.warning(
-                "the member did not leave its group in time: closed without leaving (the "
-                "group reassigns its partitions after the session timeout)",
-                timeout_s=LEAVE_TIMEOUT_S,
-            )
+            pass
+        log.warning(
+            "the member did not leave its group in time: closed without leaving (the "
+            "group reassigns its partitions after the session timeout)",
+            timeout_s=LEAVE_TIMEOUT_S,
+        )
+        stopping.cancel()
+        # Its routine owns its connections: cancelled, it closes them.
+        with contextlib.suppress(RuntimeError):
+            await _cancel(membership.routine)
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
 
     def _finish_stop(self) -> None:
         self._loop_watch.stop()
