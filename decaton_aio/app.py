@@ -155,7 +155,7 @@ class ConsumerConfig:
             ``partition_assignment_strategy``; every member gives up all its partitions at
             each rebalance) or ``consumer`` (the coordinator assigns, each member gives up
             only what moves; Kafka 4.0 and later). ``None`` (the default): the runtime
-            chooses (see ``docs/operations.md``) and logs which and why.
+            chooses (see ``docs/configuration.md``) and logs which and why.
     """
 
     bootstrap_servers: str

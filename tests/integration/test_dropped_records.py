@@ -257,7 +257,7 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch of two partitions is handed out and held before its first step; a
-    rebalance revokes both partitions (partition 1 holds a task that outlives the
+    rebalance (classic protocol) revokes both partitions (partition 1 holds a task that outlives the
     rebalance timeout, so its final commit stays at that task) and assigns them back.
     The held batch must not reach partition 1's new assignment: its consumer position
     went back to the commit, and a new processor fed the batch's records would commit
@@ -295,8 +295,9 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
 
     producer = await task_producer(topic)
     await produce(producer, 1, 2)
+    # The classic protocol: a member joining makes every member give up its partitions.
     first = kafka_broker.subscription(
-        Application(process, topics=(topic,), properties=props), group
+        Application(process, topics=(topic,), properties=props), group, group_protocol="classic"
     )
     try:
         async with first:
@@ -309,7 +310,9 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
             await hook.held.wait()
             revoked = first.partitions[tp1]
             # A member of the group on another topic: every member rebalances.
-            joining = kafka_broker.subscription(Application(nothing, topics=(other,)), group)
+            joining = kafka_broker.subscription(
+                Application(nothing, topics=(other,)), group, group_protocol="classic"
+            )
             async with joining:
                 await wait_until(
                     lambda: first.partitions.get(tp1) not in (None, revoked),

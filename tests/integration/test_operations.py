@@ -299,6 +299,7 @@ async def test_static_membership_and_fetch_settings_reach_the_broker(
         fetch_max_bytes=1024 * 1024,
         fetch_max_wait_ms=50,
         max_poll_interval_ms=60_000,
+        group_protocol="classic",  # described by DescribeGroups (the classic protocol's)
     )
     async with kafka_broker.subscription(app, group_id=group, **settings):
         await wait_until(lambda: done == 50, what="50 tasks", timeout_s=60)
