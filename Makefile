@@ -21,8 +21,8 @@ help:
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
 	@echo "make spark-cluster  a Spark standalone master and 2 workers on loopback, until Ctrl-C"
 	@echo "make spark-dist  the wheel, and the --py-files zip and main file spark-submit needs, in dist/"
-	@echo "make chaos  every chaos scenario three times in a row, and make faults (~1 h)"
-	@echo "make faults every network fault on every path through Toxiproxy, 30 s each (~40 min)"
+	@echo "make chaos  every chaos scenario three times in a row, and make faults (~1.5 h)"
+	@echo "make faults every network fault on every path through Toxiproxy, 30 s each (~1 h)"
 	@echo "make soak   three instances for 30 minutes at half capacity through restarts (~40 min);"
 	@echo "           bench/results/soak.json and soak.png"
 	@echo "make fuzz   coverage-guided fuzzing of every decode path (FUZZ_SECONDS per target)"
@@ -158,9 +158,11 @@ chaos: kafka faults
 	for run in 1 2 3; do $(BIN)/python -m pytest -s -m chaos tests/chaos tests/interop/test_migration.py || exit 1; done
 
 # Network faults through Toxiproxy: each fault on each path for 30 s (make test runs one
-# short scenario per fault).
+# short scenario per fault); the figures of every scenario as a table at the end (the
+# operations page's), their files in .faults/.
 faults: kafka toxiproxy
-	$(BIN)/python -m pytest -s -m faults tests/faults
+	$(BIN)/python -m pytest -s -m faults tests/faults --basetemp=.faults; status=$$?; \
+	$(BIN)/python -m tests.faults.table .faults; exit $$status
 
 # Coverage-guided fuzzing (atheris) of the dt_meta header and every serializer; the
 # corpus grows in .fuzz/ across runs, a finding is written as crash-* and fails the run.

@@ -3,10 +3,11 @@
 in a process of its own, for ``python -m bench.cycles --fetch-loops``.
 
 A child (``python -m bench.fetchloop IMPL ...``) assigns every partition of the topic at
-its end and calls ``getmany(timeout_ms=100, max_records=2000)`` as the runtime's fetch
-routine does, each record made the runtime's `TaskRecord`, the fetch pacing switched
-between the runtime's idle and busy settings after each call as its pacer does (1 byte or
-100 ms idle, 16 KiB or 5 ms while records flow). After a warm-up it prints ``open``, then,
+its end (once every partition is placed there) and calls
+``getmany(timeout_ms=100, max_records=2000)`` as the runtime's fetch routine does, each
+record made the runtime's `TaskRecord`, the fetch pacing switched between the runtime's
+idle and busy settings after each call as its pacer does (1 byte or 100 ms idle, 16 KiB
+or 5 ms while records flow). After a warm-up it prints ``open``, then,
 after the window, one JSON line: its calls (cycles), its own CPU (every thread) and its
 records over the window, and for ours the requests it sent of each kind.
 
@@ -85,6 +86,8 @@ async def _child(args: argparse.Namespace) -> None:
         await fetcher.start()
         for tp in tps:
             fetcher.assign(tp)
+        while any(fetcher.position(tp) is None for tp in tps):  # placed at the end first
+            await fetcher.getmany(timeout_ms=_TIMEOUT_MS)
         getmany = fetcher.getmany  # type: ignore[assignment]
 
         def pace(busy: bool) -> None:
@@ -225,6 +228,19 @@ def loop_figures(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _create(admin: Any, partitions: int) -> str:
+    # A loaded machine's broker may refuse topics for a while after it answers.
+    for attempt in range(30):
+        try:
+            topic: str = await admin.create(partitions, prefix=f"fetchloop-p{partitions}")
+            return topic
+        except Exception:
+            if attempt == 29:
+                raise
+            await asyncio.sleep(2)
+    raise AssertionError("unreachable")
+
+
 async def measure_fetch_loops(args: Any, record: Any, say: Any) -> None:
     """Each loop of ``args.impls`` on a fresh topic of each of ``args.partitions`` at
     each of ``args.rates`` (records/s); each row goes to ``record``."""
@@ -232,18 +248,23 @@ async def measure_fetch_loops(args: Any, record: Any, say: Any) -> None:
     from decaton_aio.embedded import EmbeddedBroker
     from decaton_aio.testing import TopicAdmin
 
-    broker = EmbeddedBroker(flavor="apache", log_path=args.workdir / "broker.log")
+    broker = EmbeddedBroker(
+        flavor="apache",
+        log_path=args.workdir / "broker.log",
+        startup_timeout_s=240,  # a shared machine may start it slowly
+    )
     reaper.adopt_broker(broker)
     broker.start()
     admin = TopicAdmin(broker.bootstrap_servers)
     try:
         for partitions in args.partitions:
-            topic = await admin.create(partitions, prefix=f"fetchloop-p{partitions}")
+            topic = await _create(admin, partitions)
             for rate in args.rates:
                 producing = asyncio.get_running_loop().create_task(
                     _produce(broker.bootstrap_servers, topic, partitions, rate)
                 )
                 try:
+                    await asyncio.sleep(args.warmup_s)  # the topic's partitions all ready
                     for impl in args.impls:
                         say(f"fetch loop {impl}: {partitions} partitions, {rate:,.0f} records/s")
                         row = await _one_loop(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench.cycles import BASELINE, _parse, cycle_figures, cycle_table, fetch_cycles
+from bench.fetchloop import IMPLS, fetch_loop_table, loop_figures
 from bench.loopstats import parse
 
 _PAGE = """# TYPE decaton_consumer_fetch_latency_seconds histogram
@@ -108,3 +109,49 @@ def test_the_command_paces_ours_at_the_recorded_capacities_unless_told_otherwise
     assert args.settings["ours"]["concurrency"] == 384
     with pytest.raises(SystemExit):
         _parse(["--contenders", "gather"])
+
+
+def test_a_fetch_loops_figures_divide_its_cpu_by_its_cycles_and_records() -> None:
+    """300 calls and 0.6 s of CPU over 15 s for 15,000 records, the broker 3 s: 20 calls
+    a second at 2 ms each, 0.04 s per 1,000 records, the broker 0.2."""
+    row = {"cycles": 300, "cpu_s": 0.6, "window_s": 15.0, "records": 15_000, "broker_cpu_s": 3.0}
+    assert loop_figures(row) == {
+        "cycles_per_s": 20.0,
+        "cpu_ms_per_cycle": 2.0,
+        "cpu_cores": 0.04,
+        "records_per_s": 1000,
+        "cpu_s_per_1000": 0.04,
+        "broker_cpu_s_per_1000": 0.2,
+    }
+    idle = loop_figures({**row, "records": 0})
+    assert idle["cpu_s_per_1000"] is None
+    assert idle["cpu_ms_per_cycle"] == 2.0
+
+
+def test_the_fetch_loops_table_has_a_row_per_loop_and_the_requests_of_ours() -> None:
+    base = {"event": "fetch_loop", "partitions": 96, "rate": 1000.0, "cycles": 10}
+    base.update(cpu_s=0.1, window_s=1.0, records=100, broker_cpu_s=0.5)
+    rows = [
+        {**base, "impl": "aiokafka", **loop_figures(base)},
+        {**base, "impl": "ours", "requests": 12, "incremental_requests": 11, **loop_figures(base)},
+        {"event": "fetch_loop", "impl": "ours", "partitions": 3},  # failed: no figures
+        {"event": "result", "contender": "ours"},
+    ]
+    lines = fetch_loop_table(rows)
+    body = [line for line in lines if line.startswith("| 96 |")]
+    assert len(body) == 2
+    assert "| aiokafka |" in body[0]
+    assert "| - |" in body[0]
+    assert "| 12 (11) |" in body[1]
+    assert "| 10.000 |" in body[1]  # CPU ms per cycle
+    assert fetch_loop_table([]) == []
+
+
+def test_the_command_measures_the_fetch_loops_when_asked() -> None:
+    args = _parse(["--fetch-loops", "--rates", "500", "--impls", "aiokafka,ours"])
+    assert args.fetch_loops
+    assert args.rates == [500.0]
+    assert args.impls == ["aiokafka", "ours"]
+    assert _parse([]).impls == list(IMPLS)
+    with pytest.raises(SystemExit):
+        _parse(["--fetch-loops", "--impls", "confluent"])

@@ -1,5 +1,6 @@
 """Shared test setup: each test starts with the logging configuration it found; the
-tests run on the modules compiled from the current sources, or on none."""
+tests run on the modules compiled from the current sources, or on none; tests that kill
+nodes share one three-node Apache Kafka (`three_node_cluster`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import structlog
 
 import decaton_aio
+from decaton_aio.embedded import EmbeddedBroker, default_flavor
+from decaton_aio.testing import BrokerHandle
 
 
 def _extensions() -> list[tuple[Path, Path | None]]:
@@ -58,3 +61,23 @@ def _restore_logging() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
     structlog.configure(**config)
+
+
+@pytest.fixture(scope="session")
+def _three_nodes() -> Iterator[EmbeddedBroker]:
+    if default_flavor() != "apache":
+        pytest.skip("a three-node cluster is the embedded Apache Kafka's")
+    broker = EmbeddedBroker(flavor="apache", nodes=3, startup_timeout_s=180).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def three_node_cluster(_three_nodes: EmbeddedBroker) -> Iterator[BrokerHandle]:
+    """A three-node Apache Kafka shared by the tests that kill a node (topics replicated 3
+    times); the nodes a test killed are started again after it."""
+    yield BrokerHandle(_three_nodes.bootstrap_servers, _three_nodes, replication_factor=3)
+    for node_id in _three_nodes.killed_nodes():
+        _three_nodes.restart_node(node_id)

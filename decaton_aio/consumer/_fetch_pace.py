@@ -13,7 +13,8 @@ an idle consumer does not ask the broker every few milliseconds.
 
 aiokafka builds each fetch request from its fetcher's settings of the moment; the pacer
 sets those two (`set_fetch_pacing()`, checked when the pacer is
-made).
+made). The consumer's own fetch loop (`decaton_aio.consumer.fetch.Fetcher`) takes them
+through its `set_pacing()`.
 
 Caller: the subscription's fetch routine only, after each fetch call (`after()`).
 """
@@ -25,6 +26,7 @@ from typing import Any
 import structlog
 
 from decaton_aio._aiokafka import fetch_pacing, set_fetch_pacing
+from decaton_aio.consumer.fetch import Fetcher
 
 __all__ = ["FetchPacer"]
 
@@ -35,7 +37,8 @@ class FetchPacer:
     """Switches a fetcher between its idle and busy settings.
 
     Args:
-        consumer: the aiokafka consumer whose fetch requests are paced.
+        consumer: the aiokafka consumer (or the consumer's own `Fetcher`) whose fetch
+            requests are paced.
         idle: ``(min_bytes, max_wait_ms)`` after a fetch call that returned nothing.
         busy: ``(min_bytes, max_wait_ms)`` after one that returned records.
     """
@@ -51,6 +54,8 @@ class FetchPacer:
         (pacing off) or the fetcher has not the settings it sets (logged)."""
         if busy[0] <= idle[0]:
             return None
+        if isinstance(consumer, Fetcher):
+            return cls(consumer, idle, busy)
         if fetch_pacing(consumer) is None:
             log.warning(
                 "fetch pacing is off: this aiokafka's fetcher has not the settings it sets; "
@@ -66,4 +71,7 @@ class FetchPacer:
             return
         self.busy = got_records
         min_bytes, max_wait_ms = self._settings[got_records]
-        set_fetch_pacing(self._consumer, min_bytes, max_wait_ms)
+        if isinstance(self._consumer, Fetcher):
+            self._consumer.set_pacing(min_bytes, max_wait_ms)
+        else:
+            set_fetch_pacing(self._consumer, min_bytes, max_wait_ms)

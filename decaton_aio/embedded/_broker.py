@@ -482,6 +482,14 @@ class EmbeddedBroker:
         """
         self._kafka().kill_node(node_id)
 
+    def killed_nodes(self) -> list[int]:
+        """The ids of the nodes that are not running (killed, or exited), for
+        `restart_node()`; empty for Tansu.
+        """
+        if self._cluster is None:
+            return []
+        return [n.node_id for n in self._cluster.nodes if not n.alive()]
+
     def restart_node(self, node_id: int) -> None:
         """Start a killed node again on its ports and data; wait until the cluster is whole.
 

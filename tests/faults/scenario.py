@@ -36,8 +36,8 @@ each key's tasks in order in the task topic (``produce --spool-dir`` included) a
 every instance, every output there (once under exactly-once, in ``read_committed``) and
 the state's counts, no process exit (``produce`` exits 0), descriptors and memory flat,
 the runs redone within their bound; and after a black hole or an unreachable node of
-30 s, the lag back to 0 within 10 s (a miss is kept in ``missed``: the test reports it as
-an expected failure with its figures).
+30 s between the instances and the cluster, the lag back to 0 within 10 s (a miss is
+kept in ``missed``: the test reports it as an expected failure with its figures).
 """
 
 from __future__ import annotations
@@ -574,7 +574,10 @@ class Scenario:
         assert fds_after <= fds_before + 16, f"descriptors grew: {self.figures.fds}"
         rss_before, rss_after = self.figures.rss_mb
         assert rss_after <= rss_before * 1.25 + 32, f"memory grew: {self.figures.rss_mb}"
-        if self.figures.fault in OUTAGES and self.figures.fault_s >= LONG_OUTAGE_S:
+        # The lag's target is the consumer's; on the producer's path the delay is the
+        # spool's replay backoff (reported in recover_s), which has no target.
+        outage = self.figures.fault in OUTAGES and self.figures.fault_s >= LONG_OUTAGE_S
+        if outage and self.cluster.path != "producer":
             recover = self.figures.recover_s
             assert recover is not None
             if recover > RECOVERY_LIMIT_S:

@@ -1,8 +1,8 @@
-"""The fault suite's figures as a Markdown table: ``python -m tests.faults.table WHERE``
-reads the ``faults-long-*.json`` a run wrote (WHERE: pytest's base temporary directory,
-e.g. ``/tmp/pytest-of-$USER/pytest-current``) or the lines ``faults <name>: {...}`` it
-printed (WHERE: the output of ``make faults``, kept in a file), and prints one row per
-long scenario, in the order of the operations page's table."""
+"""The fault suite's figures as a Markdown table: ``python -m tests.faults.table WHERE...``
+reads the ``faults-long-*.json`` a run wrote (WHERE: its base temporary directory, ``.faults``
+for ``make faults``) or the lines ``faults <name>: {...}`` it printed (WHERE: its output,
+kept in a file), and prints one row per long scenario, in the order of the operations
+page's table. Several WHEREs: a scenario run again replaces its earlier figures."""
 
 from __future__ import annotations
 
@@ -64,13 +64,23 @@ def table(figures: list[dict[str, Any]]) -> str:
 _PRINTED = re.compile(r"faults (long-[\w-]+): (\{.*?\})")
 
 
-def main(where: str) -> None:
+def _read(where: str) -> list[dict[str, Any]]:
     found = Path(where)
+    if not found.exists():
+        return []
     if found.is_dir():
-        figures = [json.loads(p.read_text()) for p in sorted(found.glob("faults-long-*.json"))]
-    else:
-        figures = [json.loads(m[2]) for m in _PRINTED.finditer(found.read_text())]
-    print(table(figures))
+        return [json.loads(p.read_text()) for p in sorted(found.glob("faults-long-*.json"))]
+    return [json.loads(m[2]) for m in _PRINTED.finditer(found.read_text())]
+
+
+def main(*wheres: str) -> None:
+    """Print the table of the runs found in ``wheres``; a scenario found in several, as
+    the last one has it (a scenario run again replaces its earlier figures)."""
+    figures: dict[tuple[str, str, bool], dict[str, Any]] = {}
+    for where in wheres:
+        for f in _read(where):
+            figures[f["path"], f["fault"], f["exactly_once"]] = f
+    print(table(list(figures.values())))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -13,7 +12,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from decaton_aio import (
     Application,
     BytesSerializer,
-    EmbeddedBroker,
     ProcessingContext,
     SubscriptionState,
 )
@@ -35,12 +33,8 @@ PARTITIONS = 3
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[BrokerHandle]:
-    broker = EmbeddedBroker(flavor="apache", nodes=3).start()
-    try:
-        yield BrokerHandle(broker.bootstrap_servers, broker, replication_factor=3)
-    finally:
-        broker.stop()
+def cluster(three_node_cluster: BrokerHandle) -> BrokerHandle:
+    return three_node_cluster
 
 
 async def _leaders(servers: str, topic: str) -> dict[int, int]:

@@ -125,10 +125,34 @@ async def test_three_partitions_are_read_in_order_from_the_offsets_given(
     assert await fetcher.getmany(timeout_ms=300) == {}  # nothing twice
 
 
+async def test_max_records_splits_what_was_fetched_without_loss_or_reorder(
+    kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
+) -> None:
+    topic = await topic_factory(partitions=2)
+    t0, t1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    await _produce(kafka_broker, topic, {0: [b"a"] * 10, 1: [b"b"] * 10})
+    fetcher = await fetcher_factory()
+    assert fetcher.highwater(t0) is None
+    fetcher.assign(t0, 0)
+    fetcher.assign(t1, 0)
+    seen: dict[TopicPartition, list[int]] = {t0: [], t1: []}
+    async with asyncio.timeout(20):
+        while len(seen[t0]) + len(seen[t1]) < 20:
+            got = await fetcher.getmany(timeout_ms=200, max_records=3)
+            assert sum(len(records) for records in got.values()) <= 3
+            for tp, records in got.items():
+                seen[tp] += [r.offset for r in records]
+                assert fetcher.position(tp) == records[-1].offset + 1
+    assert seen == {t0: list(range(10)), t1: list(range(10))}
+    assert fetcher.counters.records == 20
+
+
 @pytest.mark.parametrize("policy", ["earliest", "latest"])
 async def test_a_partition_without_an_offset_starts_where_the_reset_policy_says(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory, policy: str
 ) -> None:
+    if policy == "latest" and kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu answers ListOffsets(latest) short of the end (1 for 2 records)")
     topic = await topic_factory(partitions=1)
     tp = TopicPartition(topic, 0)
     await _produce(kafka_broker, topic, {0: [b"before-0", b"before-1"]})
@@ -227,6 +251,8 @@ async def test_a_paused_partition_is_left_out_and_resumes_without_loss_or_duplic
 async def test_requests_after_the_first_are_incremental(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu opens no fetch sessions: every request is full")
     topic = await topic_factory(partitions=3)
     fetcher = await fetcher_factory(max_wait_ms=50)
     for p in range(3):
@@ -245,6 +271,9 @@ async def test_requests_after_the_first_are_incremental(
     assert counters.bytes > 0
     [session] = fetcher.sessions.values()
     assert session.open
+    await fetcher.stop()  # closes its session on the broker
+    assert not session.open
+    assert fetcher.counters.sessions_closed == 1
 
 
 async def test_a_sessionless_fetcher_sends_full_requests_only(
@@ -264,6 +293,8 @@ async def test_a_sessionless_fetcher_sends_full_requests_only(
 async def test_an_offset_out_of_range_is_reset_by_the_policy(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu does not delete records (DeleteRecords)")
     topic = await topic_factory(partitions=1)
     tp = TopicPartition(topic, 0)
     await _produce(kafka_broker, topic, {0: [f"v-{i}".encode() for i in range(10)]})
@@ -289,6 +320,8 @@ async def test_an_offset_out_of_range_is_reset_by_the_policy(
 async def test_an_offset_out_of_range_without_a_policy_is_raised(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
+    if kafka_broker.flavor == "tansu":
+        pytest.skip("Tansu does not delete records (DeleteRecords)")
     from aiokafka.errors import OffsetOutOfRangeError
 
     topic = await topic_factory(partitions=1)

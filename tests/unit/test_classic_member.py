@@ -11,12 +11,14 @@ checking after every step that:
   while the member owns partitions or a listener call runs;
 - from the moment the member learns its generation is over, no commit of the partitions
   it held is allowed until they are assigned again;
+- a deadline that is due always makes a tick do something (the driver never spins);
 - a static member never sends ``LeaveGroup``; a stop always ends in ``Stopped`` (or
   ``Failed``) once the listener and the coordinator answer.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import pytest
@@ -71,13 +73,14 @@ class Harness:
     """The member, its clock, the requests in flight and every output so far."""
 
     static: bool = False
+    timings: Timings = TIMINGS
     clock: Clock = field(default_factory=Clock)
     outputs: list[Output] = field(default_factory=list)
     pending: dict[int, Output] = field(default_factory=dict)
     call: Revoke | Assign | Lose | None = None
 
     def __post_init__(self) -> None:
-        self.member = ClassicMember(self.clock, TIMINGS, static=self.static)
+        self.member = ClassicMember(self.clock, self.timings, static=self.static)
 
     def take(self, outputs: list[Output]) -> list[Output]:
         for output in outputs:
@@ -210,7 +213,6 @@ def test_session_expiry_without_heartbeat_success_loses_the_partitions() -> None
     h.stable()
     h.later(TIMINGS.heartbeat_s)
     h.fail(h.one(Heartbeat))  # the coordinator is gone: looked up again, never found
-    h.fail(h.one(FindCoordinator))
     assert h.member.owned == ALL
     for _ in range(40):
         h.later(0.1)
@@ -227,10 +229,35 @@ def test_coordinator_moved_while_stable_keeps_the_partitions_and_heartbeats_agai
     h.stable()
     h.later(TIMINGS.heartbeat_s)
     h.answer(h.one(Heartbeat), NOT_COORDINATOR)
+    assert not h.of(FindCoordinator)  # after a backoff
+    h.later(TIMINGS.retry_s)
     h.answer(h.one(FindCoordinator))
     assert h.one(Heartbeat)
     assert h.member.owned == ALL
     assert h.call is None
+
+
+def test_a_coordinator_that_does_not_answer_is_looked_up_again_ever_later() -> None:
+    """Lookups that keep naming a coordinator that fails at once are paced by a backoff
+    that doubles up to its maximum (the routine never spins), and reset by an answer."""
+    h = Harness(timings=Timings(session_s=30.0, heartbeat_s=0.5, retry_s=0.1, retry_max_s=1.0))
+    h.stable()
+    h.later(TIMINGS.heartbeat_s)
+    waits = []
+    for _ in range(6):
+        h.fail(h.one(Heartbeat))  # the connection to it fails at once
+        due = h.member.deadline()
+        assert due is not None
+        waits.append(round(due - h.clock.now, 3))
+        h.clock.now = due
+        h.take(h.member.tick())
+        h.answer(h.one(FindCoordinator))  # names the same dead node: heartbeat at once
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    h.answer(h.one(Heartbeat))  # it answers at last
+    h.later(TIMINGS.heartbeat_s)
+    h.answer(h.one(Heartbeat), NOT_COORDINATOR)
+    assert h.member.deadline() == pytest.approx(h.clock.now + TIMINGS.retry_s)
+    assert h.member.owned == ALL
 
 
 def test_coordinator_moved_while_syncing_joins_again() -> None:
@@ -240,6 +267,7 @@ def test_coordinator_moved_while_syncing_joins_again() -> None:
     h.answer(h.one(Join))
     h.answer(h.one(Sync), NOT_COORDINATOR)
     assert h.member.phase is Phase.JOINING
+    h.later(TIMINGS.retry_s)
     h.answer(h.one(FindCoordinator))
     assert h.one(Join)
 
@@ -251,7 +279,7 @@ def test_a_stale_response_is_ignored() -> None:
     join = h.one(Join)
     h.fail(join)  # timed out: looked up again after a backoff, then joined again
     assert not h.of(FindCoordinator)
-    h.later(TIMINGS.retry_s)
+    h.later(TIMINGS.retry_max_s)
     h.answer(h.one(FindCoordinator))
     assert h.one(Join).request != join.request  # type: ignore[union-attr]
     assert h.member.joined_group(join.request, 0, generation=7, member_id="x") == []  # type: ignore[union-attr]
@@ -463,13 +491,23 @@ class MemberAgainstCoordinator(RuleBasedStateMachine):
             assert not self.h.member.may_commit([tp]), tp
 
     @invariant()
-    def deadline_is_ahead_or_due(self) -> None:
+    def a_due_deadline_is_acted_on(self) -> None:
+        """A deadline already due makes `tick()` do something (else the driver would spin),
+        and a member that ended has none."""
         if self.h is None:
             return
-        m = self.h.member
+        m, now = self.h.member, self.h.clock.now
         if m.phase in (Phase.STOPPED, Phase.FAILED):
             assert m.deadline() is None
             assert m.tick() == []
+            return
+        due = m.deadline()
+        if due is None or due > now:
+            return
+        twin = copy.deepcopy(m)
+        outputs = twin.tick()
+        after = twin.deadline()
+        assert outputs or after is None or after > now, (m.phase, due, now)
 
     def _answer(self, output: Output, error: int, parts: frozenset[TopicPartition]) -> None:
         h = self.harness

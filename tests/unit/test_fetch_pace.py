@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from decaton_aio._aiokafka import fetch_pacing
 from decaton_aio.consumer._fetch_pace import FetchPacer
+from decaton_aio.consumer.fetch import FetchConfig, Fetcher
 
 IDLE = (1, 100)
 BUSY = (16384, 5)
@@ -46,3 +47,13 @@ def test_a_fetcher_without_the_settings_leaves_pacing_off_and_says_so() -> None:
         assert FetchPacer.of(SimpleNamespace(), idle=IDLE, busy=BUSY) is None
     assert [e["log_level"] for e in logs] == ["warning", "warning"]
     assert all(e["event"].startswith("fetch pacing is off") for e in logs)
+
+
+def test_the_consumers_own_fetch_loop_is_paced_through_its_setting() -> None:
+    fetcher = Fetcher(object(), FetchConfig(min_bytes=IDLE[0], max_wait_ms=IDLE[1]))
+    pacer = FetchPacer.of(fetcher, idle=IDLE, busy=BUSY)
+    assert pacer is not None
+    pacer.after(True)
+    assert fetcher.pacing == BUSY
+    pacer.after(False)
+    assert fetcher.pacing == IDLE

@@ -152,6 +152,24 @@ def test_without_sessions_every_request_is_full_and_asks_for_none() -> None:
     assert session.incremental_requests == 0
 
 
+def test_closing_an_open_session_names_nothing_and_starts_over() -> None:
+    session = FetchSession(1)
+    assert session.close() is None  # none open
+    _open(session, {A0: (0, MB)})
+    plan = session.close()
+    assert plan is not None
+    assert (plan.session_id, plan.epoch) == (42, FINAL_EPOCH)
+    assert plan.named == {}
+    assert plan.forgotten == ()
+    assert session.close() is None
+    _open(session, {A0: (0, MB)})
+    session.plan({A0: (1, MB)})  # in flight: abandoned
+    assert session.close() is not None
+    new = session.plan({A0: (0, MB)})
+    assert new.full
+    assert new.session_id == NO_SESSION
+
+
 def test_one_request_at_a_time() -> None:
     session = FetchSession(1)
     plan = session.plan({A0: (0, MB)})

@@ -95,6 +95,7 @@ class FetchCounters:
         bytes: record bytes received.
         records: records handed out.
         session_resets: times a session started over.
+        sessions_closed: sessions the brokers closed at `Fetcher.stop()`.
         throttled_ms: time the brokers asked the loop to wait.
         offset_resets: partitions placed by the reset policy.
         errors: requests that failed, partitions answered with an error.
@@ -108,6 +109,7 @@ class FetchCounters:
     bytes: int = 0
     records: int = 0
     session_resets: int = 0
+    sessions_closed: int = 0
     throttled_ms: int = 0
     offset_resets: int = 0
     errors: int = 0

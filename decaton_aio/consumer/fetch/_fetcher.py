@@ -12,8 +12,9 @@ offset moves when its records are read; its position (what `position()` says) wh
 
 Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
 (ListOffsets, `_reset_routine()`); a leader error asks for new metadata and leaves the
-partition out until the metadata names its leader; a leader change starts the sessions
-of both brokers over. The client's metadata updates reach the loop through its listener.
+partition out (its session forgets it) until the next metadata names its leader; a
+partition that moves to another leader starts the sessions of both brokers over. The
+client's metadata updates reach the loop through its listener.
 
 Caller: one task calls `getmany()` at a time; `assign()`, `unassign()`, `seek()`,
 `pause()` and `resume()` from the event loop's thread, at any time (a response to a
@@ -57,6 +58,8 @@ __all__ = ["Fetcher"]
 log = structlog.get_logger("decaton_aio.consumer.fetch")
 
 OFFSET_OUT_OF_RANGE: Final = 1
+#: How long `Fetcher.stop()` waits for the brokers to close its fetch sessions.
+_CLOSE_TIMEOUT_S: Final = 1.0
 #: Partition errors that say the broker asked is not (or no longer) the leader.
 LEADER_ERRORS: Final = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100})
 
@@ -84,6 +87,7 @@ class _Partition:
         "paused",
         "position",
         "resetting",
+        "stale",
         "tp",
     )
 
@@ -94,6 +98,7 @@ class _Partition:
         self.paused = False
         self.resetting = offset is None
         self.leader: int | None = None
+        self.stale = False  # its leader answered with a leader error
         self.highwater: int | None = None
         self.last_stable_offset: int | None = None
         self.log_start_offset: int | None = None
@@ -108,7 +113,7 @@ class _Partition:
             and not self.resetting
             and self.error is None
             and self.leader is not None
-            and self.leader >= 0
+            and not self.stale
         )
 
 
@@ -131,12 +136,15 @@ class Fetcher:
         self._routines: dict[int, asyncio.Task[None]] = {}
         self._reset_task: asyncio.Task[None] | None = None
         self._filled: dict[TopicPartition, None] = {}  # partitions with chunks, in order
+        self._errored: set[TopicPartition] = set()  # partitions with an error to raise
         self._buffered_bytes = 0
         self._changed = asyncio.Event()  # pulsed: fetchable partitions or room changed
         self._ready = asyncio.Event()  # pulsed: records were buffered
         self._failure: BaseException | None = None
         self._started = False
         self._cluster: Any = None
+        self._refreshed_at = float("-inf")
+        self._refresh_handle: asyncio.TimerHandle | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -154,7 +162,8 @@ class Fetcher:
 
     async def stop(self) -> None:
         """Stop every routine (a request in flight is abandoned) and the metadata
-        listener. The client stays open (its owner closes it)."""
+        listener, and close the fetch sessions on their brokers. The client stays open
+        (its owner closes it)."""
         if not self._started:
             return
         self._started = False
@@ -165,9 +174,35 @@ class Fetcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._routines.clear()
+        await self._close_sessions()
         self._reset_task = None
         with contextlib.suppress(KeyError):
             self._cluster.remove_listener(self._metadata_updated)
+        if self._refresh_handle is not None:
+            self._refresh_handle.cancel()
+            self._refresh_handle = None
+
+    async def _close_sessions(self) -> None:
+        # Free the brokers' session slots now rather than when they expire (best effort:
+        # a broker that does not answer soon keeps its slot until then).
+        isolation = 1 if self.config.read_committed else 0
+        sends = []
+        for node_id, session in self._sessions.items():
+            plan = session.close()
+            if plan is not None:
+                request = FetchRequest(plan, 0, 1, self.config.max_bytes, isolation)
+                sends.append(self._client.send(node_id, request))
+        if not sends:
+            return
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                answers = await asyncio.gather(*sends, return_exceptions=True)
+        except TimeoutError:
+            log.info("fetch sessions left to expire on their brokers")
+            return
+        self._counters.sessions_closed += sum(
+            1 for answer in answers if isinstance(answer, FetchResponse) and not answer.error_code
+        )
 
     def _routine_ended(self, task: asyncio.Task[None]) -> None:
         # The routines' supervisor: an unexpected error is raised by the next getmany().
@@ -304,13 +339,18 @@ class Fetcher:
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise KafkaError("the fetch loop failed") from failure
-        for part in self._partitions.values():
-            if part.error is not None and not part.paused:
+        if not self._errored:
+            return
+        for tp in list(self._errored):
+            part = self._partitions.get(tp)
+            if part is None or part.error is None:
+                self._errored.discard(tp)
+            elif not part.paused:
+                self._errored.discard(tp)
                 error, part.error = part.error, None
                 if isinstance(error, OffsetOutOfRangeError | NoOffsetForPartitionError):
                     part.fetch_offset = None  # out until seek()
                     part.resetting = False
-                    part.error = None
                 raise error
 
     def _drain(self, max_records: int | None) -> dict[TopicPartition, list[TaskRecord]]:
@@ -377,32 +417,52 @@ class Fetcher:
             return
         cluster = self._client.cluster
         missing = False
-        moved = False
+        changed = False
         for part in self._partitions.values():
             leader = cluster.leader_for_partition(part.tp)
             if leader is None or leader < 0:
                 missing = True
                 leader = None
             if leader != part.leader:
-                for node in (part.leader, leader):
-                    if node is not None and node in self._sessions:
-                        self._sessions[node].reset()
+                if part.leader is not None and leader is not None:
+                    # moved: both sessions start over with a full request
+                    for node in (part.leader, leader):
+                        if node in self._sessions:
+                            self._sessions[node].reset()
                 part.leader = leader
-                moved = True
+                changed = True
+            if part.stale and leader is not None:
+                part.stale = False  # the metadata after the error names its leader
+                changed = True
             if leader is not None and leader not in self._routines:
                 self._start_node(leader)
         if missing:
             self._refresh_metadata()
-        if moved:
+        if changed:
             self._pulse()
 
     def _refresh_metadata(self) -> None:
+        # At most one forced update per retry backoff: a partition without a leader
+        # would otherwise have the client ask again as soon as each update lands.
+        now = asyncio.get_running_loop().time()
+        if now - self._refreshed_at < self.config.retry_backoff_ms / 1000:
+            if self._refresh_handle is None:
+                delay = self._refreshed_at + self.config.retry_backoff_ms / 1000 - now
+                self._refresh_handle = asyncio.get_running_loop().call_later(
+                    delay, self._refresh_later
+                )
+            return
+        self._refreshed_at = now
         self._client.force_metadata_update().add_done_callback(_quiet)
 
+    def _refresh_later(self) -> None:
+        self._refresh_handle = None
+        if self._started:
+            self._refresh_metadata()
+
     def _lost_leader(self, part: _Partition) -> None:
-        if part.leader is not None and part.leader in self._sessions:
-            self._sessions[part.leader].reset()
-        part.leader = None
+        # Left out (forgotten by its session) until the next metadata names its leader.
+        part.stale = True
         self._refresh_metadata()
 
     # ---------------------------------------------------------------- the routines
@@ -505,6 +565,7 @@ class Fetcher:
                     self._lost_leader(part)
                 else:
                     part.error = for_code(code)(f"cannot fetch {tp.topic}-{tp.partition}")
+                    self._errored.add(tp)
                 continue
             if data.highwater >= 0:
                 part.highwater = data.highwater
@@ -526,6 +587,7 @@ class Fetcher:
                 )
             except KafkaError as exc:
                 part.error = exc
+                self._errored.add(tp)
                 continue
             if next_offset == asked:
                 continue  # an incomplete batch only (it grows past max_partition_bytes)
@@ -544,6 +606,7 @@ class Fetcher:
     def _out_of_range(self, part: _Partition, offset: int) -> None:
         if self.config.auto_offset_reset == "none":
             part.error = OffsetOutOfRangeError({part.tp: offset})
+            self._errored.add(part.tp)
             self._ready.set()
             self._ready.clear()
             return
@@ -559,6 +622,7 @@ class Fetcher:
     def _needs_reset(self, part: _Partition) -> None:
         if self.config.auto_offset_reset == "none":
             part.error = NoOffsetForPartitionError(part.tp)
+            self._errored.add(part.tp)
             return
         part.fetch_offset = None
         part.resetting = True
@@ -575,7 +639,7 @@ class Fetcher:
                 continue
             by_leader: dict[int, list[_Partition]] = {}
             for part in due:
-                if part.leader is not None:
+                if part.leader is not None and not part.stale:
                     by_leader.setdefault(part.leader, []).append(part)
             if not by_leader:
                 await asyncio.sleep(backoff_s)  # waiting for leaders in the metadata
@@ -607,6 +671,7 @@ class Fetcher:
                 continue  # unassigned or sought meanwhile
             if code:
                 done = False
+                self._counters.errors += 1
                 if code in LEADER_ERRORS:
                     self._lost_leader(part)
                 continue

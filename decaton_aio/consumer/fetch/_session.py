@@ -19,7 +19,8 @@ The session starts over with a full request after:
 
 Caller: the fetch routine of one broker, only: `plan()`, then exactly one of
 `answered()` or `failed()` with that plan, before the next `plan()`. `reset()` may be
-called by anyone at any time (it affects the next plan only).
+called by anyone at any time (it affects the next plan only); `close()` by the loop's stop,
+once the routine is stopped.
 """
 
 from __future__ import annotations
@@ -199,6 +200,19 @@ class FetchSession:
         self.held = dict(plan.wanted)
         self.epoch = next_epoch(plan.epoch)
         return True
+
+    def close(self) -> FetchPlan | None:
+        """The request that closes the open session (epoch -1, naming nothing), None
+        without one; after it the next request is full and opens a new one. A request in
+        flight is abandoned (a broker closes a session whatever epoch it expects)."""
+        self._planned = None
+        self._stale = False
+        if not self.open:
+            return None
+        plan = FetchPlan(self.session_id, FINAL_EPOCH, False, {}, (), {})
+        self.session_id = NO_SESSION
+        self._start_over()
+        return plan
 
     def failed(self, plan: FetchPlan) -> None:
         """The request of ``plan`` got no response (connection lost, timed out): what the

@@ -105,7 +105,6 @@ _NOT_COORDINATOR_CODES: Final = frozenset({14, 15, NOT_COORDINATOR})
 _COMMIT_REFUSALS: Final = {
     ILLEGAL_GENERATION: "ILLEGAL_GENERATION",
     UNKNOWN_MEMBER_ID: "UNKNOWN_MEMBER_ID",
-    REBALANCE_IN_PROGRESS: "REBALANCE_IN_PROGRESS",
     82: "FENCED_INSTANCE_ID",
 }
 
@@ -166,6 +165,7 @@ class ClassicMembership:
         self._requests: set[asyncio.Task[None]] = set()
         self._routine: asyncio.Task[None] | None = None
         self._stop_asked = False
+        self._crash: BaseException | None = None
 
     # ------------------------------------------------------------------ reading
 
@@ -192,6 +192,11 @@ class ClassicMembership:
         if self._routine is None:
             raise RuntimeError("the membership is not started")
         return self._routine
+
+    @property
+    def coordinator_id(self) -> int | None:
+        """The node id of the group's coordinator as last found (``None``: not known)."""
+        return self._coordinator
 
     @property
     def member(self) -> ClassicMember:
@@ -273,6 +278,12 @@ class ClassicMembership:
                 if not code:
                     continue
                 self._feed(functools.partial(self._member.commit_refused, code))
+                if code == REBALANCE_IN_PROGRESS:
+                    raise CommitFailedError(
+                        f"group {cfg.group_id!r}: commit refused (REBALANCE_IN_PROGRESS): "
+                        f"the group is rebalancing; member {member_id} gives its partitions "
+                        "up and joins again"
+                    )
                 if code in _COMMIT_REFUSALS:
                     raise CommitFailedError(
                         f"group {cfg.group_id!r}: commit refused "
@@ -334,6 +345,8 @@ class ClassicMembership:
         member = self._member
         try:
             while True:
+                if self._crash is not None:
+                    raise self._crash
                 while self._events:
                     if self._carry_out(self._events.popleft()()):
                         return
@@ -377,7 +390,14 @@ class ClassicMembership:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._requests.add(task)
-        task.add_done_callback(self._requests.discard)
+        task.add_done_callback(self._request_ended)
+
+    def _request_ended(self, task: asyncio.Task[None]) -> None:
+        self._requests.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Unexpected (an assignor that raised...): the routine ends with it.
+            self._crash = task.exception()
+            self._wake.set()
 
     async def _carry_out_one(self, output: Output) -> None:
         member = self._member
@@ -391,6 +411,14 @@ class ClassicMembership:
             elif isinstance(output, Join):
                 await self._join(output)
             elif isinstance(output, Sync):
+                log.info(
+                    "joined the group",
+                    group=self._config.group_id,
+                    generation=output.generation,
+                    member_id=output.member_id,
+                    leader=bool(output.members),
+                    protocol=output.protocol,
+                )
                 await self._sync(output)
             elif isinstance(output, Heartbeat):
                 code = await self._heartbeat(output)
@@ -453,10 +481,11 @@ class ClassicMembership:
         client, node = self._client, self._coordinator
         if client is None:
             raise CoordinatorNotAvailableError("the membership is not started")
-        if node is None:
-            node = await client.coordinator_lookup(CoordinationType.GROUP, self._config.group_id)
-            self._coordinator = node
         async with asyncio.timeout(timeout_s):
+            if node is None:
+                group_id = self._config.group_id
+                node = await client.coordinator_lookup(CoordinationType.GROUP, group_id)
+                self._coordinator = node
             return await client.send(node, request, group=group)
 
     async def _join(self, output: Join) -> None:
@@ -518,7 +547,8 @@ class ClassicMembership:
         metadata = {mid: ConsumerProtocolMemberMetadata.decode(raw) for mid, raw in members}
         topics = set(self._topics).union(*(m.subscription for m in metadata.values()))
         client.set_topics(topics)
-        await client.force_metadata_update()
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            await client.force_metadata_update()
         result = assignor.assign(client.cluster, metadata)
         log.info(
             "assigned the group's partitions as its leader",

@@ -26,7 +26,8 @@ The rules it follows (the classic protocol as Kafka's clients speak it):
   (`FATAL`: no READ on the group, no shared assignor, the group full, a session timeout
   the broker does not accept);
 - ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE`` or a failed request: the coordinator
-  is looked up again; a member that was synchronising joins again, a stable one resumes
+  is looked up again after a backoff (growing while the lookups name a coordinator that
+  does not answer); a member that was synchronising joins again, a stable one resumes
   heartbeating with what it owns (its session guards against a long absence);
 - `ClassicMember.stop()` revokes what is owned, then sends ``LeaveGroup`` (a dynamic member
   with leave asked for) and stops; a listener call in progress ends first.
@@ -337,7 +338,6 @@ class ClassicMember:
             self._back_off()
             return self._advance()
         self.coordinator_known = True
-        self._retry_wait = 0.0
         self._heartbeat_at = self._clock()
         return self._advance()
 
@@ -401,6 +401,7 @@ class ClassicMember:
         if not self._current("sync", request):
             return []
         if error == NONE:
+            self._retry_wait = 0.0
             self.phase = Phase.STABLE
             self._alive_at = now = self._clock()
             self._heartbeat_at = now + self.timings.heartbeat_s
@@ -418,6 +419,7 @@ class ClassicMember:
             return []
         if error in (NONE, REBALANCE_IN_PROGRESS):
             self._alive_at = self._clock()
+            self._retry_wait = 0.0
         self._group_error(error)
         return self._advance()
 
@@ -562,7 +564,10 @@ class ClassicMember:
         self._inflight.pop("heartbeat", None)
 
     def _coordinator_gone(self) -> None:
+        # Looked up again after a backoff: a lookup may name the old coordinator until the
+        # cluster moves the group, and each try would fail at once.
         self.coordinator_known = False
+        self._back_off()
         for kind in ("join", "sync", "heartbeat"):
             self._inflight.pop(kind, None)
         if self.phase is Phase.SYNCING:
