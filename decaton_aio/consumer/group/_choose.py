@@ -36,9 +36,8 @@ __all__ = ["CONSUMER_BY_DEFAULT", "Choice", "choose_protocol", "decide", "new_me
 log = structlog.get_logger("decaton_aio.group")
 
 #: Whether a subscription without ``group_protocol`` uses the consumer protocol where the
-#: broker offers it (off: ``classic`` unless asked for). On: the runtime suites pass on
-#: both protocols.
-CONSUMER_BY_DEFAULT: Final = True
+#: broker offers it (off: ``classic`` unless asked for).
+CONSUMER_BY_DEFAULT: Final = False
 
 
 @dataclass(frozen=True, slots=True)
