@@ -89,6 +89,7 @@ from aiokafka.protocol.types import (
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from aiokafka.record.legacy_records import LegacyRecordBatch
 from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import TopicPartition
 from aiokafka.util import NO_EXTENSIONS
 
 __all__ = [
@@ -143,7 +144,9 @@ __all__ = [
     "create_conn",
     "fail_unsent",
     "fetch_pacing",
+    "fetch_positions",
     "find_coordinator",
+    "follow_metadata",
     "group_member",
     "install_record_hook",
     "is_idempotent",
@@ -262,6 +265,34 @@ def request_rejoin(consumer: Any) -> None:
 
 
 # ------------------------------------------------------------------------- fetcher
+
+
+def follow_metadata(
+    consumer: Any, listener: Callable[[ClusterMetadata], None]
+) -> Callable[[], None]:
+    """Call ``listener(cluster)`` after each metadata update of the consumer's client (its
+    cluster's listeners: ``client.cluster`` is documented, its listeners are not); returns
+    the call that stops it."""
+    cluster = client_of(consumer).cluster
+    cluster.add_listener(listener)
+    return lambda: cluster._listeners.discard(listener)
+
+
+def fetch_positions(consumer: Any) -> dict[TopicPartition, int]:
+    """The position (the next offset ``getmany`` hands out) of each partition assigned to
+    the consumer that has one (its ``_subscription``'s partition states): what a new
+    ``assign()``, which starts every partition afresh, must seek back to."""
+    subscription = consumer._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    if assignment is None:
+        return {}
+    positions = {}
+    for tp in assignment.tps:
+        state = assignment.state_value(tp)
+        if state is not None and state.has_valid_position:
+            positions[tp] = int(state.position)
+    return positions
+
 
 # The fetcher's attributes each fetch request is built from.
 _FETCH_SETTINGS: Final = ("_fetch_min_bytes", "_fetch_max_wait_ms")

@@ -244,11 +244,25 @@ class SubscriptionStats:
             commit interval (``-1`` until first counted).
         parked: those of them that are the runtime's idle workers, parked for the next
             task (``-1`` until first counted).
+        rebalances: reconciliations the member went through (each change of its
+            partitions the group decided: assigned, revoked or lost ones).
+        partitions_assigned: partitions the group gave the member, all reconciliations
+            together.
+        partitions_revoked: partitions the member gave up (drained and committed).
+        partitions_lost: partitions the member lost without committing (fenced, or its
+            session expired).
+        member_epoch: the member epoch (consumer protocol) or generation (classic) of
+            the member's last reconciliation (``-1`` while not in the group).
+        assigned_partitions: the partitions the member owns now.
+        unassigned_since: ``time.monotonic()`` when the member last found itself with no
+            partition (``-1.0`` while it owns some).
     """
 
     __slots__ = (
-        "feed_wait", "fetch_latency", "fetch_wait", "gc_pause", "longest_step_s", "loop_lag",
-        "parked", "state", "states", "step_duration", "tasks",
+        "assigned_partitions", "feed_wait", "fetch_latency", "fetch_wait", "gc_pause",
+        "longest_step_s", "loop_lag", "member_epoch", "parked", "partitions_assigned",
+        "partitions_lost", "partitions_revoked", "rebalances", "state", "states",
+        "step_duration", "tasks", "unassigned_since",
     )  # fmt: skip
 
     def __init__(self, states: tuple[str, ...]) -> None:
@@ -263,6 +277,19 @@ class SubscriptionStats:
         self.feed_wait = FastHistogram()
         self.tasks = -1
         self.parked = -1
+        self.rebalances = 0
+        self.partitions_assigned = 0
+        self.partitions_revoked = 0
+        self.partitions_lost = 0
+        self.member_epoch = -1
+        self.assigned_partitions = 0
+        self.unassigned_since = -1.0
+
+    def unassigned_s(self, now: float) -> float:
+        """Seconds the member has had no partition, as of ``now`` (``time.monotonic()``);
+        0 while it owns some."""
+        since = self.unassigned_since
+        return 0.0 if since < 0 else max(0.0, now - since)
 
     def step(self, seconds: float) -> None:
         """Observe one step of the runtime's own work of ``seconds``."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from decaton_aio.completion import DeferredTimeoutPolicy
 from decaton_aio.context import TaskFunction
@@ -45,6 +45,8 @@ DEFAULT_MAX_FETCH_RECORDS = 2000
 #: never used as a consumer group).
 DEFAULT_SUBSCRIPTION_ID = "decaton-aio"
 _OFFSET_RESETS = ("earliest", "latest")
+#: The values of ``group.protocol`` (`ConsumerConfig.group_protocol`).
+GROUP_PROTOCOLS: tuple[str, ...] = ("consumer", "classic")
 #: The assignors a member can offer, by their protocol names; Java's class names map to
 #: them, so a ``partition.assignment.strategy`` line of a Java client works as written.
 ASSIGNORS = ("roundrobin", "range", "sticky")
@@ -147,7 +149,13 @@ class ConsumerConfig:
             (Java's default list starts with range), during a migration, set ``range``.
             Offer one assignor: aiokafka 0.14 can leave a group's first join hanging when
             its members offer two. A state store brings its own assignor and cannot share
-            a group with Decaton.
+            a group with Decaton. Used by the classic group protocol only.
+        group_protocol: how the member takes part in its group (``group.protocol``):
+            ``classic`` (join and sync rounds; the elected member assigns with
+            ``partition_assignment_strategy``; every member gives up all its partitions at
+            each rebalance) or ``consumer`` (the coordinator assigns, each member gives up
+            only what moves; Kafka 4.0 and later). ``None`` (the default): the runtime
+            chooses (see ``docs/configuration.md``) and logs which and why.
     """
 
     bootstrap_servers: str
@@ -171,6 +179,7 @@ class ConsumerConfig:
     security: SecuritySettings = PLAINTEXT
     commit_metadata_max_bytes: int = 4096
     partition_assignment_strategy: tuple[str, ...] = ("roundrobin",)
+    group_protocol: Literal["consumer", "classic"] | None = None
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -198,6 +207,11 @@ class ConsumerConfig:
         if self.auto_offset_reset not in _OFFSET_RESETS:
             raise ConfigError(
                 f"auto_offset_reset must be one of {_OFFSET_RESETS}, got {self.auto_offset_reset!r}"
+            )
+        if self.group_protocol is not None and self.group_protocol not in GROUP_PROTOCOLS:
+            raise ConfigError(
+                f"group_protocol must be one of {GROUP_PROTOCOLS} or None (the runtime "
+                f"chooses), got {self.group_protocol!r}"
             )
         if self.isolation_level not in ISOLATION_LEVELS:
             raise ConfigError(

@@ -159,6 +159,8 @@ CLIENT_PROPERTY_KEYS: Final[Mapping[str, _Key]] = {
     "auto.offset.reset": _Key("consumer", _field("auto_offset_reset")),
     # Kafka Streams' name for the guarantee: an Application field (``run`` uses it).
     "processing.guarantee": _Key("application", _guarantee),
+    # Kafka's names are case-insensitive (CLASSIC, consumer).
+    "group.protocol": _Key("consumer", lambda value: {"group_protocol": value.strip().lower()}),
     "partition.assignment.strategy": _Key(
         "consumer", lambda value: {"partition_assignment_strategy": tuple(value.split(","))}
     ),

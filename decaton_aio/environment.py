@@ -30,6 +30,7 @@ __all__ = [
     "EXACTLY_ONCE",
     "GROUP",
     "GROUP_INSTANCE_ID",
+    "GROUP_PROTOCOL",
     "IDEMPOTENCE",
     "ISOLATION_LEVEL",
     "LOG_LEVEL",
@@ -230,6 +231,11 @@ SIDE_TOPIC_REPLICATION_FACTOR: Final = _var(
 GROUP_INSTANCE_ID: Final = _var(
     "GROUP_INSTANCE_ID", "Static membership: this instance's group.instance.id.", "run"
 )
+GROUP_PROTOCOL: Final = _var(
+    "GROUP_PROTOCOL",
+    "consumer or classic: the group protocol (group.protocol); unset, the runtime chooses.",
+    "run",
+)
 CLIENT_ID: Final = _var("CLIENT_ID", "The client.id the broker sees.", "run")
 CLIENT_RACK: Final = _var(
     "CLIENT_RACK", "This instance's client.rack: fetch from a replica in its zone.", "run"
@@ -318,6 +324,7 @@ VARIABLES: Final[tuple[EnvironmentVariable, ...]] = (
     ISOLATION_LEVEL,
     SIDE_TOPIC_REPLICATION_FACTOR,
     GROUP_INSTANCE_ID,
+    GROUP_PROTOCOL,
     CLIENT_ID,
     CLIENT_RACK,
     LOG_LEVEL,

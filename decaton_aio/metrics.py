@@ -26,6 +26,7 @@ would make Prometheus' ``rate()`` count them twice (once on each series).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
@@ -163,8 +164,29 @@ _SUBSCRIPTION_GAUGES: tuple[tuple[str, str, Callable[[SubscriptionStats], float]
     ("decaton_parked_workers", "Of those tasks, the runtime's idle workers parked for the "
      "next task (up to 1,024; as many as the highest concurrency seen needed).",
      lambda s: s.parked),
+    ("decaton_group_member_epoch", "The member epoch (consumer group protocol) or "
+     "generation (classic) of the member's last reconciliation; absent while not in the "
+     "group.", lambda s: s.member_epoch),
+    ("decaton_group_assigned_partitions", "Partitions the member owns now.",
+     lambda s: s.assigned_partitions),
+    ("decaton_group_unassigned_seconds", "Seconds the member has owned no partition (its "
+     "current stretch; 0 while it owns some): a member waiting for the group, or one too "
+     "many for the partitions.", lambda s: s.unassigned_s(time.monotonic())),
 )  # fmt: skip
 
+# Per subscription: (name, help, read). CounterMetricFamily appends ``_total``.
+_SUBSCRIPTION_COUNTERS: tuple[tuple[str, str, Callable[[SubscriptionStats], float]], ...] = (
+    ("decaton_group_rebalances", "Reconciliations of the member's partitions: each change "
+     "of what it owns that the group decided (partitions assigned, revoked or lost).",
+     lambda s: s.rebalances),
+    ("decaton_group_partitions_assigned", "Partitions the group gave the member.",
+     lambda s: s.partitions_assigned),
+    ("decaton_group_partitions_revoked", "Partitions the member gave up: drained (up to "
+     "decaton.group.rebalance.timeout.ms) and committed.", lambda s: s.partitions_revoked),
+    ("decaton_group_partitions_lost", "Partitions the member lost without committing "
+     "(fenced, or its session expired): their work since the last commit runs again "
+     "elsewhere.", lambda s: s.partitions_lost),
+)  # fmt: skip
 _SubscriptionHistogram = tuple[str, str, Callable[[SubscriptionStats], FastHistogram]]
 _SUBSCRIPTION_HISTOGRAMS: tuple[_SubscriptionHistogram, ...] = (
     ("decaton_consumer_fetch_latency_seconds", "Seconds each fetch call took to return "
@@ -236,7 +258,9 @@ class DecatonCollector:
             rows = self._snapshot()
             subscriptions = sorted(self._subscriptions())
         families = _Families.new()
-        counters, consumed, histograms, gauges, state, sub_histograms, sub_gauges = families
+        counters, consumed, histograms, gauges, state, sub_histograms, sub_gauges, sub_counters = (
+            families
+        )
         for labels, stats, live in rows:
             values = (labels.subscription, labels.topic, str(labels.partition))
             for counter, (_, _, read) in zip(counters, _COUNTERS, strict=True):
@@ -263,6 +287,10 @@ class DecatonCollector:
                 value = read_value(sub)
                 if value >= 0:
                     gauge.add_metric((subscription,), float(value))
+            for counter, (_, _, read_count) in zip(
+                sub_counters, _SUBSCRIPTION_COUNTERS, strict=True
+            ):
+                counter.add_metric((subscription,), float(read_count(sub)))
         yield from families.all()
 
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
@@ -285,6 +313,7 @@ class _Families(NamedTuple):
     state: GaugeMetricFamily
     subscription_histograms: list[HistogramMetricFamily]
     subscription_gauges: list[GaugeMetricFamily]
+    subscription_counters: list[CounterMetricFamily]
 
     @classmethod
     def new(cls) -> _Families:
@@ -303,6 +332,10 @@ class _Families(NamedTuple):
                 GaugeMetricFamily(n, doc, labels=("subscription",))
                 for n, doc, _ in _SUBSCRIPTION_GAUGES
             ],
+            [
+                CounterMetricFamily(n, doc, labels=("subscription",))
+                for n, doc, _ in _SUBSCRIPTION_COUNTERS
+            ],
         )
 
     def all(self) -> list[Metric]:
@@ -314,6 +347,7 @@ class _Families(NamedTuple):
             self.state,
             *self.subscription_histograms,
             *self.subscription_gauges,
+            *self.subscription_counters,
         ]
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from decaton_aio import environment
-from decaton_aio.app import ConsumerConfig
+from decaton_aio.app import GROUP_PROTOCOLS, ConsumerConfig
 from decaton_aio.consumer import HealthConfig
 
 __all__ = ["add_consumer_arguments", "add_probe_arguments", "consumer_config", "health_config"]
@@ -78,6 +78,18 @@ def add_consumer_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("earliest", "latest"),
         default=None,
         help="where a new group starts (auto.offset.reset; default earliest)",
+    )
+    protocol = environment.GROUP_PROTOCOL.get()
+    parser.add_argument(
+        "--group-protocol",
+        dest="consumer_group_protocol",
+        # The variable's value is checked by ConsumerConfig (a bad one names the choices).
+        type=str.lower,
+        choices=GROUP_PROTOCOLS,
+        default=protocol.strip().lower() if protocol and protocol.strip() else None,
+        help="the group protocol (group.protocol): consumer (the coordinator assigns and "
+        "only moved partitions stop; Kafka 4.0+) or classic; default: the runtime chooses "
+        f"and logs why (env {environment.GROUP_PROTOCOL.name})",
     )
 
 

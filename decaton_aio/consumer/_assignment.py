@@ -21,7 +21,7 @@ checked in this order (the first one found is its `Hold`):
 - ``BACK_PRESSURE``: its pending records reached ``decaton.max.pending.records``, or its
   rate is 0.
 
-`Assignment.update()` asks a partition what holds it, and calls the consumer's
+`Assignment.update()` asks a partition what holds it, and calls the fetcher's
 ``pause`` or ``resume`` only when the answer changes: it is the only caller of either.
 Callers: the fetch routine (after feeding a partition), a partition whose pending records
 fell below the threshold, the state store when a restore ends, a live property change,
@@ -34,11 +34,12 @@ Caller: the subscription's event loop. Nothing here is thread-safe.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
+from decaton_aio.consumer._assigned import AssignedFetcher
 from decaton_aio.consumer._partition import PartitionProcessor, PartitionState, PendingBytes
 from decaton_aio.consumer.commit import Checkpoint, Committer
 from decaton_aio.properties import (
@@ -99,13 +100,13 @@ class Assignment:
         self._retire = retire
         self.partitions: dict[TopicPartition, PartitionProcessor] = {}
         self._loading: dict[TopicPartition, PartitionProcessor] = {}
-        self._held: dict[TopicPartition, Hold] = {}  # what the consumer pauses, and why
-        self._consumer: AIOKafkaConsumer | None = None
+        self._held: dict[TopicPartition, Hold] = {}  # what the fetcher pauses, and why
+        self._consumer: AssignedFetcher | None = None
         self._ended = False  # close_all(): nothing goes live any more
 
-    def attach(self, consumer: AIOKafkaConsumer) -> None:
-        """Use ``consumer`` for pausing and seeking (once it is started)."""
-        self._consumer = consumer
+    def attach(self, fetcher: AssignedFetcher) -> None:
+        """Use ``fetcher`` for assigning, pausing and seeking (once it is started)."""
+        self._consumer = fetcher
 
     # ------------------------------------------------------------------ fetching
 
@@ -151,19 +152,30 @@ class Assignment:
         processor.outputs = self._committer.transaction(tp)
         return processor
 
-    async def load(self, fresh: list[PartitionProcessor]) -> None:
-        """Make newly assigned processors live: with checkpoints (or exactly-once), import
-        them first, the partitions held until then so no record arrives before.
+    async def load(
+        self,
+        fresh: list[PartitionProcessor],
+        positions: Mapping[TopicPartition, int | None] | None = None,
+    ) -> None:
+        """Make newly assigned processors live: the fetcher starts their partitions at
+        ``positions`` (the group's committed offsets; ``None``: the reset policy); with
+        checkpoints (or exactly-once), their checkpoints are imported first, the partitions
+        held until then so no record arrives before.
 
         Raises:
             Exception: what the committer raised (a transactional producer that cannot
                 start); the processors stay held.
         """
         consumer = self._consumer
-        if fresh and self._committer.loads and consumer is not None:
-            for processor in fresh:  # before any await
+        loads = bool(fresh) and self._committer.loads and consumer is not None
+        if loads:
+            for processor in fresh:  # before any await, and before they are fetched
                 self._loading[processor.tp] = processor
                 self.update(processor)
+        if consumer is not None and fresh:
+            consumer.assign({p.tp: (positions or {}).get(p.tp) for p in fresh})
+        if loads:
+            assert consumer is not None
             try:
                 await self._committer.assign(consumer, fresh)
             except BaseException:

@@ -1,9 +1,11 @@
 """A subscription: one consumer, one event loop, many partitions processed concurrently.
 
-The [`Subscription`][decaton_aio.Subscription] owns an aiokafka consumer (auto commit off) and its
-``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition, their
-lifecycle, and the one place that pauses and resumes fetching. Three routines run on the
-loop:
+The [`Subscription`][decaton_aio.Subscription] owns a group membership (which partitions
+this member owns, and its commits; see ``decaton_aio.consumer.group``), an aiokafka
+consumer without a group that fetches what the membership assigns (``_assigned``), and
+its ``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition,
+their lifecycle, and the one place that pauses and resumes fetching. Three routines run
+on the loop, besides the membership's own:
 
 - the fetch routine takes record batches and feeds them to their partitions, holding a
   partition whose pending records reach ``decaton.max.pending.records``; it lets the loop
@@ -15,20 +17,24 @@ loop:
   its preparation in steps of the same budget; a failed commit is logged and tried again
   next time;
 - the topic routine holds the partitions whose topic is gone (deleted, or assigned from
-  metadata read before its deletion) and asks the group to rebalance (see ``_topics``),
-  after each assignment and whenever a fetched partition seems gone.
+  metadata read before its deletion) and asks the group for the assignment again (see
+  ``_topics``), after each assignment and whenever a fetched partition seems gone.
 
-Rebalances (aiokafka calls the listener while the fetch routine awaits; a batch still
-being fed stops at its next step when its partition was revoked or replaced): on revoke,
-stop starting the partitions' tasks, drop their queued records, wait up to
-``decaton.group.rebalance.timeout.ms`` for running ones, read the cluster's metadata again
-(what the member assigns from if it leads the group), commit (not the partitions of a
-deleted topic), and close them; on assign,
-a fresh processor per partition, paused until its checkpoint is imported (and, with
-exactly-once, its transactional producer started). Shutdown stops fetching, drains up to
+Rebalances: the subscription is the membership's
+[`GroupListener`][decaton_aio.consumer.group.GroupListener]; the membership's routine
+calls it, one change at a time (a batch still being fed stops at its next step when its
+partition was revoked or replaced). On revoke: stop starting the partitions' tasks, drop
+their queued records, wait up to ``decaton.group.rebalance.timeout.ms`` for running ones,
+commit (not the partitions of a deleted topic), close them and stop fetching them. On
+loss (the member was fenced or its session expired): close them without a commit. On
+assign: the group's committed offsets, a fresh processor per partition, fetched from
+those offsets, paused until its checkpoint is imported (and, with exactly-once, its
+transactional producer started). Each change is logged in one line and counted
+(``decaton_group_*``). Shutdown stops fetching, drains up to
 ``decaton.processing.shutdown.timeout.ms``, commits and leaves the group.
 
-Unexpected errors in a routine stop the subscription and are re-raised by
+Unexpected errors in a routine (the membership's too: a group that refuses the member)
+stop the subscription and are re-raised by
 [`Subscription.wait_stopped()`][decaton_aio.Subscription.wait_stopped]: one supervisor, no
 silent death.
 """
@@ -44,19 +50,15 @@ from types import TracebackType
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
-from decaton_aio._aiokafka import (
-    RangePartitionAssignor,
-    RoundRobinPartitionAssignor,
-    StickyPartitionAssignor,
-)
 from decaton_aio._connect import connect_error, stop_member, watch_metadata
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.batching import BatchingProcessor
 from decaton_aio.compaction import CompactingProcessor
+from decaton_aio.consumer._assigned import AssignedFetcher
 from decaton_aio.consumer._assignment import Assignment, key_set
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._fetch_pace import FetchPacer
@@ -69,10 +71,16 @@ from decaton_aio.consumer._topics import CHECK_INTERVAL_S, TopicCheck
 from decaton_aio.consumer.commit import (
     CheckpointStore,
     Committer,
+    GroupMetadata,
     Transaction,
     commit_interval_within,
-    group_metadata,
     transaction_timeout_ms,
+)
+from decaton_aio.consumer.group import (
+    Membership,
+    choose_protocol,
+    new_membership,
+    offers_consumer_protocol,
 )
 from decaton_aio.consumer.state import StateCollector, StateStore
 from decaton_aio.errors import ConfigError
@@ -99,17 +107,17 @@ __all__ = ["Subscription", "SubscriptionState"]
 log = structlog.get_logger("decaton_aio.consumer")
 
 _FETCH_TIMEOUT_MS = 100
-#: How long the consumer's stop may take to leave the group before it is closed without.
+#: How long the membership's stop may take to leave the group before it is given up (the
+#: group then notices at the session timeout), and the fetching consumer's stop.
 LEAVE_TIMEOUT_S = 30.0
+#: Attempts at reading the group's committed offsets of newly assigned partitions.
+_COMMITTED_ATTEMPTS = 3
+_COMMITTED_BACKOFF_S = 0.5
 #: Records handed to a partition at a time; the fetch routine yields to the loop between
 #: two of these once its step took ``STEP_BUDGET_S``.
 _STEP_RECORDS = 32
 _QUOTA_WINDOW_S = 1.0
-_ASSIGNORS = {
-    "roundrobin": RoundRobinPartitionAssignor,
-    "range": RangePartitionAssignor,
-    "sticky": StickyPartitionAssignor,
-}
+_NOT_IN_GROUP = GroupMetadata(-1, "")
 
 
 class SubscriptionState(enum.Enum):
@@ -224,7 +232,7 @@ class Subscription:
             transaction = Transaction(
                 consumer.group_id,
                 self.producer_config,
-                lambda: group_metadata(self._consumer),
+                self._identity,
                 timeout_ms=transaction_timeout_ms(interval_ms),
             )
             # A previous owner's open transaction ends at its timeout at the latest (ours,
@@ -253,6 +261,8 @@ class Subscription:
         #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
         self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._assigned_fetcher: AssignedFetcher | None = None
+        self._membership: Membership | None = None
         self._partitions = self._assignment.partitions  # the live ones (read here)
         self._fetch_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
@@ -333,23 +343,28 @@ class Subscription:
             # Before joining the group: a side topic that cannot exist stops the start
             # here, not a partition at its first retry.
             await ensure_side_topics(cfg.bootstrap_servers, self.app, security=cfg.security)
-            assignors: tuple[Any, ...] = tuple(
-                _ASSIGNORS[name] for name in cfg.partition_assignment_strategy
-            )
+            assignors: tuple[Any, ...] | None = None
             if self.state_store is not None:
                 await self.state_store.start()
                 assignors = (self.state_store.assignor,)
+            choice = await choose_protocol(
+                cfg,
+                state_store=self.state_store is not None,
+                offers_consumer=lambda: offers_consumer_protocol(
+                    cfg.bootstrap_servers, cfg.security
+                ),
+            )
+            membership = new_membership(
+                choice.protocol, cfg, list(self.app.subscribed_topics), assignors=assignors
+            )
+            # No group: the membership says which partitions to fetch (manual assignment).
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cfg.bootstrap_servers,
-                group_id=cfg.group_id,
-                group_instance_id=cfg.group_instance_id,
+                group_id=None,
                 client_id=cfg.client_id,
                 client_rack=cfg.client_rack,
                 enable_auto_commit=False,
                 auto_offset_reset=cfg.auto_offset_reset,
-                session_timeout_ms=cfg.session_timeout_ms,
-                heartbeat_interval_ms=cfg.heartbeat_interval_ms,
-                max_poll_interval_ms=cfg.max_poll_interval_ms,
                 # Fetches follow the pending-bytes limits (as they are at start).
                 max_partition_fetch_bytes=min(
                     cfg.max_partition_fetch_bytes, self.properties[MAX_PENDING_BYTES].value
@@ -363,7 +378,6 @@ class Subscription:
                 isolation_level="read_committed" if self.app.exactly_once else cfg.isolation_level,
                 metadata_max_age_ms=cfg.metadata_max_age_ms,
                 key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
-                partition_assignment_strategy=assignors,
                 **cfg.security.client_kwargs(),
             )
             try:
@@ -381,27 +395,37 @@ class Subscription:
                 await self._sender.stop()
             raise
         self._consumer = consumer
+        fetcher = self._assigned_fetcher = AssignedFetcher(consumer)
         # Until the consumer is closed (also through the final commit and the stop).
         self._metadata_task = asyncio.create_task(
             watch_metadata(consumer), name="decaton-metadata-watch"
         )
-        self._topics = TopicCheck(consumer)
-        self._assignment.attach(consumer)
-        topics = list(self.app.subscribed_topics)
-        consumer.subscribe(topics, listener=_Listener(self))
+        self._topics = TopicCheck(consumer, membership.rejoin)
+        self._unsubscribe.append(self._topics.follow())
+        self._assignment.attach(fetcher)
+        self._committer.bind_group(membership)
+        self._membership = membership
+        self._stats.unassigned_since = time.monotonic()
         self._unsubscribe += self._assignment.follow(
             self.properties,
             pending_bytes=self._pending_bytes,
             side_topics=self.app.side_topics,
             shaping=self.app.shaping,
         )
+        try:
+            await membership.start(self)
+        except BaseException:
+            self._membership = None
+            await self._close()
+            self._finish_stop()
+            raise
         self._set_state(SubscriptionState.RUNNING)
         self._loop_watch.start(asyncio.get_running_loop())
         self._gc_watch.start()
         self._fetch_task = asyncio.create_task(self._fetch_routine(), name="decaton-fetch")
         self._commit_task = asyncio.create_task(self._commit_routine(), name="decaton-commit")
         self._topic_task = asyncio.create_task(self._topic_routine(), name="decaton-topics")
-        for task in (self._fetch_task, self._commit_task, self._topic_task):
+        for task in (self._fetch_task, self._commit_task, self._topic_task, membership.routine):
             task.add_done_callback(self._routine_ended)
         if self.state_store is not None:
             self.state_store.reader.on_failure(self._routine_ended)
@@ -433,24 +457,50 @@ class Subscription:
     async def _close(self) -> None:
         # Every part is closed, even when an earlier one failed (its connections would
         # stay open); the first failure is raised after.
-        # Also the partitions a rebalance listener still loads: the consumer's stop below
-        # lets it finish, and what it loads must not go live after this.
+        # Also the partitions a rebalance listener still loads: the membership's stop
+        # below lets it finish, and what it loads must not go live after this.
         self._assignment.close_all()
-        consumer, state_store = self._consumer, self.state_store
+        consumer, state_store, membership = self._consumer, self.state_store, self._membership
         await _close_each(
             lambda: self._executor.close(timeout_s=1.0),
+            (lambda: self._leave(membership)) if membership is not None else None,
+            # After the membership: its stop lets a change of partitions in progress
+            # finish, and our listener then still loads checkpoints and starts
+            # transactional producers through the committer and assigns partitions to the
+            # consumer. Closed first, the committer opened its clients again and nobody
+            # closed those connections.
             (lambda: stop_member(consumer, timeout_s=LEAVE_TIMEOUT_S))
             if consumer is not None
             else None,
-            # After the consumer: its stop() lets a rebalance in progress finish, and our
-            # listener then still loads checkpoints and starts transactional producers
-            # through the committer. Closed first, the committer opened its clients again
-            # and nobody closed those connections.
             self._committer.close,
             state_store.stop if state_store is not None else None,
             self._sender.stop if self._owns_sender else None,
             lambda: _cancel(self._metadata_task),
         )
+
+    async def _leave(self, membership: Membership) -> None:
+        # Leaves the group (a static member only stops heartbeating); a coordinator that
+        # does not answer is given up after LEAVE_TIMEOUT_S: the group notices the member
+        # is gone at its session timeout, and nothing is lost (what was not committed is
+        # fetched again by the partitions' next owner).
+        stopping = asyncio.ensure_future(membership.stop())
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await asyncio.shield(stopping)
+            return
+        except TimeoutError:
+            pass
+        log.warning(
+            "the member did not leave its group in time: closed without leaving (the "
+            "group reassigns its partitions after the session timeout)",
+            timeout_s=LEAVE_TIMEOUT_S,
+        )
+        stopping.cancel()
+        # Its routine owns its connections: cancelled, it closes them.
+        with contextlib.suppress(RuntimeError):
+            await _cancel(membership.routine)
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
 
     def _finish_stop(self) -> None:
         self._loop_watch.stop()
@@ -512,12 +562,7 @@ class Subscription:
         )
         while True:
             asked = clock()
-            try:
-                batches = await consumer.getmany(
-                    timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records
-                )
-            except InconsistentGroupProtocolError:
-                raise self._no_shared_assignor() from None
+            batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS, max_records=max_records)
             self.last_fetch_at = fetched = steps.start()
             fetch_latency(fetched - asked)
             fetched_ms = wall() * 1000
@@ -558,20 +603,6 @@ class Subscription:
                     processor.stats.high_watermark = high
             steps.end()
 
-    def _no_shared_assignor(self) -> ConfigError:
-        cfg = self.consumer_config
-        if self.state_store is not None:
-            return ConfigError(
-                f"group {cfg.group_id!r}: another member does not offer the state store's "
-                "assignor (a Decaton instance, or decaton-aio without this state store); "
-                "a state store cannot share its group with them: move the whole group at once"
-            )
-        return ConfigError(
-            f"group {cfg.group_id!r}: its members share no assignor with this one "
-            f"({', '.join(cfg.partition_assignment_strategy)}); offer one they use in "
-            "partition_assignment_strategy (partition.assignment.strategy): range for Decaton"
-        )
-
     async def _commit_routine(self) -> None:
         capped_at = None  # the reloaded interval last warned about
         while True:
@@ -606,17 +637,20 @@ class Subscription:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CHECK_INTERVAL_S):
                     await self._assigned.wait()
+            vanished = topics.vanished()  # deleted, maybe created again since
             if self._assigned.is_set():
                 self._assigned.clear()
+            elif vanished:
+                pass
             elif self.state is not SubscriptionState.RUNNING:
                 continue  # a rebalance going on sorts the assignment out
             else:
                 live = self._partitions.values()
                 if not topics.suspect(p.tp for p in live if assignment.hold(p) is None):
                     continue
-            if not await topics.refresh():
-                continue
-            gone = [self._partitions[tp] for tp in topics.missing(list(self._partitions))]
+            if await topics.refresh():
+                vanished.update(topics.missing(list(self._partitions)))
+            gone = [self._partitions[tp] for tp in vanished if tp in self._partitions]
             gone = [p for p in gone if not p.closed]
             if not gone:
                 continue
@@ -634,62 +668,93 @@ class Subscription:
     ) -> None:
         """Commit the watermarks (and checkpoints) that moved; log and keep going on
         failure."""
-        consumer = self._consumer
-        if consumer is None:
+        fetcher = self._assigned_fetcher
+        if fetcher is None:
             return
         if processors is None:
             processors = list(self._partitions.values())  # the loop below may await
         steps = StepTimer(self._stats.step)
-        await self._committer.commit(consumer, processors, final=final, steps=steps)
+        await self._committer.commit(fetcher, processors, final=final, steps=steps)
 
     # ------------------------------------------------------------------- rebalance
+    # The membership's routine calls these (GroupListener), one at a time.
 
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        processors = [self._partitions[tp] for tp in revoked if tp in self._partitions]
+    def _identity(self) -> GroupMetadata:
+        membership = self._membership
+        return membership.identity if membership is not None else _NOT_IN_GROUP
+
+    async def partitions_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        """Stop feeding ``partitions``, drain them up to the rebalance timeout, commit,
+        close them and stop fetching them (see the module docstring)."""
+        self._stats.partitions_revoked += len(partitions)
+        processors = [self._partitions[tp] for tp in partitions if tp in self._partitions]
         if self.state is SubscriptionState.RUNNING:
             self._set_state(SubscriptionState.REBALANCING)
-        # The cluster's metadata, read again as the group rejoins (aiokafka reads it only
-        # every metadata_max_age_ms): the member assigns from it if it leads the group.
-        topics = self._topics
-        assert topics is not None  # set before the consumer subscribes
-        if not processors:
-            await topics.refresh()
-            return
+        started = time.monotonic()
+        drained = True
         for processor in processors:
             processor.revoke()
-        timeout_s = self.properties[GROUP_REBALANCE_TIMEOUT_MS].value / 1000
-        started = time.monotonic()
-        drained = await self._drain(processors, timeout_s)
-        # A deleted topic (often why the group rebalances) takes no commit: the client
-        # would retry it until given up, holding the rejoin back.
-        gone = set(topics.missing(revoked)) if await topics.refresh() else set()
-        await self._commit([p for p in processors if p.tp not in gone], final=True)
-        for processor in processors:
-            self._assignment.close(processor)
-            if self.state_store is not None:
-                self.state_store.deactivate(processor.tp.partition)
+        if processors:
+            timeout_s = self.properties[GROUP_REBALANCE_TIMEOUT_MS].value / 1000
+            drained = await self._drain(processors, timeout_s)
+            # A deleted topic (often why the group rebalances) takes no commit: it would
+            # be retried until given up, holding the rebalance back.
+            topics = self._topics
+            gone: set[TopicPartition] = set()
+            if topics is not None:
+                gone = {tp for tp in partitions if topics.has_vanished(tp)}
+                if await topics.refresh():
+                    gone.update(topics.missing(partitions))
+            await self._commit([p for p in processors if p.tp not in gone], final=True)
+        self._give_up(processors, partitions)
         await self._committer.release([p.tp for p in processors])
-        log.info(
+        self._reconciled(
             "partitions revoked",
-            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in revoked),
+            partitions,
             drained=drained,
             waited_s=round(time.monotonic() - started, 3),
         )
 
-    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+    async def partitions_lost(self, partitions: frozenset[TopicPartition]) -> None:
+        """Close ``partitions`` without a commit: another member may own them already."""
+        self._stats.partitions_lost += len(partitions)
+        processors = [self._partitions[tp] for tp in partitions if tp in self._partitions]
+        if self.state is SubscriptionState.RUNNING:
+            self._set_state(SubscriptionState.REBALANCING)
+        for processor in processors:
+            processor.revoke()
+        self._give_up(processors, partitions)
+        await self._committer.release([p.tp for p in processors])
+        self._reconciled(
+            "partitions lost (the member was fenced or its session expired): closed "
+            "without a commit; their work since the last commit runs again elsewhere",
+            partitions,
+            warn=True,
+        )
+
+    async def partitions_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        """Start ``partitions``: from the group's committed offsets, each with a fresh
+        processor, held until its checkpoint is imported (see the module docstring)."""
+        self._stats.partitions_assigned += len(partitions)
+        started = time.monotonic()
         loaded: asyncio.Future[None] | None = None
         if self.state_store is not None:
             if self.app.exactly_once:  # restores read to the end once the offsets are stable
                 loaded = asyncio.get_running_loop().create_future()
             self.state_store.assigned(
-                {tp.partition for tp in assigned}, self._assignment.restored, loaded
+                {tp.partition for tp in self._owned() | partitions},
+                self._assignment.restored,
+                loaded,
             )
-        fresh = [self._assignment.new(tp) for tp in assigned if tp not in self._partitions]
+        new = [tp for tp in partitions if tp not in self._partitions]
         try:
-            await self._assignment.load(fresh)
+            positions = await self._committed(new)
+            fresh = [self._assignment.new(tp) for tp in new]
+            await self._assignment.load(fresh, positions)
         except Exception as exc:
             # Without its producer, or offsets no transaction holds any more, a partition
-            # cannot be processed exactly once.
+            # cannot be processed exactly once; without its committed offset, it would
+            # start at the reset policy.
             self._failure = exc
             log.error("cannot take over the assigned partitions; stopping", exc_info=exc)
             self._stop_task = asyncio.get_running_loop().create_task(self.stop())
@@ -697,13 +762,72 @@ class Subscription:
         finally:
             if loaded is not None:
                 loaded.set_result(None)
-        log.info(
-            "partitions assigned",
-            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
+        self._reconciled(
+            "partitions assigned", partitions, waited_s=round(time.monotonic() - started, 3)
         )
-        self._assigned.set()  # the leader may have assigned from a stale view
+        self._assigned.set()  # the assignment may come from a stale view of the topics
         if self.state is SubscriptionState.REBALANCING:
             self._set_state(SubscriptionState.RUNNING)
+
+    def _owned(self) -> frozenset[TopicPartition]:
+        fetcher = self._assigned_fetcher
+        return fetcher.assigned if fetcher is not None else frozenset()
+
+    async def _committed(self, tps: list[TopicPartition]) -> dict[TopicPartition, int | None]:
+        # The group's committed offsets of newly assigned partitions (None: the reset
+        # policy); a failed read is tried again before the assignment is given up.
+        membership = self._membership
+        if not tps or membership is None:
+            return {}
+        for attempt in range(1, _COMMITTED_ATTEMPTS + 1):
+            try:
+                committed = await membership.committed(tps)
+                break
+            except KafkaError as exc:
+                if attempt == _COMMITTED_ATTEMPTS:
+                    raise
+                log.warning("cannot read the committed offsets; trying again", error=repr(exc))
+                await asyncio.sleep(_COMMITTED_BACKOFF_S * attempt)
+        return {tp: (None if (c := committed.get(tp)) is None else c.offset) for tp in tps}
+
+    def _give_up(
+        self, processors: list[PartitionProcessor], partitions: frozenset[TopicPartition]
+    ) -> None:
+        # The partitions leave: closed, their state deactivated, no longer fetched.
+        for processor in processors:
+            self._assignment.close(processor)
+            if self.state_store is not None:
+                self.state_store.deactivate(processor.tp.partition)
+        if self._assigned_fetcher is not None:
+            self._assigned_fetcher.unassign(partitions)
+        if not self._owned() and self.state is SubscriptionState.REBALANCING:
+            return  # all gone (the classic protocol): rebalancing until assigned again
+        if self.state is SubscriptionState.REBALANCING:
+            self._set_state(SubscriptionState.RUNNING)  # the others never stopped
+
+    def _reconciled(
+        self, what: str, partitions: frozenset[TopicPartition], *, warn: bool = False, **extra: Any
+    ) -> None:
+        # One line and the group metrics per change of the member's partitions.
+        stats = self._stats
+        stats.rebalances += 1
+        if self._topics is not None:
+            self._topics.watch(self._partitions)
+        owned = self._owned()
+        stats.assigned_partitions = len(owned)
+        if owned:
+            stats.unassigned_since = -1.0
+        elif stats.unassigned_since < 0:
+            stats.unassigned_since = time.monotonic()
+        identity = self._identity()
+        stats.member_epoch = identity.generation_id
+        (log.warning if warn else log.info)(
+            what,
+            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in partitions),
+            owned=len(owned),
+            epoch=identity.generation_id,
+            **extra,
+        )
 
     def _new_partition(self, tp: TopicPartition) -> PartitionProcessor:
         props = self.properties
@@ -755,19 +879,6 @@ def _executor(app: Application, consumer: ConsumerConfig, **settings: Any) -> Ta
     from decaton_aio.consumer._tracing import TracedTaskExecutor
 
     return TracedTaskExecutor(tracing=app.tracing, group_id=consumer.group_id, **settings)
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Forwards aiokafka's rebalance callbacks to the subscription."""
-
-    def __init__(self, subscription: Subscription) -> None:
-        self._subscription = subscription
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self._subscription._on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self._subscription._on_assigned(set(assigned))
 
 
 async def _close_each(*closers: Callable[[], Awaitable[object]] | None) -> None:

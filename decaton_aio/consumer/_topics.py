@@ -10,20 +10,24 @@ partition it carries.
 
 `TopicCheck` makes the subscription look at the cluster itself:
 
-- before each rejoin (the revoke listener, `TopicCheck.refresh()`): the revoked
-  partitions found gone take no final commit, and the member assigns from this view if
-  it leads the group;
+- when partitions are revoked (`TopicCheck.refresh()`): the revoked partitions found
+  gone take no final commit;
 - after each assignment, and every `CHECK_INTERVAL_S` while a fetched partition was
   never answered or its topic is no longer listed (`TopicCheck.suspect()`);
 
-a partition found gone is held until the rebalance that takes it away, which the check
-asks for at once (`TopicCheck.rejoin()`). So a stale assignment ends with the next
-rebalance, at the latest `CHECK_INTERVAL_S` (and one metadata request) after the
-deletion reached the cluster. A quiet subscription asks for nothing more than its
-client already does.
+- at every metadata update of the fetching consumer (`TopicCheck.follow()`): a topic of
+  the given partitions that the update does not list, or lists with fewer partitions, is
+  remembered (`TopicCheck.vanished()`), even if a later update lists it again (a broker
+  that creates topics on demand creates it again, empty, for the consumer's own metadata
+  requests);
 
-The client's own metadata is refreshed (the copy the group's leader assigns from, and whose
-change makes a leader rejoin): aiokafka offers no public call for it, nor for a rejoin.
+a partition found gone is held until the rebalance that takes it away, which the check
+asks the group membership for at once (`TopicCheck.rejoin()`). So a stale assignment
+ends with the next rebalance, at the latest `CHECK_INTERVAL_S` (and one metadata request)
+after the deletion reached the cluster. A quiet subscription asks for nothing more than
+its client already does.
+
+The fetching consumer's own metadata is refreshed: aiokafka offers no public call for it.
 
 Caller: the subscription's event loop.
 """
@@ -31,13 +35,13 @@ Caller: the subscription's event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError
 
-from decaton_aio._aiokafka import client_of, request_rejoin
+from decaton_aio._aiokafka import ClusterMetadata, client_of, follow_metadata
 
 __all__ = ["CHECK_INTERVAL_S", "REFRESH_TIMEOUT_S", "TopicCheck"]
 
@@ -49,11 +53,45 @@ REFRESH_TIMEOUT_S: Final = 2.0
 
 
 class TopicCheck:
-    """Finds the assigned partitions the cluster no longer has, for one consumer."""
+    """Finds the assigned partitions the cluster no longer has, for one consumer.
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    Args:
+        consumer: the consumer that fetches the partitions.
+        rejoin: ``rejoin(reason)`` asks the group for the assignment again.
+    """
+
+    def __init__(self, consumer: AIOKafkaConsumer, rejoin: Callable[[str], None]) -> None:
         self._consumer = consumer
+        self._rejoin = rejoin
         self._unanswered: set[TopicPartition] = set()  # at the previous suspect()
+        self._watched: set[TopicPartition] = set()
+        self._vanished: set[TopicPartition] = set()
+
+    def follow(self) -> Callable[[], None]:
+        """Look at each metadata update of the consumer from now on (see the module
+        docstring); returns the call that stops it."""
+        return follow_metadata(self._consumer, self._updated)
+
+    def watch(self, tps: Iterable[TopicPartition]) -> None:
+        """The partitions whose disappearance `vanished()` reports (the live ones)."""
+        self._watched = set(tps)
+        self._vanished &= self._watched
+
+    def vanished(self) -> set[TopicPartition]:
+        """The watched partitions that a metadata update did not list since the last
+        call (their topic was deleted, whether or not it exists again)."""
+        found, self._vanished = self._vanished & self._watched, set()
+        return found
+
+    def has_vanished(self, tp: TopicPartition) -> bool:
+        """Whether a metadata update did not list ``tp`` since the last `vanished()`."""
+        return tp in self._vanished
+
+    def _updated(self, cluster: ClusterMetadata) -> None:
+        for tp in self._watched:
+            partitions = cluster.partitions_for_topic(tp.topic)
+            if partitions is None or tp.partition not in partitions:
+                self._vanished.add(tp)
 
     async def refresh(self) -> bool:
         """Ask the cluster for the subscription's metadata now.
@@ -94,6 +132,5 @@ class TopicCheck:
             return True  # no longer assigned to the client: a rebalance decides
 
     def rejoin(self) -> None:
-        """Ask the group to rebalance (each member of this runtime refreshes its metadata
-        before it joins again, see `refresh()`)."""
-        request_rejoin(self._consumer)
+        """Ask the group for the assignment again."""
+        self._rejoin("assigned partitions no longer exist (topic deleted)")

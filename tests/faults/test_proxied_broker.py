@@ -32,21 +32,23 @@ async def test_a_disabled_node_proxy_cuts_its_clients_only(
     assert broker.proxied_bootstrap_servers != broker.bootstrap_servers
     admin = TopicAdmin(broker.bootstrap_servers)
     topic = await admin.create(3, prefix="proxied", replication_factor=3)
-    await admin.close()
-    config = ProducerConfig(broker.proxied_bootstrap_servers)
-    async with TaskProducer(config, topic, BytesSerializer()) as producer:
-        # One partition led by each node, as Kafka spreads them; create() returned once
-        # every node knew the topic, so none answers that it does not exist.
-        for p in range(3):
-            assert (await producer.put(None, b"x", partition=p)).partition == p
-    short = ProducerConfig(broker.proxied_bootstrap_servers, delivery_timeout_ms=3000)
-    async with TaskProducer(short, topic, BytesSerializer()) as producer:
-        await producer.put(None, b"x", partition=0)
-        for route in broker.proxy_routes:
-            toxiproxy.set_enabled(route.name, False)
-        with pytest.raises(ProducerError):
-            await producer.put(None, b"cut", partition=0)
-        extents = await partition_extents(broker.bootstrap_servers, topic)
-        assert sum(e.high_watermark for e in extents.values()) == 4
-        toxiproxy.reset()
-        await producer.put(None, b"back", partition=0)
+    try:
+        config = ProducerConfig(broker.proxied_bootstrap_servers)
+        async with TaskProducer(config, topic, BytesSerializer()) as producer:
+            # One partition led by each node, as Kafka spreads them; create() returned once
+            # every node knew the topic, so none answers that it does not exist.
+            for p in range(3):
+                assert (await producer.put(None, b"x", partition=p)).partition == p
+        short = ProducerConfig(broker.proxied_bootstrap_servers, delivery_timeout_ms=3000)
+        async with TaskProducer(short, topic, BytesSerializer()) as producer:
+            await producer.put(None, b"x", partition=0)
+            for route in broker.proxy_routes:
+                toxiproxy.set_enabled(route.name, False)
+            with pytest.raises(ProducerError):
+                await producer.put(None, b"cut", partition=0)
+            extents = await partition_extents(broker.bootstrap_servers, topic)
+            assert sum(e.high_watermark for e in extents.values()) == 4
+            toxiproxy.reset()
+            await producer.put(None, b"back", partition=0)
+    finally:
+        await admin.close()  # deletes the topic: only once the test is done with it

@@ -27,6 +27,7 @@ from aiokafka.errors import KafkaError
 from decaton_aio import Application, ProcessingContext, StateStoreConfig, Subscription
 from decaton_aio.consumer._loopwatch import StepTimer
 from decaton_aio.consumer.commit import CheckpointStore, Committer
+from decaton_aio.consumer.group import ClassicMembership, ConsumerProtocolMembership
 from decaton_aio.consumer.state import StateStore
 from decaton_aio.testing import BrokerHandle, wait_until
 from tests.integration.test_exactly_once import needs_transactions, read_committed
@@ -52,19 +53,24 @@ class Ledger:
         self.done: Counter[tuple[int, int]] = Counter()
         self.passed: list[str] = []  # commits that passed an unfinished record
         self.committed: dict[int, int] = {}  # the last commit of each partition
-        real = AIOKafkaConsumer.commit
+        for membership in (ClassicMembership, ConsumerProtocolMembership):
+            monkeypatch.setattr(membership, "commit", self._checked(membership.commit))
 
-        async def commit(consumer: AIOKafkaConsumer, offsets: Any = None) -> None:
+    def _checked(self, real: Any) -> Any:
+        # The group membership's commit (every offset commit goes through it), checked.
+        topic = self.topic
+
+        async def commit(membership: Any, offsets: Any) -> None:
             mine = {tp: m.offset for tp, m in (offsets or {}).items() if tp.topic == topic}
             for tp, offset in mine.items():
                 unfinished = [o for o in range(offset) if (tp.partition, o) not in self.done]
                 if unfinished:
                     self.passed.append(f"{tp.partition}@{offset} passes {unfinished[:5]}")
-            await real(consumer, offsets)
+            await real(membership, offsets)
             for tp, offset in mine.items():
                 self.committed[tp.partition] = offset
 
-        monkeypatch.setattr(AIOKafkaConsumer, "commit", commit)
+        return commit
 
     def finish(self, ctx: ProcessingContext) -> None:
         self.done[(ctx.partition, ctx.offset)] += 1
@@ -251,7 +257,7 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch of two partitions is handed out and held before its first step; a
-    rebalance revokes both partitions (partition 1 holds a task that outlives the
+    rebalance (classic protocol) revokes both partitions (partition 1 holds a task that outlives the
     rebalance timeout, so its final commit stays at that task) and assigns them back.
     The held batch must not reach partition 1's new assignment: its consumer position
     went back to the commit, and a new processor fed the batch's records would commit
@@ -289,8 +295,9 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
 
     producer = await task_producer(topic)
     await produce(producer, 1, 2)
+    # The classic protocol: a member joining makes every member give up its partitions.
     first = kafka_broker.subscription(
-        Application(process, topics=(topic,), properties=props), group
+        Application(process, topics=(topic,), properties=props), group, group_protocol="classic"
     )
     try:
         async with first:
@@ -303,7 +310,9 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
             await hook.held.wait()
             revoked = first.partitions[tp1]
             # A member of the group on another topic: every member rebalances.
-            joining = kafka_broker.subscription(Application(nothing, topics=(other,)), group)
+            joining = kafka_broker.subscription(
+                Application(nothing, topics=(other,)), group, group_protocol="classic"
+            )
             async with joining:
                 await wait_until(
                     lambda: first.partitions.get(tp1) not in (None, revoked),
@@ -440,7 +449,7 @@ async def test_records_fetched_while_a_checkpoint_loads_are_not_lost(
     # Why nothing is lost: nothing of a loading partition is fetched, and the load seeks
     # the partition to its commit (either alone would do).
     assert during == []
-    assert seeks == [5]
+    assert seeks == [5, 5]  # the fetch starts at the commit; the load seeks there again
 
 
 async def test_a_rewind_after_an_aborted_transaction_loses_no_record(

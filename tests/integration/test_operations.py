@@ -30,8 +30,6 @@ from decaton_aio import (
 from decaton_aio._aiokafka import (
     client_of,
     connections_of,
-    coordinator_of,
-    coordinator_tasks,
     fetch_pacing,
 )
 from decaton_aio.consumer import HealthCheck, HealthConfig, RunOptions, run_application
@@ -301,6 +299,7 @@ async def test_static_membership_and_fetch_settings_reach_the_broker(
         fetch_max_bytes=1024 * 1024,
         fetch_max_wait_ms=50,
         max_poll_interval_ms=60_000,
+        group_protocol="classic",  # described by DescribeGroups (the classic protocol's)
     )
     async with kafka_broker.subscription(app, group_id=group, **settings):
         await wait_until(lambda: done == 50, what="50 tasks", timeout_s=60)
@@ -361,11 +360,12 @@ async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
     task_producer: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The consumer's stop waits for its group coordination, which can hang (after the
-    coordinator's broker restarted). The subscription's stop still ends: after the leave
-    timeout it closes the client without leaving the group, every connection closed; the
-    next member gets the partitions after the session timeout and processes every
-    record not committed, the ones produced meanwhile too."""
+    """The membership's stop (revoke, leave) can hang (a coordinator that does not
+    answer). The subscription's stop still ends: after the leave timeout the membership's
+    routine is cancelled (its connections closed) without leaving the group, and the
+    consumer's connections are closed; the next member gets the partitions after the
+    session timeout and processes every record not committed, the ones produced
+    meanwhile too."""
     monkeypatch.setattr(subscription_module, "LEAVE_TIMEOUT_S", 1.0)
     topic = await topic_factory(partitions=2)
     group = f"hung-{uuid.uuid4().hex[:8]}"
@@ -382,18 +382,19 @@ async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
     await first.start()
     await wait_until(lambda: len(done) == 20, what="the first 20 tasks")
     consumer: Any = first._consumer
+    membership: Any = first._membership
     hung = asyncio.Event()
 
-    async def hang() -> None:
+    async def hang(*, leave: bool = True) -> None:
         hung.set()
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(coordinator_of(consumer), "close", hang)
+    monkeypatch.setattr(membership, "stop", hang)
     async with asyncio.timeout(30):
         await first.stop()
     assert hung.is_set()
+    assert membership.routine.done()
     assert not any(conn.connected() for conn in connections_of(client_of(consumer)))
-    assert all(task.done() for task in coordinator_tasks(consumer))
     for n in range(20, 30):
         await producer.put(f"k{n}", b"task")
     async with kafka_broker.subscription(app, group):

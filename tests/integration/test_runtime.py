@@ -249,7 +249,7 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
         return await load(tps)
 
     # The held listener goes on as soon as the stop closes either of the two: the store
-    # (too early: the listener opens it again) or the consumer (which waits for it).
+    # (too early: the listener opens it again) or the membership (which waits for it).
     async def close_store() -> None:
         await close()
         resume.set()
@@ -265,15 +265,15 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
 
     sub._assignment.new = new_partition  # type: ignore[method-assign]
     await sub.start()
-    consumer = sub._consumer
-    assert consumer is not None
-    stop_consumer = consumer.stop
+    membership = sub._membership
+    assert membership is not None
+    stop_membership = membership.stop
 
-    async def close_consumer() -> None:
+    async def leave(*, leave: bool = True) -> None:
         resume.set()
-        await stop_consumer()
+        await stop_membership(leave=leave)
 
-    consumer.stop = close_consumer
+    membership.stop = leave  # type: ignore[method-assign]
     try:
         async with asyncio.timeout(60):
             await loading.wait()  # the first assignment's listener
@@ -291,9 +291,10 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
 async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
     kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
 ) -> None:
-    """When a second member joins, the first revokes its partitions: it waits up to the
-    rebalance timeout, commits its watermark, and drops the rest, which is redelivered.
-    A task still running past the timeout completes later without committing anything."""
+    """When a second member joins (the classic protocol: every member gives up every
+    partition), the first revokes its partitions: it waits up to the rebalance timeout,
+    commits its watermark, and drops the rest, which is redelivered. A task still running
+    past the timeout completes later without committing anything."""
     topic = await topic_factory(partitions=2)
     produced = await produce(task_producer, topic, 100, keys=100)
     group = f"rb-{uuid.uuid4().hex[:8]}"
@@ -315,10 +316,14 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
 
     props = {"decaton.group.rebalance.timeout.ms": 300, "decaton.commit.interval.ms": 100}
     a = kafka_broker.subscription(
-        Application(processor("a"), topics=(topic,), properties=props), group
+        Application(processor("a"), topics=(topic,), properties=props),
+        group,
+        group_protocol="classic",
     )
     b = kafka_broker.subscription(
-        Application(processor("b"), topics=(topic,), properties=props), group
+        Application(processor("b"), topics=(topic,), properties=props),
+        group,
+        group_protocol="classic",
     )
     async with a:
         await wait_until(lambda: len(first_try) == 2, what="both stuck tasks")
@@ -345,6 +350,65 @@ async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
             await wait_until(lambda: _committed_all(a, b, ends), what="final commits")
 
 
+async def test_on_the_consumer_protocol_a_join_moves_only_what_it_must(
+    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+) -> None:
+    """When a second member joins on the consumer protocol, the first gives up half of its
+    partitions (drained and committed) and keeps the others running: their processors are
+    the same objects, never paused for the join; every task is processed and committed,
+    and the reconciliations are counted."""
+    from decaton_aio.offsets import group_positions
+
+    topic = await topic_factory(partitions=4)
+    produced = await produce(task_producer, topic, 200, keys=50)
+    group = f"inc-{uuid.uuid4().hex[:8]}"
+    done: set[tuple[int, int]] = set()
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        done.add((ctx.partition, ctx.offset))
+
+    props = {"decaton.commit.interval.ms": 100}
+    a = kafka_broker.subscription(
+        Application(process, topics=(topic,), properties=props),
+        group,
+        group_protocol="consumer",
+    )
+    b = kafka_broker.subscription(
+        Application(process, topics=(topic,), properties=props),
+        group,
+        group_protocol="consumer",
+    )
+    async with a:
+        await wait_until(lambda: len(a.partitions) == 4, what="the first member's partitions")
+        before = dict(a.partitions)
+        async with b:
+            await wait_until(
+                lambda: len(a.partitions) == 2 and len(b.partitions) == 2,
+                timeout_s=40,
+                what="the partitions shared",
+            )
+            kept = {tp for tp in a.partitions if tp in before}
+            assert len(kept) == 2
+            assert all(a.partitions[tp] is before[tp] for tp in kept)  # never restarted
+            assert all(before[tp].closed for tp in set(before) - kept)
+            everything = {(w.partition, w.offset) for w in produced}
+            await wait_until(lambda: done >= everything, timeout_s=40, what="every task")
+            ends = [0] * 4
+            for w in produced:
+                ends[w.partition] = max(ends[w.partition], w.offset + 1)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while [
+                p.committed
+                for p in await group_positions(kafka_broker.bootstrap_servers, group, topic)
+            ] != ends:
+                assert loop.time() < deadline, "the group's commits did not reach the ends"
+                await asyncio.sleep(0.1)
+            assert a.stats.partitions_revoked == 2
+            assert a.stats.assigned_partitions == 2
+            assert a.stats.member_epoch > 0
+
+
 def _committed_all(a: Subscription, b: Subscription, ends: dict[int, int]) -> bool:
     owned = {tp.partition: p for sub in (a, b) for tp, p in sub.partitions.items()}
     return all(owned.get(part) and owned[part].last_committed == end for part, end in ends.items())
@@ -368,8 +432,8 @@ async def test_a_position_that_goes_back_starts_the_partition_again(
         await wait_until(lambda: len(seen) == 20, what="the first pass")
         ((tp, first),) = sub.partitions.items()
         await wait_until(lambda: first.last_committed == 20, what="the first commit")
-        assert sub._consumer is not None
-        sub._consumer.seek(tp, 5)
+        assert sub._assigned_fetcher is not None
+        sub._assigned_fetcher.seek(tp, 5)
         await wait_until(lambda: len(seen) == 35, what="the second pass from offset 5")
         assert seen[20:] == list(range(5, 20))
         assert sub.state is SubscriptionState.RUNNING

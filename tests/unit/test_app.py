@@ -58,6 +58,8 @@ def test_lifespan_hooks_are_normalized_and_must_be_async() -> None:
         ("max_partition_fetch_bytes", 0),
         ("partition_assignment_strategy", ()),
         ("partition_assignment_strategy", ("range", "cooperative-sticky")),
+        ("group_protocol", "eager"),
+        ("group_protocol", "CONSUMER"),
     ],
 )
 def test_consumer_settings_are_validated(field: str, value: object) -> None:

@@ -10,6 +10,7 @@ from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decaton_aio.consumer._assigned import AssignedFetcher
 from decaton_aio.consumer._assignment import Assignment, Hold
 from decaton_aio.consumer._partition import PartitionState
 
@@ -32,9 +33,19 @@ class FakeProcessor:
 
 
 class FakeConsumer:
+    """A group-less consumer as the fetcher sees it: ``assign()`` replaces the assignment
+    and forgets the pauses (as aiokafka's does)."""
+
     def __init__(self) -> None:
         self.paused: set[TopicPartition] = set()
+        self.assigned: set[TopicPartition] = set()
+        self.positions: dict[TopicPartition, int] = {}
         self.calls: list[tuple[str, TopicPartition]] = []
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.assigned = set(tps)
+        self.paused = set()
+        self.positions = {}
 
     def pause(self, *tps: TopicPartition) -> None:
         for tp in tps:
@@ -49,6 +60,8 @@ class FakeConsumer:
             self.calls.append(("resume", tp))
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        assert tp in self.assigned, f"{tp} sought while not assigned"
+        self.positions[tp] = offset
         self.calls.append(("seek", tp))
 
 
@@ -76,7 +89,8 @@ def build(restoring: set[int]) -> tuple[Assignment, FakeConsumer]:
         retire=lambda tp: None,
     )
     consumer = FakeConsumer()
-    assignment.attach(consumer)  # type: ignore[arg-type]
+    fetcher = AssignedFetcher(consumer, positions=lambda c: c.positions)  # type: ignore[arg-type, attr-defined]
+    assignment.attach(fetcher)
     return assignment, consumer
 
 
@@ -179,7 +193,7 @@ async def test_a_partition_whose_load_ends_after_close_all_is_closed_not_live() 
         retire=retired.append,
     )
     consumer = FakeConsumer()
-    assignment.attach(consumer)  # type: ignore[arg-type]
+    assignment.attach(AssignedFetcher(consumer, positions=lambda c: {}))  # type: ignore[arg-type]
     live: Any = assignment.new(TPS[0])
     committer.release.set()
     await assignment.load([live])

@@ -18,6 +18,14 @@ from decaton_aio.consumer.commit import (
 from tests.unit.test_partition import make, records, settle
 
 
+def _bound(committer: Committer[Any], fake: Any) -> Any:
+    """``fake`` as both the fetcher (its ``consumer`` is itself: highwater, position) and
+    the group membership the committer commits through."""
+    fake.consumer = fake
+    committer.bind_group(fake)
+    return fake
+
+
 class _StuckConsumer:
     """A consumer whose commits never end, like the client's retry loop on a topic that
     was deleted (UnknownTopicOrPartition is retriable)."""
@@ -54,8 +62,8 @@ async def test_a_commit_that_never_ends_is_given_up(monkeypatch: pytest.MonkeyPa
     processor = await _two_done()
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _StuckConsumer()
-    await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
-    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=True)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=False)  # type: ignore[arg-type]
     assert consumer.attempts == 2  # not marked committed: tried again
 
 
@@ -88,7 +96,9 @@ async def test_a_cancellation_that_arrives_as_the_commit_ends_is_not_lost() -> N
     await settle()
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _AnsweringConsumer()
-    task = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
+    task = asyncio.create_task(
+        committer.commit(_bound(committer, consumer), [processor], final=False)
+    )  # type: ignore[arg-type]
     await consumer.called.wait()
     assert consumer.answer is not None
     consumer.answer.set_result(None)
@@ -128,7 +138,7 @@ async def test_an_idle_partition_is_committed_past_offsets_it_was_never_handed()
     await settle()
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=6, position=5)
-    await committer.commit(consumer, [idle], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [idle], final=False)  # type: ignore[arg-type]
     assert consumer.commits == [{idle.tp: 5}]
 
     held = asyncio.Event()
@@ -140,7 +150,7 @@ async def test_an_idle_partition_is_committed_past_offsets_it_was_never_handed()
     busy.feed(records([b"a"]))
     await settle()
     consumer = _SkippingConsumer(high=6, position=5)
-    await committer.commit(consumer, [busy], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [busy], final=False)  # type: ignore[arg-type]
     assert consumer.commits == [{busy.tp: 0}]
     held.set()
     await settle()
@@ -163,7 +173,7 @@ async def test_records_dropped_by_a_draining_partition_are_never_committed_past(
     processor.feed(records([b"c", b"d", b"e"], first=2))  # dropped: draining
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=5, position=5)
-    await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=True)  # type: ignore[arg-type]
     assert consumer.commits == [{processor.tp: 2}]
 
 
@@ -182,11 +192,11 @@ async def test_a_batch_handed_out_but_not_fed_yet_is_never_committed_past() -> N
     processor.receive(5)  # offsets 2-4 handed out, not fed yet
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=7, position=6)
-    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=False)  # type: ignore[arg-type]
     assert consumer.commits == [{processor.tp: 2}]
     processor.feed(records([b"c", b"d", b"e"], first=2))
     await settle()
-    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=False)  # type: ignore[arg-type]
     assert consumer.commits[-1] == {processor.tp: 6}  # offset 5 held no data record
 
 
@@ -199,14 +209,14 @@ async def test_the_commit_age_restarts_when_the_commit_is_up_to_date(
     processor = await _two_done()
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     processor.stats.commit_current_at -= 1000
-    await committer.commit(_StuckConsumer(), [processor], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, _StuckConsumer()), [processor], final=False)  # type: ignore[arg-type]
     assert processor.stats.commit_age() >= 1000  # failed: still behind
     consumer = _SkippingConsumer(high=2, position=2)
-    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=False)  # type: ignore[arg-type]
     assert consumer.commits == [{processor.tp: 2}]
     assert processor.stats.commit_age() < 1000
     processor.stats.commit_current_at -= 1000
-    await committer.commit(consumer, [processor], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=False)  # type: ignore[arg-type]
     assert len(consumer.commits) == 1  # nothing new: no commit, yet up to date
     assert processor.stats.commit_age() < 1000
 
@@ -250,12 +260,14 @@ async def test_a_final_commit_ends_a_periodic_commit_the_client_still_retries() 
     await settle()
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _RetryingConsumer()
-    periodic = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
+    periodic = asyncio.create_task(
+        committer.commit(_bound(committer, consumer), [processor], final=False)
+    )  # type: ignore[arg-type]
     await settle()
     assert consumer.written == [{processor.tp: 2}]  # retried from here on
     processor.feed(records([b"c", b"d"], first=2))
     await settle()
-    await committer.commit(consumer, [processor], final=True)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=True)  # type: ignore[arg-type]
     assert periodic.done()
     await periodic  # ended, not failed
     consumer.retry.set()
@@ -291,7 +303,7 @@ async def test_a_commit_round_folds_a_partition_histograms_in_steps() -> None:
     loop.call_soon(note)
     committer: Committer[Any] = Committer("group", store=None, transaction=None)
     consumer = _SkippingConsumer(high=2, position=2)
-    await committer.commit(consumer, [processor], final=False, steps=steps)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [processor], final=False, steps=steps)  # type: ignore[arg-type]
     # The loop ran while some of the histograms were folded and others not yet.
     assert any(0 < n < len(histograms) for n in unfolded), unfolded
     assert not any(h._queued for h in histograms)  # every one folded
@@ -348,10 +360,14 @@ async def test_a_final_commit_writes_again_a_checkpoint_the_broker_dropped() -> 
     store = _DroppingStore()
     committer: Committer[Any] = Committer("group", store=store, transaction=None)  # type: ignore[arg-type]
     consumer = _CommittingConsumer()
-    periodic = asyncio.create_task(committer.commit(consumer, [processor], final=False))  # type: ignore[arg-type]
+    periodic = asyncio.create_task(
+        committer.commit(_bound(committer, consumer), [processor], final=False)
+    )  # type: ignore[arg-type]
     await store.reading.wait()
     assert consumer.metadata == ["dc1:inline"]
-    final = asyncio.create_task(committer.commit(consumer, [processor], final=True))  # type: ignore[arg-type]
+    final = asyncio.create_task(
+        committer.commit(_bound(committer, consumer), [processor], final=True)
+    )  # type: ignore[arg-type]
     await asyncio.wait([periodic])
     assert store.metadata_kept is None  # the read-back was cut short
     store.answer.set()
@@ -408,7 +424,7 @@ async def test_a_partition_restarted_at_another_position_is_committed_in_the_tra
     await committer.assign(consumer, [old])  # type: ignore[arg-type]
     old.feed(records([b"a", b"b", b"c"], first=10))
     await settle()
-    await committer.commit(consumer, [old], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [old], final=False)  # type: ignore[arg-type]
     assert txn.plans[-1] == {old.tp: 13}
 
     new = make(process)
@@ -416,9 +432,9 @@ async def test_a_partition_restarted_at_another_position_is_committed_in_the_tra
     old.close()
     # Nothing fetched yet at the new position: offset 13 of what the topic was is not
     # carried over to it (a next owner would skip the new records below 13).
-    await committer.commit(consumer, [new], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [new], final=False)  # type: ignore[arg-type]
     assert new.tp not in txn.plans[-1]
     new.feed(records([b"a", b"b"]))
     await settle()
-    await committer.commit(consumer, [new], final=False)  # type: ignore[arg-type]
+    await committer.commit(_bound(committer, consumer), [new], final=False)  # type: ignore[arg-type]
     assert txn.plans[-1] == {new.tp: 2}

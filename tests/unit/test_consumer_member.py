@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from decaton_aio.consumer.group._consumer_messages import Assignment, HeartbeatFields
 from decaton_aio.consumer.group._consumer_state import (
@@ -34,11 +34,11 @@ from decaton_aio.consumer.group._consumer_state import (
 
 TOPIC_ID = uuid.UUID(int=0xABC)
 NAMES = {TOPIC_ID: "t"}
-PARTITIONS = 5
+PARTITIONS = 6
 ALL: Assignment = frozenset((TOPIC_ID, p) for p in range(PARTITIONS))
 INTERVAL_MS = 500
-SLOTS = ("a", "b")
-STATIC = {"a": "static-a", "b": None}
+SLOTS = ("a", "b", "c")
+STATIC = {"a": "static-a", "b": None, "c": None}
 
 
 @dataclass
@@ -49,12 +49,20 @@ class Record:
     previous: int = -1
     owned: Assignment = frozenset()
     sent: Assignment | None = None
+    #: taken from the member, not yet reported given up
+    pending: Assignment = frozenset()
+
+    @property
+    def held(self) -> Assignment:
+        return (self.sent or frozenset()) | self.pending
 
 
 @dataclass
 class FakeCoordinator:
-    """Kafka's consumer group coordinator, reduced: uniform round-robin targets; a
-    partition goes to its new owner only once no other member reports owning it; the
+    """Kafka's consumer group coordinator, reduced: round-robin targets turned by the
+    group epoch; a
+    partition goes to its new owner only once the member it was taken from reports it no
+    longer owns it (or is gone); the
     member epoch moves to the group epoch when its assignment changes; a heartbeat with
     the previous epoch is accepted only as a full one whose owned partitions are still
     assigned (a lost answer)."""
@@ -68,12 +76,13 @@ class FakeCoordinator:
         out: dict[str, set[tuple[uuid.UUID, int]]] = {m: set() for m in ids}
         for p in range(PARTITIONS):
             if ids:
-                out[ids[p % len(ids)]].add((TOPIC_ID, p))
+                # not sticky: each group epoch turns the assignment (revokes and assigns)
+                out[ids[(p + self.group_epoch) % len(ids)]].add((TOPIC_ID, p))
         return {m: frozenset(v) for m, v in out.items()}
 
     def assignable(self, member_id: str) -> Assignment:
         target = self.targets()[member_id]
-        held = {tp for m, r in self.members.items() if m != member_id for tp in r.owned}
+        held = {tp for m, r in self.members.items() if m != member_id for tp in r.held}
         return frozenset(target - held)
 
     def heartbeat(self, f: HeartbeatFields) -> Answer:
@@ -109,9 +118,11 @@ class FakeCoordinator:
         if f.owned is not None:
             assert f.owned <= ALL
             record.owned = f.owned
+            record.pending &= f.owned  # what it no longer owns is free
         assignment = self.assignable(mid)
         if assignment != record.sent:
             record.previous, record.epoch = record.epoch, self.group_epoch
+            record.pending |= (record.sent or frozenset()) - assignment
         send = full or assignment != record.sent
         record.sent = assignment
         return Answer(
@@ -230,7 +241,7 @@ class MemberMachine(RuleBasedStateMachine):
     def progress(self, name: str, data: st.DataObject) -> None:
         """What a healthy member does next: read an answer, run its listener, heartbeat."""
         slot = self.slots[name]
-        for _ in range(data.draw(st.integers(1, 6))):
+        for _ in range(data.draw(st.integers(1, 12))):
             if slot.inbox:
                 self.deliver(name, names_known=True)
             elif slot.step is not None:
@@ -289,18 +300,24 @@ class MemberMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------- faults
 
-    @rule(name=slots)
-    def session_expires(self, name: str) -> None:
+    @rule(name=slots, odds=st.integers(0, 2))
+    def session_expires(self, name: str, odds: int) -> None:
+        if odds:
+            return  # faults are rarer than progress
         slot = self.slots[name]
         if self.coordinator.expire(slot.machine.member_id):
             slot.zombie = True
 
-    @rule(name=slots)
-    def epoch_moves_on_unseen(self, name: str) -> None:
+    @rule(name=slots, odds=st.integers(0, 2))
+    def epoch_moves_on_unseen(self, name: str, odds: int) -> None:
+        if odds:
+            return  # faults are rarer than progress
         self.coordinator.bump_behind(self.slots[name].machine.member_id)
 
-    @rule(name=slots)
-    def refused(self, name: str) -> None:
+    @rule(name=slots, odds=st.integers(0, 4))
+    def refused(self, name: str, odds: int) -> None:
+        if odds:
+            return  # faults are rarer than progress
         self.coordinator.refuse_next.add(self.slots[name].machine.member_id)
 
     @rule(name=slots, leave_group=st.booleans())
@@ -312,8 +329,8 @@ class MemberMachine(RuleBasedStateMachine):
         slot = self.slots[name]
         if slot.machine.phase not in (Phase.LEFT, Phase.REFUSED) or slot.step is not None:
             return
-        if slot.machine.phase is Phase.REFUSED and slot.machine.next_step() is not None:
-            return
+        if slot.machine.started:
+            return  # a refused member still has partitions to lose
         assert not slot.started, "a member ended with partitions still started"
         # a process that ended without leaving is given up by the coordinator in time
         if self.coordinator.expire(slot.machine.member_id):
@@ -360,13 +377,22 @@ class MemberMachine(RuleBasedStateMachine):
             assert not seen & slot.started, "two members run one partition"
             seen |= slot.started
 
+    @initialize()
+    def both_joined(self) -> None:
+        """Every example starts from a settled group of two members with partitions."""
+        self._settle()
+
     def teardown(self) -> None:
         # Faults stop; time passes; every member settles.
-        for slot in self.slots.values():
-            if slot.machine.phase in (Phase.LEFT, Phase.REFUSED):
-                self.coordinator.expire(slot.machine.member_id)
-        for _ in range(200):
+        self.coordinator.refuse_next.clear()
+        self._settle()
+
+    def _settle(self) -> None:
+        for _ in range(300):
             for slot in self.slots.values():
+                if slot.machine.phase in (Phase.LEFT, Phase.REFUSED):
+                    # it heartbeats no more: its session expires
+                    self.coordinator.expire(slot.machine.member_id)
                 if slot.step is not None:
                     self.end_step_of(slot)
                 while slot.inbox:
@@ -381,25 +407,36 @@ class MemberMachine(RuleBasedStateMachine):
                     slot.step = step
                     self.end_step_of(slot)
                 self._send(slot, reaches=True)
-            if (
-                all(
-                    s.machine.phase in (Phase.LEFT, Phase.REFUSED)
-                    or (s.machine.phase is Phase.STABLE and s.machine.target == s.machine.owned)
-                    for s in self.slots.values()
-                )
-                and self._settled()
-            ):
+            self.now += 0.5
+            if self._settled():
                 break
-        live = [
+        assert self._settled(), "the group did not settle"
+
+    def _live(self) -> list[Slot]:
+        return [
             s for s in self.slots.values() if s.machine.phase not in (Phase.LEFT, Phase.REFUSED)
         ]
-        if live:
-            owned = [frozenset(s.started) for s in live]
-            assert frozenset().union(*owned) == ALL, "partitions nobody runs after settling"
-            assert sum(len(o) for o in owned) == PARTITIONS
-            targets = self.coordinator.targets()
-            for s in live:
-                assert frozenset(s.started) == targets[s.machine.member_id]
+
+    def _settled(self) -> bool:
+        live = self._live()
+        for s in self.slots.values():
+            if s not in live and s.started:
+                return False  # a member that ended still runs partitions
+        if not live:
+            return True
+        targets = self.coordinator.targets()
+        if any(s.machine.member_id not in targets for s in live):
+            return False
+        return (
+            all(
+                s.machine.phase is Phase.STABLE
+                and s.step is None
+                and frozenset(s.started) == targets[s.machine.member_id]
+                and s.machine.acknowledged == s.machine.owned
+                for s in live
+            )
+            and frozenset().union(*(s.started for s in live)) == ALL
+        )
 
     def end_step_of(self, slot: Slot) -> None:
         step = slot.step
@@ -411,18 +448,10 @@ class MemberMachine(RuleBasedStateMachine):
             slot.started -= step.partitions
         slot.machine.step_done(step)
 
-    def _settled(self) -> bool:
-        targets = self.coordinator.targets()
-        return all(
-            frozenset(s.started) == targets.get(s.machine.member_id, frozenset())
-            for s in self.slots.values()
-            if s.machine.phase not in (Phase.LEFT, Phase.REFUSED)
-        )
-
 
 MemberMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=30,
+    max_examples=80,
+    stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -208,6 +208,13 @@ def test_every_family_has_type_and_help() -> None:
         "decaton_runtime_step_duration_seconds": "histogram",
         "decaton_task_fetch_wait_seconds": "histogram",
         "decaton_task_feed_wait_seconds": "histogram",
+        "decaton_group_rebalances": "counter",
+        "decaton_group_partitions_assigned": "counter",
+        "decaton_group_partitions_revoked": "counter",
+        "decaton_group_partitions_lost": "counter",
+        "decaton_group_member_epoch": "gauge",
+        "decaton_group_assigned_partitions": "gauge",
+        "decaton_group_unassigned_seconds": "gauge",
     }
     assert {name: fam.type for name, fam in families.items()} == expected
     assert all(len(fam.documentation) > 20 for fam in families.values())
@@ -579,3 +586,25 @@ def test_loop_lag_gc_pauses_and_steps_are_exported_per_subscription() -> None:
     assert value(metrics, "decaton_gc_pause_seconds_count", subscription="sub") == 1
     assert bucket("decaton_runtime_step_duration_seconds", "0.001") == 1
     assert sub.longest_step_s == 0.0015
+
+
+def test_group_rebalance_series_are_exported_per_subscription() -> None:
+    """The reconciliation counters, the member epoch (absent until the member joined),
+    the partitions owned, and the seconds without a partition (0 while it owns some)."""
+    metrics = Metrics(process_metrics=False)
+    sub = metrics.register_subscription("sub", ("running",))
+    assert value(metrics, "decaton_group_member_epoch", subscription="sub") is None
+    assert value(metrics, "decaton_group_unassigned_seconds", subscription="sub") == 0
+    sub.rebalances, sub.partitions_assigned, sub.partitions_revoked = 3, 12, 9
+    sub.partitions_lost, sub.member_epoch, sub.assigned_partitions = 2, 7, 3
+    assert value(metrics, "decaton_group_rebalances_total", subscription="sub") == 3
+    assert value(metrics, "decaton_group_partitions_assigned_total", subscription="sub") == 12
+    assert value(metrics, "decaton_group_partitions_revoked_total", subscription="sub") == 9
+    assert value(metrics, "decaton_group_partitions_lost_total", subscription="sub") == 2
+    assert value(metrics, "decaton_group_member_epoch", subscription="sub") == 7
+    assert value(metrics, "decaton_group_assigned_partitions", subscription="sub") == 3
+    sub.unassigned_since = time.monotonic() - 5
+    unassigned = value(metrics, "decaton_group_unassigned_seconds", subscription="sub")
+    assert unassigned is not None
+    assert unassigned >= 5
+    assert sub.unassigned_s(sub.unassigned_since + 2.5) == 2.5

@@ -17,7 +17,8 @@ A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b",
 
 
 class FakeConsumer:
-    """What the check reads of a consumer: its metadata, fetch answers, its group."""
+    """What the check reads of a consumer: its metadata and fetch answers (and counts the
+    rejoins the check asks the group for)."""
 
     def __init__(self) -> None:
         self.topics: dict[str, set[int]] = {"a": {0, 1}, "b": {0}}
@@ -34,12 +35,12 @@ class FakeConsumer:
                 done.set_result(True)
                 return done
 
-        class Coordinator:
-            def request_rejoin(self) -> None:
-                outer.rejoins += 1
-
         self._client = Client()
-        self._coordinator = Coordinator()
+        self.reasons: list[str] = []
+
+    def rejoin(self, reason: str) -> None:
+        self.rejoins += 1
+        self.reasons.append(reason)
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         return self.topics.get(topic)
@@ -52,7 +53,7 @@ class FakeConsumer:
 
 def check() -> tuple[TopicCheck, FakeConsumer]:
     consumer = FakeConsumer()
-    return TopicCheck(consumer), consumer  # type: ignore[arg-type]
+    return TopicCheck(consumer, consumer.rejoin), consumer  # type: ignore[arg-type]
 
 
 def test_a_deleted_topic_and_a_partition_beyond_a_smaller_topic_are_missing() -> None:
@@ -100,6 +101,7 @@ async def test_refresh_asks_the_cluster_and_rejoin_asks_the_group() -> None:
     assert consumer.refreshed == 1
     topics.rejoin()
     assert consumer.rejoins == 1
+    assert "topic deleted" in consumer.reasons[0]
 
 
 async def test_a_refresh_without_answer_says_so(monkeypatch: Any) -> None:

@@ -5,14 +5,16 @@ The `Committer` is the subscription's commit and assignment machinery:
 - at assignment (`Committer.assign()`): with exactly-once, start the subscription's
   transactional producer first; then read the committed offsets and checkpoints (with
   exactly-once, once no transaction of a previous owner holds them), import each usable
-  checkpoint into the partition's tracker and move the consumer to the committed offset,
+  checkpoint into the partition's tracker and move the fetcher to the committed offset,
   so finished records are skipped;
 - at commit (`Committer.commit()`), one walk over the partitions: their metrics are
   brought up to date, an idle one whose fetch position passed its watermark (offsets the
   consumer skipped) moves past them, and a partition whose watermark or checkpoint
   changed is committed, with its checkpoint as metadata (see ``_checkpoints``).
-  At-least-once, one ``OffsetCommit`` for all of them; exactly-once, one transaction for
-  all of them (with every live partition's offset, see ``_transactions``);
+  At-least-once, one ``OffsetCommit`` for all of them, through the group membership
+  (`GroupCommits`: it carries the member's generation or epoch); exactly-once, one
+  transaction for all of them (with every live partition's offset, see
+  ``_transactions``);
 - a transaction that fails rewinds every partition to its last commit (their records and
   outputs come again; the aborted outputs were never visible). The committer says so to
   the partitions' owner (a `PartitionLifecycle`) at once, in the same step as the
@@ -29,11 +31,12 @@ Caller: the subscription, on its event loop.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
@@ -47,7 +50,10 @@ from decaton_aio.consumer.commit._transactions import (
     TransactionFailedError,
 )
 
-__all__ = ["Committer", "PartitionLifecycle"]
+if TYPE_CHECKING:
+    from decaton_aio.consumer._assigned import AssignedFetcher
+
+__all__ = ["Committer", "GroupCommits", "PartitionLifecycle"]
 
 log = structlog.get_logger("decaton_aio.consumer")
 
@@ -65,6 +71,18 @@ P_contra = TypeVar("P_contra", bound=Committable, contravariant=True)
 
 def _ignore(_: float) -> None:
     return None
+
+
+class GroupCommits(Protocol):
+    """Where offsets are committed: the group membership, as the member it is now."""
+
+    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        """Commit ``offsets``.
+
+        Raises:
+            KafkaError: the commit failed.
+        """
+        ...
 
 
 class PartitionLifecycle(Protocol[P_contra]):
@@ -113,10 +131,15 @@ class Committer(Generic[P]):
         self._saved: dict[TopicPartition, _Saved[P]] = {}
         self._lifecycle: PartitionLifecycle[P] | None = None
         self._periodic: asyncio.Task[None] | None = None  # a periodic commit going on
+        self._group: GroupCommits | None = None
 
     def bind(self, lifecycle: PartitionLifecycle[P]) -> None:
         """Tell ``lifecycle`` of the rewinds and fences of transactions from now on."""
         self._lifecycle = lifecycle
+
+    def bind_group(self, group: GroupCommits) -> None:
+        """Commit offsets through ``group`` (the membership) from now on."""
+        self._group = group
 
     @property
     def exactly_once(self) -> bool:
@@ -135,7 +158,7 @@ class Committer(Generic[P]):
         ``None`` (the executor's default)."""
         return self.txn
 
-    async def assign(self, consumer: AIOKafkaConsumer, processors: list[P]) -> None:
+    async def assign(self, fetcher: AssignedFetcher, processors: list[P]) -> None:
         """Start the transaction, then import checkpoints and move to the committed
         offsets.
 
@@ -173,9 +196,9 @@ class Committer(Generic[P]):
                     done_above=int(checkpoint.offsets().size),
                 )
             if entry.committed is not None and (self.exactly_once or checkpoint is not None):
-                # The position aiokafka fetched may predate the previous owner's last
-                # transaction; the checkpoint belongs to this offset exactly.
-                consumer.seek(processor.tp, entry.committed)
+                # The position the fetcher started at may predate the previous owner's
+                # last transaction; the checkpoint belongs to this offset exactly.
+                fetcher.seek(processor.tp, entry.committed)
 
     async def release(self, tps: list[TopicPartition]) -> None:
         """Forget revoked partitions (the transactional producer stays for the next)."""
@@ -198,7 +221,7 @@ class Committer(Generic[P]):
 
     async def commit(
         self,
-        consumer: AIOKafkaConsumer,
+        fetcher: AssignedFetcher,
         processors: list[P],
         *,
         final: bool,
@@ -217,10 +240,10 @@ class Committer(Generic[P]):
             if periodic is not None and not periodic.done():
                 periodic.cancel()
                 await asyncio.wait([periodic])
-            await self._commit(consumer, processors, final=True, steps=steps)
+            await self._commit(fetcher, processors, final=True, steps=steps)
             return
         periodic = self._periodic = asyncio.ensure_future(
-            self._commit(consumer, processors, final=False, steps=steps)
+            self._commit(fetcher, processors, final=False, steps=steps)
         )
         try:
             await periodic
@@ -232,7 +255,7 @@ class Committer(Generic[P]):
 
     async def _commit(
         self,
-        consumer: AIOKafkaConsumer,
+        fetcher: AssignedFetcher,
         processors: list[P],
         *,
         final: bool,
@@ -254,7 +277,7 @@ class Committer(Generic[P]):
                 offset = processor.committable()
                 if offset is not None:
                     steps.end()
-                    await self._past_skipped(consumer, processor, offset)  # may ask the broker
+                    await self._past_skipped(fetcher, processor, offset)  # may ask the broker
                     steps.start()
             if not self.exactly_once:
                 snapshot = self._snapshot(processor)
@@ -273,7 +296,8 @@ class Committer(Generic[P]):
             task = self._txn_commit = asyncio.ensure_future(self._commit_transaction(final))
             await asyncio.shield(task)
             return
-        if not entries:
+        group = self._group
+        if not entries or group is None:
             return
         metadata: dict[TopicPartition, str] = {}
         if self.store is not None:
@@ -287,7 +311,7 @@ class Committer(Generic[P]):
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
             # cancellation that arrives as the commit ends, and a shutdown then waits forever.
             async with asyncio.timeout(COMMIT_TIMEOUT_S):
-                await consumer.commit(offsets)
+                await group.commit(offsets)
         except (KafkaError, AssertionError, TimeoutError) as exc:
             # A commit during a rebalance fails by design; the next interval retries it.
             if isinstance(exc, OffsetMetadataTooLargeError) and self.store is not None:
@@ -326,11 +350,12 @@ class Committer(Generic[P]):
             self._saved.clear()
 
     @staticmethod
-    async def _past_skipped(consumer: AIOKafkaConsumer, processor: P, offset: int) -> None:
+    async def _past_skipped(fetcher: AssignedFetcher, processor: P, offset: int) -> None:
         # An idle partition whose fetch position is past its watermark skipped offsets it
         # was never handed (transaction markers, aborted records under read_committed):
         # commit the position, or the group's lag would never reach zero. Only asked when
         # the broker holds more than the watermark, so a quiet partition costs nothing.
+        consumer = fetcher.consumer
         high = consumer.highwater(processor.tp)
         if high is None or high <= offset:
             return

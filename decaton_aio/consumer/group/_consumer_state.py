@@ -275,6 +275,8 @@ class MemberState:
             return None
         wait = max(0.0, self._next_at - now)
         if self.phase is Phase.LEAVING:
+            if self._fenced_while_leaving:
+                return None  # out of the group already: nothing more to say
             if self._leave_revoked:
                 return wait if self._failures else 0.0
             if not self._ever_sent:

@@ -95,9 +95,13 @@ class Membership(Protocol):
         """
 
     async def stop(self, *, leave: bool = True) -> None:
-        """Revoke what the member owns (through the listener), leave the group (unless
-        ``leave`` is false, or the member is static: then it only stops heartbeating) and
-        close the connections. Safe to call more than once."""
+        """Revoke what the member owns (through the listener), leave the group unless
+        ``leave`` is false, and close the connections. Safe to call more than once.
+
+        A static member (``group.instance.id``) keeps its place for its session timeout
+        either way: on the classic protocol it sends no ``LeaveGroup``, on the consumer
+        protocol it leaves with epoch -2, which the coordinator takes as "back soon"; it
+        gets the same partitions when it returns within the session timeout."""
 
     def rejoin(self, reason: str) -> None:
         """Ask the coordinator for the assignment again (the subscribed topics changed,

@@ -1,0 +1,104 @@
+"""Which group protocol a subscription speaks: the setting wins, a state store keeps the
+classic protocol, and otherwise the broker's offer decides (while the consumer protocol is
+the default); the choice is logged with its reason."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from decaton_aio import ConfigError, ConsumerConfig
+from decaton_aio.consumer.group import ClassicMembership, ConsumerProtocolMembership
+from decaton_aio.consumer.group._choose import (
+    CONSUMER_BY_DEFAULT,
+    choose_protocol,
+    decide,
+    new_membership,
+)
+
+
+@pytest.mark.parametrize("setting", ["consumer", "classic"])
+@pytest.mark.parametrize("state_store", [False, True])
+@pytest.mark.parametrize("offers", [None, False, True])
+def test_an_explicit_setting_wins(setting: str, state_store: bool, offers: bool | None) -> None:
+    choice = decide(setting, state_store=state_store, broker_offers_consumer=offers)  # type: ignore[arg-type]
+    assert choice.protocol == setting
+    assert f"group.protocol={setting}" in choice.reason
+
+
+@pytest.mark.parametrize("offers", [None, False, True])
+def test_a_state_store_keeps_the_classic_protocol(offers: bool | None) -> None:
+    choice = decide(None, state_store=True, broker_offers_consumer=offers, consumer_by_default=True)
+    assert choice.protocol == "classic"
+    assert "assignor" in choice.reason
+
+
+def test_by_default_the_broker_decides() -> None:
+    """With the consumer protocol as the default: consumer where the broker offers it,
+    classic where it does not or did not answer."""
+    on = {"consumer_by_default": True, "state_store": False}
+    assert decide(None, broker_offers_consumer=True, **on).protocol == "consumer"  # type: ignore[arg-type]
+    assert decide(None, broker_offers_consumer=False, **on).protocol == "classic"  # type: ignore[arg-type]
+    assert decide(None, broker_offers_consumer=None, **on).protocol == "classic"  # type: ignore[arg-type]
+
+
+def test_while_the_consumer_protocol_is_opt_in_the_default_is_classic() -> None:
+    choice = decide(None, state_store=False, broker_offers_consumer=True, consumer_by_default=False)
+    assert choice.protocol == "classic"
+    assert "opt-in" in choice.reason
+
+
+async def test_the_broker_is_asked_only_when_it_decides_and_the_choice_is_logged() -> None:
+    asked: list[bool] = []
+
+    async def offers() -> bool:
+        asked.append(True)
+        return True
+
+    config = ConsumerConfig("b:1", "g")
+    with capture_logs() as logs:
+        choice = await choose_protocol(
+            config, state_store=False, offers_consumer=offers, consumer_by_default=True
+        )
+    assert (choice.protocol, asked) == ("consumer", [True])
+    assert logs[-1]["event"] == "group protocol chosen"
+    assert logs[-1]["protocol"] == "consumer"
+    assert "offers" in logs[-1]["reason"]
+    explicit = ConsumerConfig("b:1", "g", group_protocol="classic")
+    await choose_protocol(
+        explicit, state_store=False, offers_consumer=offers, consumer_by_default=True
+    )
+    await choose_protocol(
+        config, state_store=True, offers_consumer=offers, consumer_by_default=True
+    )
+    assert asked == [True]
+
+
+async def test_a_broker_that_cannot_say_means_classic() -> None:
+    async def offers() -> bool:
+        raise OSError("connection refused")
+
+    config = ConsumerConfig("b:1", "g")
+    choice = await choose_protocol(
+        config, state_store=False, offers_consumer=offers, consumer_by_default=True
+    )
+    assert choice.protocol == "classic"
+
+
+def test_the_classic_membership_is_made_for_classic() -> None:
+    config = ConsumerConfig("b:1", "g")
+    assert isinstance(new_membership("classic", config, ["t"]), ClassicMembership)
+    assert CONSUMER_BY_DEFAULT in (True, False)
+
+
+def test_the_consumer_protocol_membership_is_made_for_consumer() -> None:
+    config = ConsumerConfig("b:1", "g", group_instance_id="pod-1", group_protocol="consumer")
+    membership = new_membership("consumer", config, ["t"])
+    assert isinstance(membership, ConsumerProtocolMembership)
+    assert membership.identity.group_instance_id == "pod-1"
+
+
+def test_a_state_store_assignor_on_the_consumer_protocol_is_a_config_error() -> None:
+    config = ConsumerConfig("b:1", "g", group_protocol="consumer")
+    with pytest.raises(ConfigError, match=r"group\.protocol=classic"):
+        new_membership("consumer", config, ["t"], assignors=[object()])
