@@ -102,7 +102,8 @@ class ConsumerConfig:
             a rack-aware replica selector on the brokers, fetches go to a replica in the
             same zone. ``None``: no preference.
         session_timeout_ms: a member silent this long is evicted from the group
-            (``session.timeout.ms``).
+            (``session.timeout.ms``; the classic protocol: on the consumer protocol the
+            group's own, a broker setting, applies).
         heartbeat_interval_ms: how often the member heartbeats
             (``heartbeat.interval.ms``); below ``session_timeout_ms``.
         max_poll_interval_ms: the longest the consumer may go between fetch calls before it
