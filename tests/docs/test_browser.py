@@ -36,6 +36,7 @@ PAGES = (
     ("", "decaton-aio", "commits a watermark", "home"),
     ("processors/", "Writing processors - decaton-aio", "Per-key order", "guide"),
     ("reference/api/", "Python API - decaton-aio", "Application", "api"),
+    ("deploying/", "Deploying - decaton-aio", "scaled on lag", "deploying"),
 )
 
 

@@ -33,7 +33,7 @@ from bench.jvm import JvmBuild
 from decaton_aio import (
     Application,
     BytesSerializer,
-    ConfigError,
+    GroupRefusedError,
     ProcessingContext,
     RetryConfig,
     RetryPolicy,
@@ -393,7 +393,7 @@ async def test_a_state_store_refuses_a_group_with_decaton_in_it(
         sub = kafka_broker.subscription(app, group_id=group)
         await sub.start()
         try:
-            with pytest.raises(ConfigError, match="cannot share its group"):
+            with pytest.raises(GroupRefusedError, match="cannot share its group"):
                 await asyncio.wait_for(sub.wait_stopped(), 60)
         finally:
             await sub.stop()

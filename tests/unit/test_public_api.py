@@ -36,6 +36,7 @@ EXPECTED = {
     "ConsumerConfig",
     "DecatonError",
     "DecodeError",
+    "GroupRefusedError",
     "DurableSender",
     "MissingTopicError",
     "EmbeddedBroker",
