@@ -725,6 +725,9 @@ class Subscription:
             processor.revoke()
         self._give_up(processors, partitions)
         await self._committer.release([p.tp for p in processors])
+        # Work of the lost generation still in the open transaction must never commit
+        # under the member's next one (a zombie woken from a freeze rejoins at once).
+        await self._committer.abort_transaction("the member lost its partitions")
         self._reconciled(
             "partitions lost (the member was fenced or its session expired): closed "
             "without a commit; their work since the last commit runs again elsewhere",

@@ -292,10 +292,10 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
 ) -> None:
     """A zombie: one of two instances is frozen (SIGSTOP) past its session timeout while it
     holds an open transaction; the other takes its partitions over. Woken (SIGCONT), the
-    frozen one cannot commit: the group coordinator refuses the offsets of its generation
-    (the transaction timeout is longer than the freeze, so the broker has not aborted the
-    transaction for it), its transaction aborts, it says so, and every output is committed
-    exactly once."""
+    frozen one cannot commit: it finds its partitions lost and aborts its open transaction,
+    or the group coordinator refuses the offsets of its generation (the transaction timeout
+    is longer than the freeze, so the broker has not aborted the transaction for it); it
+    says so, and every output is committed exactly once."""
     needs_transactions(kafka_broker)
     topic = await topic_factory(partitions=4)
     out = await topic_factory(partitions=2)
@@ -358,7 +358,10 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
     assert set(counts) == expected, f"{len(expected - set(counts))} outputs missing"
     assert all(n == 1 for n in counts.values()), "an output was committed twice"
     told = zombie.logs[-1].with_suffix(".err").read_text()
-    assert "transaction failed" in told
-    assert "GenerationOverError" in told  # the group's check, not the timeout
+    # Woken, the zombie either finds its session over first (its partitions are lost and
+    # it aborts the open transaction itself), or commits first and the group refuses it.
+    aborted = "the member lost its partitions" in told and "aborting the open" in told
+    refused = "transaction failed" in told and "GenerationOverError" in told
+    assert aborted or refused, "the zombie did not say it gave its transaction up"
     assert "ProducerFenced" not in told
     assert "never retrieved" not in told

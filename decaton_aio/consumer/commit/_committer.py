@@ -206,6 +206,16 @@ class Committer(Generic[P]):
             self._saved.pop(tp, None)
             self._members.pop(tp, None)
 
+    async def abort_transaction(self, reason: str) -> None:
+        """Abort the open transaction after the commit under way, if any (exactly-once):
+        the member lost its partitions, so nothing it did in that generation may commit in
+        a later one."""
+        running = self._txn_commit
+        if running is not None:
+            await asyncio.wait([running])
+        if self.txn is not None:
+            await self.txn.abort(reason)
+
     async def close(self) -> None:
         """Stop the transactional producer and the checkpoint store."""
         running = self._txn_commit
@@ -355,15 +365,20 @@ class Committer(Generic[P]):
         # was never handed (transaction markers, aborted records under read_committed):
         # commit the position, or the group's lag would never reach zero. Only asked when
         # the broker holds more than the watermark, so a quiet partition costs nothing.
-        consumer = fetcher.consumer
-        high = consumer.highwater(processor.tp)
-        if high is None or high <= offset:
+        # A partition lost or revoked meanwhile is closed, and no longer assigned.
+        if processor.closed:
             return
+        consumer = fetcher.consumer
         try:
+            high = consumer.highwater(processor.tp)
+            if high is None or high <= offset:
+                return
             async with asyncio.timeout(POSITION_TIMEOUT_S):
                 position = int(await consumer.position(processor.tp))
-        except (KafkaError, TimeoutError):
-            return  # revoked or resetting meanwhile: next interval
+        except (KafkaError, TimeoutError, AssertionError):
+            # Revoked or resetting meanwhile (aiokafka asserts on an unassigned
+            # partition): next interval.
+            return
         processor.skip_to(position)
 
     def _snapshot(self, processor: P) -> tuple[int, Checkpoint | None] | None:

@@ -398,13 +398,27 @@ class Transaction:
                     f"the transaction of {self.transactional_id} did not commit: {exc!r}"
                 ) from exc
 
-    async def _abandon(self, cause: BaseException) -> None:
+    async def abort(self, reason: str) -> None:
+        """Abort the open transaction, if any: its records are never committed, its
+        listeners go back to their last commit (`TransactionListener.dropped()`), and a
+        fresh producer with the same id takes over. For a member that lost its
+        partitions: what it did in the generation it lost must not commit in its next.
+
+        Waits for the deliveries inside and a commit under way, as a commit does.
+        """
+        async with self._alone():
+            if self._open:
+                await self._abandon(reason, "aborting the open transaction")
+
+    async def _abandon(
+        self, cause: BaseException | str, what: str = "transaction failed; aborting it"
+    ) -> None:
         # A failed commit leaves the client in a state only a fresh producer gets out of;
         # starting one with the same id aborts the transaction on the broker.
         log.warning(
-            "transaction failed; aborting it and going back to the last commit",
+            f"{what} and going back to the last commit",
             transactional_id=self.transactional_id,
-            error=repr(cause),
+            error=cause if isinstance(cause, str) else repr(cause),
         )
         try:
             await self.restart()
