@@ -5,7 +5,6 @@ membership, incremental sessions, offsets out of range, a secured broker."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch import FetchConfig, Fetcher
 from decaton_aio.producer import COMPRESSION_TYPES
 from decaton_aio.testing import BrokerHandle, wait_until
+from tests.integration.test_isolation import write_transactions
 
 pytestmark = pytest.mark.integration
 
@@ -190,23 +190,7 @@ async def test_read_committed_skips_an_aborted_transaction_and_the_markers(
         pytest.skip("this broker does not hide aborted transactions from read_committed")
     topic = await topic_factory(partitions=1)
     tp = TopicPartition(topic, 0)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=kafka_broker.bootstrap_servers,
-        transactional_id=f"fetcher-{uuid.uuid4().hex[:8]}",
-    )
-    await producer.start()
-    try:
-        async with producer.transaction():
-            for i in range(3):
-                await producer.send(topic, f"c-{i}".encode(), key=b"k")
-        await producer.begin_transaction()
-        for i in range(2):
-            await producer.send(topic, f"a-{i}".encode(), key=b"k")
-        await producer.abort_transaction()
-        async with producer.transaction():
-            await producer.send(topic, b"c-3", key=b"k")
-    finally:
-        await producer.stop()
+    await write_transactions(kafka_broker.bootstrap_servers, topic)
     committed = await fetcher_factory(isolation_level="read_committed")
     uncommitted = await fetcher_factory()
     committed.assign(tp, 0)
@@ -321,7 +305,7 @@ async def test_an_offset_out_of_range_without_a_policy_is_raised(
     kafka_broker: BrokerHandle, topic_factory: Any, fetcher_factory: FetcherFactory
 ) -> None:
     if kafka_broker.flavor == "tansu":
-        pytest.skip("Tansu does not delete records (DeleteRecords)")
+        pytest.skip("Tansu does not answer a fetch past the end with OFFSET_OUT_OF_RANGE")
     from aiokafka.errors import OffsetOutOfRangeError
 
     topic = await topic_factory(partitions=1)

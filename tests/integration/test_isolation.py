@@ -16,7 +16,7 @@ from decaton_aio.testing import BrokerHandle, committed_offsets, wait_until
 pytestmark = pytest.mark.integration
 
 
-async def _write_transactions(servers: str, topic: str) -> None:
+async def write_transactions(servers: str, topic: str) -> None:
     """One committed transaction (c-0..c-2), one aborted (a-0, a-1), one committed (c-3)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=servers, transactional_id=f"upstream-{uuid.uuid4().hex[:8]}"
@@ -52,7 +52,7 @@ async def test_isolation_level_and_the_commit_past_transaction_markers(
     if not kafka_broker.hides_aborted_transactions:
         pytest.skip("this broker does not hide aborted transactions from read_committed")
     topic = await topic_factory(partitions=1)
-    await _write_transactions(kafka_broker.bootstrap_servers, topic)
+    await write_transactions(kafka_broker.bootstrap_servers, topic)
     seen: list[bytes] = []
 
     async def process(ctx: ProcessingContext, task: bytes) -> None:

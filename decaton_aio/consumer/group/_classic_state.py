@@ -48,6 +48,15 @@ from typing import Final, TypeAlias
 
 from aiokafka import TopicPartition
 
+from decaton_aio.consumer.group._refusals import (
+    FENCED_INSTANCE_ID,
+    GROUP_AUTHORIZATION_FAILED,
+    GROUP_MAX_SIZE_REACHED,
+    INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_GROUP_ID,
+    INVALID_SESSION_TIMEOUT,
+)
+
 __all__ = [
     "FATAL",
     "Assign",
@@ -72,15 +81,10 @@ COORDINATOR_LOAD_IN_PROGRESS: Final = 14
 COORDINATOR_NOT_AVAILABLE: Final = 15
 NOT_COORDINATOR: Final = 16
 ILLEGAL_GENERATION: Final = 22
-INCONSISTENT_GROUP_PROTOCOL: Final = 23
-INVALID_GROUP_ID: Final = 24
 UNKNOWN_MEMBER_ID: Final = 25
-INVALID_SESSION_TIMEOUT: Final = 26
 REBALANCE_IN_PROGRESS: Final = 27
-GROUP_AUTHORIZATION_FAILED: Final = 30
 MEMBER_ID_REQUIRED: Final = 79
-GROUP_MAX_SIZE_REACHED: Final = 81
-FENCED_INSTANCE_ID: Final = 82
+# The refusals' codes are the refusal module's (both protocols share them).
 
 #: Refusals no retry changes: the member fails with them.
 FATAL: Final = frozenset(

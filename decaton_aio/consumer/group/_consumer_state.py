@@ -39,6 +39,16 @@ from decaton_aio.consumer.group._consumer_messages import (
     Assignment,
     HeartbeatFields,
 )
+from decaton_aio.consumer.group._refusals import (
+    FENCED_INSTANCE_ID,
+    GROUP_AUTHORIZATION_FAILED,
+    GROUP_MAX_SIZE_REACHED,
+    INVALID_REGULAR_EXPRESSION,
+    INVALID_REQUEST,
+    UNRELEASED_INSTANCE_ID,
+    UNSUPPORTED_ASSIGNOR,
+    UNSUPPORTED_VERSION,
+)
 
 __all__ = [
     "FENCING",
@@ -58,7 +68,18 @@ FENCING: Final = frozenset({25, 110})  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
 #: The coordinator moved or is not there: find it again, then send a full heartbeat.
 RETRY_COORDINATOR: Final = frozenset({15, 16})  # COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
 #: The member cannot join as it is configured (see ``_refusals``).
-REFUSALS: Final = frozenset({30, 35, 42, 81, 82, 111, 112, 128})
+REFUSALS: Final = frozenset(
+    {
+        GROUP_AUTHORIZATION_FAILED,
+        UNSUPPORTED_VERSION,
+        INVALID_REQUEST,
+        GROUP_MAX_SIZE_REACHED,
+        FENCED_INSTANCE_ID,
+        UNRELEASED_INSTANCE_ID,
+        UNSUPPORTED_ASSIGNOR,
+        INVALID_REGULAR_EXPRESSION,
+    }
+)
 
 _LEAVE: Final = -1
 _LEAVE_STATIC: Final = -2
