@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from decaton_aio import environment
-from decaton_aio.app import FETCH_LOOPS, GROUP_PROTOCOLS, ConsumerConfig
+from decaton_aio.app import GROUP_PROTOCOLS, ConsumerConfig
 from decaton_aio.consumer import HealthConfig
 
 __all__ = ["add_consumer_arguments", "add_probe_arguments", "consumer_config", "health_config"]
@@ -51,6 +51,9 @@ _FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str]
      "bytes per partition per fetch (max.partition.fetch.bytes; default 1048576)"),
     ("--max-poll-records", "max_fetch_records", int, None,
      "records taken per fetch call (max.poll.records; default 2000)"),
+    ("--fetch-loop", "fetch_loop", str, None,
+     "what fetches the partitions: own (the runtime's fetch loop, with fetch sessions) "
+     "or aiokafka (aiokafka's consumer); default aiokafka"),
     ("--metadata-max-age-ms", "metadata_max_age_ms", int, None,
      "refresh the cluster's metadata this often: a recreated task topic is noticed "
      "within it (metadata.max.age.ms; default 5 minutes)"),
@@ -78,14 +81,6 @@ def add_consumer_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("earliest", "latest"),
         default=None,
         help="where a new group starts (auto.offset.reset; default earliest)",
-    )
-    parser.add_argument(
-        "--fetch-loop",
-        dest="consumer_fetch_loop",
-        choices=FETCH_LOOPS,
-        default=None,
-        help="what fetches: own (the runtime's fetch loop, with fetch sessions) or aiokafka "
-        "(aiokafka's consumer); default aiokafka",
     )
     protocol = environment.GROUP_PROTOCOL.get()
     parser.add_argument(

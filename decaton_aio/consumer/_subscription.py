@@ -291,6 +291,15 @@ class Subscription:
         return dict(self._partitions)
 
     @property
+    def fetch_unanswered_since(self) -> float | None:
+        """Since when (``time.monotonic()``) a broker asked for records has not answered,
+        with the runtime's own fetch loop (``ConsumerConfig.fetch_loop``); None when every
+        broker asked answered its last request, or with aiokafka's consumer (which does
+        not say)."""
+        loop_fetcher = self._loop_fetcher
+        return loop_fetcher.fetcher.unanswered_since() if loop_fetcher is not None else None
+
+    @property
     def waiting_for_topics(self) -> tuple[str, ...]:
         """The task topics the start waits for, because the cluster does not have them
         yet (empty otherwise)."""
