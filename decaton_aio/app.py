@@ -47,6 +47,8 @@ DEFAULT_SUBSCRIPTION_ID = "decaton-aio"
 _OFFSET_RESETS = ("earliest", "latest")
 #: The values of ``group.protocol`` (`ConsumerConfig.group_protocol`).
 GROUP_PROTOCOLS: tuple[str, ...] = ("consumer", "classic")
+#: The values of `ConsumerConfig.fetch_loop`.
+FETCH_LOOPS: tuple[str, ...] = ("own", "aiokafka")
 #: The assignors a member can offer, by their protocol names; Java's class names map to
 #: them, so a ``partition.assignment.strategy`` line of a Java client works as written.
 ASSIGNORS = ("roundrobin", "range", "sticky")
@@ -157,6 +159,11 @@ class ConsumerConfig:
             each rebalance) or ``consumer`` (the coordinator assigns, each member gives up
             only what moves; Kafka 4.0 and later). ``None`` (the default): the runtime
             chooses (see ``docs/configuration.md``) and logs which and why.
+        fetch_loop: what fetches the assigned partitions: ``own`` (the runtime's fetch
+            loop: fetch sessions, so a request names only what changed, one request in
+            flight per broker, records read straight into the runtime's; a held
+            partition is left out of the requests) or ``aiokafka`` (aiokafka's consumer
+            without a group; every request names every partition).
     """
 
     bootstrap_servers: str
@@ -181,6 +188,7 @@ class ConsumerConfig:
     commit_metadata_max_bytes: int = 4096
     partition_assignment_strategy: tuple[str, ...] = ("roundrobin",)
     group_protocol: Literal["consumer", "classic"] | None = None
+    fetch_loop: Literal["own", "aiokafka"] = "aiokafka"
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -214,6 +222,8 @@ class ConsumerConfig:
                 f"group_protocol must be one of {GROUP_PROTOCOLS} or None (the runtime "
                 f"chooses), got {self.group_protocol!r}"
             )
+        if self.fetch_loop not in FETCH_LOOPS:
+            raise ConfigError(f"fetch_loop must be one of {FETCH_LOOPS}, got {self.fetch_loop!r}")
         if self.isolation_level not in ISOLATION_LEVELS:
             raise ConfigError(
                 f"isolation_level must be one of {ISOLATION_LEVELS}, got {self.isolation_level!r}"
