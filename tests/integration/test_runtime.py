@@ -288,6 +288,43 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
         await close()  # what the listener may have opened after the store closed
 
 
+async def test_a_stop_during_the_start_stops_what_the_start_made(
+    kafka_broker: BrokerHandle, topic_factory: Any
+) -> None:
+    """stop() called while start() is under way waits for the start to end and then stops
+    everything it made: no routine, membership or consumer is left running."""
+    topic = await topic_factory(partitions=1)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        return None
+
+    sub = kafka_broker.subscription(Application(process, topics=(topic,)))
+    entered, release = asyncio.Event(), asyncio.Event()
+    sender_start = sub._sender.start
+
+    async def held_start() -> None:
+        entered.set()
+        await release.wait()
+        await sender_start()
+
+    sub._sender.start = held_start  # type: ignore[method-assign]
+    async with asyncio.timeout(60):
+        starting = asyncio.create_task(sub.start())
+        await entered.wait()
+        stopping = asyncio.create_task(sub.stop())
+        await wait_until(lambda: sub._stop_requested.is_set(), what="the stop asked for")
+        assert not stopping.done()  # it waits for the start
+        release.set()
+        await starting
+        await stopping
+    assert sub.state is SubscriptionState.TERMINATED
+    membership = sub._membership
+    assert membership is not None
+    assert membership.routine.done()
+    for task in (sub._fetch_task, sub._commit_task, sub._topic_task, sub._metadata_task):
+        assert task is None or task.done()
+
+
 async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(
     kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
 ) -> None:
