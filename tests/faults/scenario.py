@@ -23,6 +23,11 @@ Paths (which clients go through the faulty proxies):
   group's coordinator): every client of that node is cut from it, while the brokers keep
   replicating to it.
 
+The ``commit`` fault cuts requests and responses in flight, a cycle a second
+(`CommitCuts`), so the cuts fall on each step of the commits. With ``rebalance`` a third
+member joins just before the fault begins and the first leaves (SIGTERM) half a second
+into it: the fault falls on the rebalance.
+
 The figures of a run (`Figures`): how long until an instance's readiness probe said not
 ready (``detect_s``) and until an instance's oldest partition commit was over 5 s old
 (``aged_s``), the warnings the instances logged from the fault to the steady state after
@@ -125,6 +130,52 @@ class Fault:
             for stream in self.streams:
                 toxiproxy.remove_toxic(proxy, f"{self.kind}_{stream}")
 
+    async def hold(self, toxiproxy: Toxiproxy, proxies: list[str], seconds: float) -> None:
+        """The fault for ``seconds``, then none."""
+        self.apply(toxiproxy, proxies)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.remove(toxiproxy, proxies)
+
+
+@dataclass(frozen=True)
+class CommitCuts(Fault):
+    """Requests or responses lost in flight, over and over: each cycle holds what passes
+    one way (``latency`` of 1 s), resets the connections while it is held (``reset_peer``)
+    and lets the network be for a while of its own. A cycle holds about one commit
+    interval (500 ms), and the pauses vary, so the cuts fall on each step of the
+    commits in turn: a transaction's ``AddOffsetsToTxn``, ``TxnOffsetCommit`` and
+    ``EndTxn`` (under exactly-once), an ``OffsetCommit`` (at-least-once), their requests
+    lost before the broker saw them (upstream) or their responses after it applied them
+    (downstream)."""
+
+    kind: str = "commit"
+
+    async def hold(self, toxiproxy: Toxiproxy, proxies: list[str], seconds: float) -> None:
+        until = time.monotonic() + seconds
+        cycle = 0
+        try:
+            while time.monotonic() < until:
+                stream = ("downstream", "upstream")[cycle % 2]
+                for proxy in proxies:
+                    toxiproxy.add_toxic(proxy, "latency", stream=stream, latency=1000)
+                await asyncio.sleep(0.6)
+                for proxy in proxies:
+                    toxiproxy.add_toxic(proxy, "reset_peer", stream=stream, timeout=0)
+                await asyncio.sleep(0.2)
+                self._clear(toxiproxy, proxies)
+                await asyncio.sleep(0.3 + 0.1 * (cycle % 5))
+                cycle += 1
+        finally:
+            self._clear(toxiproxy, proxies)
+
+    @staticmethod
+    def _clear(toxiproxy: Toxiproxy, proxies: list[str]) -> None:
+        for proxy in proxies:
+            for toxic in toxiproxy.proxies()[proxy]["toxics"]:
+                toxiproxy.remove_toxic(proxy, toxic["name"])
+
 
 BOTH = ("upstream", "downstream")
 FAULTS = {
@@ -135,6 +186,7 @@ FAULTS = {
     "slicer": Fault("slicer", {"average_size": 24, "size_variation": 16, "delay": 500}, BOTH),
     "limit_data": Fault("limit_data", {"bytes": 2048}),  # responses cut after 2 KB
     "down": Fault("down"),
+    "commit": CommitCuts(),  # requests and responses cut in flight, a cycle a second
 }
 
 
@@ -146,6 +198,7 @@ class Figures:
     fault: str
     exactly_once: bool
     fault_s: float
+    rebalance: bool = False
     tasks: int = 0
     detect_s: float | None = None
     aged_s: float | None = None
@@ -307,16 +360,19 @@ class Scenario:
         fault_s: float,
         exactly_once: bool,
         workdir: Path,
+        rebalance: bool = False,
     ) -> None:
         self.cluster = cluster
         self.fault = FAULTS[fault]
-        self.figures = Figures(cluster.path, fault, exactly_once, fault_s)
+        self.figures = Figures(cluster.path, fault, exactly_once, fault_s, rebalance)
+        self.rebalance = rebalance
         self.exactly_once = exactly_once
         self.workdir = workdir
         self.topic = f"faults-{uuid.uuid4().hex[:8]}"
         self.out = f"{self.topic}-out"
         self.instances: list[Instance] = []
-        self.urls: list[str] = []
+        self.urls: list[str] = []  # the metrics of the instances running
+        self.processed: dict[str, int] = {}  # tasks processed by each instance, last seen
         self.progress: list[tuple[float, int]] = []  # (time, tasks processed so far)
         self.not_ready: list[float] = []  # times a probe said not ready
         #: The recovery target this run missed (every other target is asserted).
@@ -341,6 +397,7 @@ class Scenario:
             argv.append("--exactly-once")
         env = {"FAULT_OUT": self.out}
         self.instances = [Instance(f"i{n}", self.workdir, argv, env) for n in range(INSTANCES)]
+        leaving: Instance | None = None
         feeder = Feeder(cluster.producer_servers, self.topic, self.workdir)
         stop_feeding, stop_watching = asyncio.Event(), asyncio.Event()
         feeding = watching = None
@@ -356,17 +413,25 @@ class Scenario:
             await asyncio.sleep(3.0)  # the steady state before the fault
             before = self._readings()
             committed_before = sum((await self._committed(self.topic)).values())
+            if self.rebalance:
+                await self._join(argv, env)
             began, began_wall = time.monotonic(), time.time()
-            self.fault.apply(cluster.toxiproxy, cluster.faulty)
-            try:
-                await asyncio.sleep(self.figures.fault_s)
-            finally:
-                self.fault.remove(cluster.toxiproxy, cluster.faulty)
+            fault = asyncio.create_task(
+                self.fault.hold(cluster.toxiproxy, cluster.faulty, self.figures.fault_s)
+            )
+            if self.rebalance:
+                await asyncio.sleep(0.5)
+                leaving = self.instances[0]
+                assert leaving.proc is not None
+                leaving.proc.send_signal(signal.SIGTERM)
+            await fault
             ended = time.monotonic()
             sent_by_end = feeder.sent
             self.figures.redo_bound = (
                 sent_by_end - committed_before + RATE * COMMIT_INTERVAL_MS // 1000
             )
+            if leaving is not None:
+                await self._left(leaving)
             await self._recovered(feeder, sent_by_end, ended)
             await asyncio.sleep(2.0)  # the steady state after it
             steady_wall = time.time()
@@ -378,7 +443,7 @@ class Scenario:
             await watching
             for instance in self.instances:
                 assert instance.proc is not None
-                assert instance.proc.returncode is None, (
+                assert instance.proc.returncode is None or instance is leaving, (
                     f"{instance.name} exited during the fault: {instance.logs[-1]}"
                 )
         finally:
@@ -393,7 +458,7 @@ class Scenario:
         exits = [i.proc.returncode for i in self.instances if i.proc is not None]
         self.figures.instance_exits = exits
         self.figures.produce_exits = sorted(set(feeder.exit_codes))
-        assert exits == [0] * INSTANCES, f"instances exited with {exits}"
+        assert exits == [0] * len(exits), f"instances exited with {exits}"
         assert set(feeder.exit_codes) <= {0}, f"produce exited with {feeder.exit_codes}"
         self.figures.tasks = feeder.sent
         self.figures.detect_s = _first_after(self.not_ready, began)
@@ -408,6 +473,33 @@ class Scenario:
         )
         await self._judge(feeder.sent)
         return self.figures
+
+    async def _join(self, argv: list[str], env: dict[str, str]) -> None:
+        """A member joins: returns once it reached the cluster and asks to join (the
+        fault then falls on the rebalance it started; half a second into the fault the
+        first member leaves, with SIGTERM: it drains, commits what it can and leaves)."""
+        joining = Instance(f"i{len(self.instances)}", self.workdir, argv, env)
+        self.instances.append(joining)
+        await joining.start()
+        err = joining.logs[-1].with_suffix(".err")
+        deadline = time.monotonic() + 60
+        while '"state": "running"' not in err.read_text():
+            assert joining.proc is not None
+            assert joining.proc.returncode is None, f"{joining.name} exited: {err}"
+            assert time.monotonic() < deadline, f"{joining.name} never ran: {err}"
+            await asyncio.sleep(0.02)
+
+    async def _left(self, leaving: Instance) -> None:
+        """The member that left exited 0 (by the end of the fault or soon after), and the
+        one that joined took part in the group."""
+        assert leaving.proc is not None
+        code = await asyncio.wait_for(leaving.proc.wait(), 90)
+        assert code == 0, f"{leaving.name} left with {code}: {leaving.logs[-1]}"
+        url = self.urls[self.instances.index(leaving)]
+        self.urls.remove(url)
+        joining = self.instances[-1]
+        await joining.joined(timeout_s=90)
+        self.urls.append(await self._metrics_url(joining))
 
     async def _metrics_url(self, instance: Instance) -> str:
         err = instance.logs[-1].with_suffix(".err")
@@ -445,19 +537,19 @@ class Scenario:
         """Every 0.2 s: the instances' readiness and how many tasks they processed."""
         while not until.is_set():
             now = time.monotonic()
-            processed = 0
-            for url in self.urls:
+            for url in list(self.urls):
                 if not await asyncio.to_thread(_ready, url.replace("/metrics", "/readyz")):
                     self.not_ready.append(now)
                 with contextlib.suppress(OSError):
                     page = await asyncio.to_thread(_get, url)
-                    processed += int(sum(_samples(page, "decaton_tasks_processed_total")))
+                    done = int(sum(_samples(page, "decaton_tasks_processed_total")))
+                    self.processed[url] = done
                     if (
                         max(_samples(page, "decaton_partition_commit_age_seconds"), default=0)
                         > AGED_S
                     ):
                         self.aged.append(now)
-            self.progress.append((now, processed))
+            self.progress.append((now, sum(self.processed.values())))
             await asyncio.sleep(0.2)
 
     def _longest_stall(self, began: float, ended: float) -> float:

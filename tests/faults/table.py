@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 PATHS = ("runtime", "leaders", "coordinator", "node", "producer")
-FAULTS = ("latency", "bandwidth", "reset_peer", "timeout", "slicer", "limit_data", "down")
+FAULTS = (
+    "latency",
+    "bandwidth",
+    "reset_peer",
+    "timeout",
+    "slicer",
+    "limit_data",
+    "down",
+    "commit",
+)
 HEADER = (
     "| path | fault | mode | tasks | not ready after | commit 5 s old after | warnings "
     "| longest stall | resumed after the end | lag 0 after the end | pace then "
@@ -32,7 +41,7 @@ def row(f: dict[str, Any]) -> str:
     rss = "{:g} → {:g}".format(*f["rss_mb"])
     cells = [
         f["path"],
-        f["fault"],
+        f["fault"] + (" during a rebalance" if f.get("rebalance") else ""),
         mode,
         str(f["tasks"]),
         _s(f["detect_s"]),
@@ -53,8 +62,9 @@ def row(f: dict[str, Any]) -> str:
 
 
 def table(figures: list[dict[str, Any]]) -> str:
-    def order(f: dict[str, Any]) -> tuple[int, int, bool]:
-        return PATHS.index(f["path"]), FAULTS.index(f["fault"]), f["exactly_once"]
+    def order(f: dict[str, Any]) -> tuple[int, bool, int, bool]:
+        fault = FAULTS.index(f["fault"])
+        return PATHS.index(f["path"]), bool(f.get("rebalance")), fault, f["exactly_once"]
 
     lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     lines += [row(f) for f in sorted(figures, key=order)]
@@ -76,10 +86,10 @@ def _read(where: str) -> list[dict[str, Any]]:
 def main(*wheres: str) -> None:
     """Print the table of the runs found in ``wheres``; a scenario found in several, as
     the last one has it (a scenario run again replaces its earlier figures)."""
-    figures: dict[tuple[str, str, bool], dict[str, Any]] = {}
+    figures: dict[tuple[str, str, bool, bool], dict[str, Any]] = {}
     for where in wheres:
         for f in _read(where):
-            figures[f["path"], f["fault"], f["exactly_once"]] = f
+            figures[f["path"], f["fault"], f["exactly_once"], bool(f.get("rebalance"))] = f
     print(table(list(figures.values())))
 
 

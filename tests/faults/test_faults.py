@@ -1,8 +1,10 @@
 """Network faults between the runtime and the cluster, through a real Toxiproxy: two
 ``run`` instances of an application with retries, a dead letter topic, outputs and
 per-key state keep every guarantee through latency, a bandwidth cap, connection resets,
-a black hole, fragmented packets, connections cut after some bytes and an unreachable
-node, on each path (see ``scenario.py``): nothing lost, keys in order, the group's
+a black hole, fragmented packets, connections cut after some bytes, an unreachable
+node and requests and responses cut in the middle of commits, on each path (see
+``scenario.py``), and some of them during a rebalance (a member joins as the fault
+begins, another leaves in it): nothing lost, keys in order, the group's
 commits at the end, under exactly-once every output once and the state's counts exact,
 no process exits, descriptors and memory flat, and ``produce --spool-dir`` delivers
 what it spooled once the network is back.
@@ -35,8 +37,20 @@ SHORT = {
     "slicer": ("runtime", False),
     "limit_data": ("runtime", True),
     "down": ("producer", False),
+    "commit": ("runtime", True),
 }
+#: Faults during a rebalance (a member joins and one leaves as the fault begins):
+#: (path, fault, exactly-once); the first is part of the short form.
+REBALANCES = (
+    ("runtime", "reset_peer", True),
+    ("coordinator", "timeout", False),
+    ("coordinator", "timeout", True),
+    ("coordinator", "reset_peer", False),
+    ("coordinator", "reset_peer", True),
+)
 SHORT_FAULT_S = 4.0
+#: The short form's commit cuts: enough cycles to cut each step of a commit.
+SHORT_CUTS_S = 8.0
 LONG_FAULT_S = 30.0
 
 PATHS = ("runtime", "producer", "coordinator", "leaders", "node")
@@ -45,25 +59,45 @@ PATHS = ("runtime", "producer", "coordinator", "leaders", "node")
 def _matrix() -> list[object]:
     params: list[object] = []
     for fault, (path, eos) in SHORT.items():
-        params.append(pytest.param(path, fault, eos, SHORT_FAULT_S, id=f"short-{path}-{fault}"))
+        params.append(
+            pytest.param(
+                path,
+                fault,
+                eos,
+                SHORT_CUTS_S if fault == "commit" else SHORT_FAULT_S,
+                False,
+                id=f"short-{path}-{fault}",
+            )
+        )
+    path, fault, eos = REBALANCES[0]
+    name = f"short-{path}-{fault}-rebalance"
+    params.append(pytest.param(path, fault, eos, SHORT_FAULT_S, True, id=name))
+    marks = pytest.mark.chaos_long
     for path in PATHS:
         for fault in FAULTS:
             # Exactly-once where the transactions' path is cut: the runtime's, and the
             # coordinator's (a member cut from it is fenced, its transaction aborted).
             for eos in (False, True) if path in ("runtime", "coordinator") else (False,):
+                if fault == "commit" and path not in ("runtime", "coordinator"):
+                    continue  # no commit goes through the other paths' faults
                 name = f"long-{path}-{fault}" + ("-eos" if eos else "")
-                marks = pytest.mark.chaos_long
-                params.append(pytest.param(path, fault, eos, LONG_FAULT_S, id=name, marks=marks))
+                params.append(
+                    pytest.param(path, fault, eos, LONG_FAULT_S, False, id=name, marks=marks)
+                )
+    for path, fault, eos in REBALANCES:
+        name = f"long-{path}-{fault}-rebalance" + ("-eos" if eos else "")
+        params.append(pytest.param(path, fault, eos, LONG_FAULT_S, True, id=name, marks=marks))
     return params
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("path", "fault", "exactly_once", "fault_s"), _matrix())
+@pytest.mark.parametrize(("path", "fault", "exactly_once", "fault_s", "rebalance"), _matrix())
 async def test_a_network_fault_keeps_every_guarantee(
     path: str,
     fault: str,
     exactly_once: bool,
     fault_s: float,
+    rebalance: bool,
     toxiproxy: Toxiproxy,
     request: pytest.FixtureRequest,
     tmp_path: Path,
@@ -80,6 +114,7 @@ async def test_a_network_fault_keeps_every_guarantee(
         fault_s=fault_s,
         exactly_once=exactly_once,
         workdir=tmp_path,
+        rebalance=rebalance,
     )
     try:
         figures = await scenario.run()
