@@ -146,7 +146,7 @@ __all__ = [
     "fetch_pacing",
     "fetch_positions",
     "find_coordinator",
-    "follow_metadata",
+    "follow_cluster",
     "group_member",
     "install_record_hook",
     "is_idempotent",
@@ -161,7 +161,6 @@ __all__ = [
     "protocol_produce",
     "protocol_transaction",
     "replace_txn_offset_commit",
-    "request_rejoin",
     "sender_of",
     "sender_running",
     "set_fetch_pacing",
@@ -256,24 +255,16 @@ def group_member(consumer: Any) -> tuple[int, str, str | None] | None:
     )
 
 
-def request_rejoin(consumer: Any) -> None:
-    """Ask the consumer's group coordinator (``_coordinator``) for a rebalance: aiokafka
-    has no public call for it, and a deleted topic needs one."""
-    coordinator = coordinator_of(consumer)
-    if coordinator is not None:
-        coordinator.request_rejoin()
-
-
 # ------------------------------------------------------------------------- fetcher
 
 
-def follow_metadata(
-    consumer: Any, listener: Callable[[ClusterMetadata], None]
+def follow_cluster(
+    cluster: ClusterMetadata, listener: Callable[[ClusterMetadata], None]
 ) -> Callable[[], None]:
-    """Call ``listener(cluster)`` after each metadata update of the consumer's client (its
-    cluster's listeners: ``client.cluster`` is documented, its listeners are not); returns
-    the call that stops it."""
-    cluster = client_of(consumer).cluster
+    """Call ``listener(cluster)`` after each metadata update of a client's ``cluster``
+    (its listeners: ``client.cluster`` is documented, its listeners are not); returns
+    the call that stops it (it discards from ``_listeners``: ``remove_listener`` raises
+    for a listener already gone)."""
     cluster.add_listener(listener)
     return lambda: cluster._listeners.discard(listener)
 

@@ -30,6 +30,7 @@ from aiokafka.errors import (
 )
 
 from decaton_aio._aiokafka import (
+    AIOKafkaClient,
     MetadataRequest,
     MetadataSync,
     check_version,
@@ -156,9 +157,13 @@ METADATA_WATCH_S: Final = 1.0
 
 
 async def watch_metadata(
-    consumer: AIOKafkaConsumer, *, every_s: float = METADATA_WATCH_S, stuck_s: float | None = None
+    consumer: AIOKafkaConsumer | AIOKafkaClient,
+    *,
+    every_s: float = METADATA_WATCH_S,
+    stuck_s: float | None = None,
 ) -> None:
-    """Keep a consumer's metadata synchronizer answering; runs until cancelled.
+    """Keep a consumer's (or a client's) metadata synchronizer answering; runs until
+    cancelled.
 
     aiokafka's group coordination waits for ``client.force_metadata_update()`` (its
     coordinator lookup, ``ensure_coordinator_known``, after a failed FindCoordinator, and
@@ -177,7 +182,8 @@ async def watch_metadata(
     and started again. The future it left is resolved (``False``: "not updated"), so its
     waiters retry.
     """
-    sync = MetadataSync(client_of(consumer))
+    client = consumer if isinstance(consumer, AIOKafkaClient) else client_of(consumer)
+    sync = MetadataSync(client)
     if not sync.known:
         return  # an aiokafka whose synchronizer this does not know
     loop = asyncio.get_running_loop()

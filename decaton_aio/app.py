@@ -47,6 +47,8 @@ DEFAULT_SUBSCRIPTION_ID = "decaton-aio"
 _OFFSET_RESETS = ("earliest", "latest")
 #: The values of ``group.protocol`` (`ConsumerConfig.group_protocol`).
 GROUP_PROTOCOLS: tuple[str, ...] = ("consumer", "classic")
+#: The values of `ConsumerConfig.fetch_loop`.
+FETCH_LOOPS: tuple[str, ...] = ("own", "aiokafka")
 #: The assignors a member can offer, by their protocol names; Java's class names map to
 #: them, so a ``partition.assignment.strategy`` line of a Java client works as written.
 ASSIGNORS = ("roundrobin", "range", "sticky")
@@ -146,8 +148,9 @@ class ConsumerConfig:
         partition_assignment_strategy: the assignors this member offers its group, most
             preferred first (``partition.assignment.strategy``): ``roundrobin`` (the
             default), ``range``, ``sticky`` (Java class names are accepted too). The group
-            uses one that every member offers: to share a group with Decaton's instances
-            (Java's default list starts with range), during a migration, set ``range``.
+            uses one that every member offers: to share a classic group with Decaton's
+            instances (Java's default list starts with range) on a broker older than
+            Kafka 4.0, during a migration, set ``range``.
             Offer one assignor: aiokafka 0.14 can leave a group's first join hanging when
             its members offer two. A state store brings its own assignor and cannot share
             a group with Decaton. Used by the classic group protocol only.
@@ -156,7 +159,14 @@ class ConsumerConfig:
             ``partition_assignment_strategy``; every member gives up all its partitions at
             each rebalance) or ``consumer`` (the coordinator assigns, each member gives up
             only what moves; Kafka 4.0 and later). ``None`` (the default): the runtime
-            chooses (see ``docs/configuration.md``) and logs which and why.
+            chooses and logs which and why: ``classic`` for a state store, else
+            ``DECATON_AIO_GROUP_PROTOCOL`` when set, else ``consumer`` where the broker
+            offers it and ``classic`` where it does not (see ``docs/configuration.md``).
+        fetch_loop: what fetches the assigned partitions: ``own`` (the runtime's fetch
+            loop: fetch sessions, so a request names only what changed, one request in
+            flight per broker, records read straight into the runtime's; a held
+            partition is left out of the requests) or ``aiokafka`` (aiokafka's consumer
+            without a group; every request names every partition).
     """
 
     bootstrap_servers: str
@@ -181,6 +191,7 @@ class ConsumerConfig:
     commit_metadata_max_bytes: int = 4096
     partition_assignment_strategy: tuple[str, ...] = ("roundrobin",)
     group_protocol: Literal["consumer", "classic"] | None = None
+    fetch_loop: Literal["own", "aiokafka"] = "aiokafka"
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -214,6 +225,8 @@ class ConsumerConfig:
                 f"group_protocol must be one of {GROUP_PROTOCOLS} or None (the runtime "
                 f"chooses), got {self.group_protocol!r}"
             )
+        if self.fetch_loop not in FETCH_LOOPS:
+            raise ConfigError(f"fetch_loop must be one of {FETCH_LOOPS}, got {self.fetch_loop!r}")
         if self.isolation_level not in ISOLATION_LEVELS:
             raise ConfigError(
                 f"isolation_level must be one of {ISOLATION_LEVELS}, got {self.isolation_level!r}"

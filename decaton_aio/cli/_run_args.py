@@ -51,6 +51,9 @@ _FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str]
      "bytes per partition per fetch (max.partition.fetch.bytes; default 1048576)"),
     ("--max-poll-records", "max_fetch_records", int, None,
      "records taken per fetch call (max.poll.records; default 2000)"),
+    ("--fetch-loop", "fetch_loop", str, None,
+     "what fetches the partitions: own (the runtime's fetch loop, with fetch sessions) "
+     "or aiokafka (aiokafka's consumer); default aiokafka"),
     ("--metadata-max-age-ms", "metadata_max_age_ms", int, None,
      "refresh the cluster's metadata this often: a recreated task topic is noticed "
      "within it (metadata.max.age.ms; default 5 minutes)"),

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 import structlog
 from aiokafka import TopicPartition
 
-from decaton_aio.consumer._assigned import AssignedFetcher
+from decaton_aio.consumer._assigned import PartitionFetcher
 from decaton_aio.consumer._partition import PartitionProcessor, PartitionState, PendingBytes
 from decaton_aio.consumer.commit import Checkpoint, Committer
 from decaton_aio.properties import (
@@ -101,10 +101,10 @@ class Assignment:
         self.partitions: dict[TopicPartition, PartitionProcessor] = {}
         self._loading: dict[TopicPartition, PartitionProcessor] = {}
         self._held: dict[TopicPartition, Hold] = {}  # what the fetcher pauses, and why
-        self._consumer: AssignedFetcher | None = None
+        self._consumer: PartitionFetcher | None = None
         self._ended = False  # close_all(): nothing goes live any more
 
-    def attach(self, fetcher: AssignedFetcher) -> None:
+    def attach(self, fetcher: PartitionFetcher) -> None:
         """Use ``fetcher`` for assigning, pausing and seeking (once it is started)."""
         self._consumer = fetcher
 

@@ -12,7 +12,9 @@ fails, with every reason, when:
   that waits for task topics the cluster does not have yet names them;
 - it has partitions and the fetch routine has not returned from a fetch call for
   ``fetch_timeout_ms`` (a member the group gave no partition is ready: it takes some at
-  the next rebalance);
+  the next rebalance), or, with the runtime's own fetch loop, a broker asked for records
+  has not answered for as long (its fetch calls return, empty: a broker that cannot be
+  reached, requests that keep failing);
 - a partition is *stalled*: it has pending records and its watermark (the first offset
   not complete) has not moved for ``stall_timeout_ms``, i.e. a task at the head of the
   partition is not finishing (a stuck processor, a deferred completion never completed, a
@@ -165,6 +167,13 @@ class HealthCheck:
         if fetching and (last is None or now - last > config.fetch_timeout_ms / 1000):
             since = "ever" if last is None else f"for {now - last:.1f} s"
             reasons.append(f"no fetch returned {since}")
+        unanswered = sub.fetch_unanswered_since
+        if (
+            fetching
+            and unanswered is not None
+            and now - unanswered > config.fetch_timeout_ms / 1000
+        ):
+            reasons.append(f"no fetch answered by a broker for {now - unanswered:.1f} s")
         stalled = self._stalled(partitions.values(), now)
         if stalled:
             reasons.append(

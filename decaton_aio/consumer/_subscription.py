@@ -1,8 +1,9 @@
 """A subscription: one consumer, one event loop, many partitions processed concurrently.
 
 The [`Subscription`][decaton_aio.Subscription] owns a group membership (which partitions
-this member owns, and its commits; see ``decaton_aio.consumer.group``), an aiokafka
-consumer without a group that fetches what the membership assigns (``_assigned``), and
+this member owns, and its commits; see ``decaton_aio.consumer.group``), a fetcher that
+fetches what the membership assigns (``_assigned``: the runtime's own fetch loop, or an
+aiokafka consumer without a group, as ``ConsumerConfig.fetch_loop`` says), and
 its ``Assignment`` (``_assignment``): a ``PartitionProcessor`` per assigned partition,
 their lifecycle, and the one place that pauses and resumes fetching. Three routines run
 on the loop, besides the membership's own:
@@ -53,12 +54,13 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from decaton_aio._aiokafka import AIOKafkaClient
 from decaton_aio._connect import connect_error, stop_member, watch_metadata
 from decaton_aio.admin import ensure_side_topics
 from decaton_aio.app import Application, ConsumerConfig
 from decaton_aio.batching import BatchingProcessor
 from decaton_aio.compaction import CompactingProcessor
-from decaton_aio.consumer._assigned import AssignedFetcher
+from decaton_aio.consumer._assigned import AssignedFetcher, LoopFetcher, PartitionFetcher
 from decaton_aio.consumer._assignment import Assignment, key_set
 from decaton_aio.consumer._execution import TaskExecutor
 from decaton_aio.consumer._fetch_pace import FetchPacer
@@ -76,6 +78,7 @@ from decaton_aio.consumer.commit import (
     commit_interval_within,
     transaction_timeout_ms,
 )
+from decaton_aio.consumer.fetch import FetchConfig, Fetcher
 from decaton_aio.consumer.group import (
     Membership,
     choose_protocol,
@@ -261,7 +264,8 @@ class Subscription:
         #: ``time.monotonic()`` when the last fetch call returned (``None`` before the first).
         self.last_fetch_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._assigned_fetcher: AssignedFetcher | None = None
+        self._loop_fetcher: LoopFetcher | None = None  # the own fetch loop's, when used
+        self._assigned_fetcher: PartitionFetcher | None = None
         self._membership: Membership | None = None
         self._partitions = self._assignment.partitions  # the live ones (read here)
         self._fetch_task: asyncio.Task[None] | None = None
@@ -272,6 +276,10 @@ class Subscription:
         self._assigned = asyncio.Event()  # the topic check runs at once after assignments
         self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        # A stop() asked for (it ends a topic wait), and the end of a start in progress
+        # (a stop() waits for it: the parts a start makes are then all there to close).
+        self._stop_requested = asyncio.Event()
+        self._start_done: asyncio.Event | None = None
         self._topic_wait = TopicWait(
             consumer.bootstrap_servers, app.topics, security=consumer.security
         )
@@ -285,6 +293,15 @@ class Subscription:
     def partitions(self) -> dict[TopicPartition, PartitionProcessor]:
         """The partitions assigned now, with their processors (read only)."""
         return dict(self._partitions)
+
+    @property
+    def fetch_unanswered_since(self) -> float | None:
+        """Since when (``time.monotonic()``) a broker asked for records has not answered,
+        with the runtime's own fetch loop (``ConsumerConfig.fetch_loop``); None when every
+        broker asked answered its last request, or with aiokafka's consumer (which does
+        not say)."""
+        loop_fetcher = self._loop_fetcher
+        return loop_fetcher.fetcher.unanswered_since() if loop_fetcher is not None else None
 
     @property
     def waiting_for_topics(self) -> tuple[str, ...]:
@@ -329,14 +346,26 @@ class Subscription:
             BrokerError: when the cluster cannot be reached or the side topics cannot be
                 checked.
         """
-        if self.state is not SubscriptionState.INITIALIZING or self._consumer is not None:
+        if (
+            self.state is not SubscriptionState.INITIALIZING
+            or self._assigned_fetcher is not None
+            or self._start_done is not None
+        ):
             raise ConfigError("a Subscription can be started once; make a new one")
+        done = self._start_done = asyncio.Event()
+        try:
+            await self._start()
+        finally:
+            done.set()
+
+    async def _start(self) -> None:
         cfg = self.consumer_config
         # Deploys often start a service before its topics exist: wait for them, not ready
         # meanwhile, as Kafka's consumers do. A stop() while waiting ends the start here.
-        if not await self._topic_wait.wait(self._stopped):
+        if not await self._topic_wait.wait(self._stop_requested):
             return
-        install_raw_records()
+        if cfg.fetch_loop == "aiokafka":
+            install_raw_records()
         if self._owns_sender:
             await self._sender.start()
         try:
@@ -357,50 +386,33 @@ class Subscription:
             membership = new_membership(
                 choice.protocol, cfg, list(self.app.subscribed_topics), assignors=assignors
             )
-            # No group: the membership says which partitions to fetch (manual assignment).
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=cfg.bootstrap_servers,
-                group_id=None,
-                client_id=cfg.client_id,
-                client_rack=cfg.client_rack,
-                enable_auto_commit=False,
-                auto_offset_reset=cfg.auto_offset_reset,
-                # Fetches follow the pending-bytes limits (as they are at start).
-                max_partition_fetch_bytes=min(
-                    cfg.max_partition_fetch_bytes, self.properties[MAX_PENDING_BYTES].value
-                ),
-                fetch_min_bytes=cfg.fetch_min_bytes,
-                fetch_max_bytes=min(
-                    cfg.fetch_max_bytes, self.properties[MAX_PENDING_BYTES_TOTAL].value
-                ),
-                fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-                # Exactly-once reads only committed input (outputs of other transactions).
-                isolation_level="read_committed" if self.app.exactly_once else cfg.isolation_level,
-                metadata_max_age_ms=cfg.metadata_max_age_ms,
-                key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
-                **cfg.security.client_kwargs(),
-            )
-            try:
-                await consumer.start()
-            except KafkaError as exc:
-                await consumer.stop()
-                raise await connect_error(exc, cfg.bootstrap_servers, cfg.security) from exc
-            except BaseException:
-                await consumer.stop()
-                raise
+            if cfg.fetch_loop == "own":
+                loop_fetcher = await self._open_fetch_loop()
+            else:
+                consumer = await self._open_consumer()
         except BaseException:
             if self.state_store is not None:
                 await self.state_store.stop()
             if self._owns_sender:
                 await self._sender.stop()
             raise
-        self._consumer = consumer
-        fetcher = self._assigned_fetcher = AssignedFetcher(consumer)
-        # Until the consumer is closed (also through the final commit and the stop).
-        self._metadata_task = asyncio.create_task(
-            watch_metadata(consumer), name="decaton-metadata-watch"
-        )
-        self._topics = TopicCheck(consumer, membership.rejoin)
+        fetcher: PartitionFetcher
+        if cfg.fetch_loop == "own":
+            self._loop_fetcher = fetcher = loop_fetcher
+            metadata_client = loop_fetcher.client
+            self._metadata_task = asyncio.create_task(
+                watch_metadata(loop_fetcher.client), name="decaton-metadata-watch"
+            )
+            self._topics = TopicCheck(loop_fetcher, membership.rejoin, client=metadata_client)
+        else:
+            self._consumer = consumer
+            fetcher = AssignedFetcher(consumer)
+            # Until the consumer is closed (also through the final commit and the stop).
+            self._metadata_task = asyncio.create_task(
+                watch_metadata(consumer), name="decaton-metadata-watch"
+            )
+            self._topics = TopicCheck(consumer, membership.rejoin)
+        self._assigned_fetcher = fetcher
         self._unsubscribe.append(self._topics.follow())
         self._assignment.attach(fetcher)
         self._committer.bind_group(membership)
@@ -430,11 +442,98 @@ class Subscription:
         if self.state_store is not None:
             self.state_store.reader.on_failure(self._routine_ended)
 
+    def _fetch_limits(self) -> tuple[int, int]:
+        # Fetches follow the pending-bytes limits (as they are at start): per partition,
+        # per response.
+        cfg = self.consumer_config
+        return (
+            min(cfg.max_partition_fetch_bytes, self.properties[MAX_PENDING_BYTES].value),
+            min(cfg.fetch_max_bytes, self.properties[MAX_PENDING_BYTES_TOTAL].value),
+        )
+
+    def _isolation_level(self) -> str:
+        # Exactly-once reads only committed input (outputs of other transactions).
+        return "read_committed" if self.app.exactly_once else self.consumer_config.isolation_level
+
+    async def _open_fetch_loop(self) -> LoopFetcher:
+        # The runtime's own fetch loop, on a client of its own (its connections carry the
+        # security settings).
+        cfg = self.consumer_config
+        client = AIOKafkaClient(
+            bootstrap_servers=cfg.bootstrap_servers,
+            client_id=cfg.client_id,
+            metadata_max_age_ms=cfg.metadata_max_age_ms,
+            **cfg.security.client_kwargs(),
+        )
+        try:
+            await client.bootstrap()
+        except KafkaError as exc:
+            await client.close()
+            raise await connect_error(exc, cfg.bootstrap_servers, cfg.security) from exc
+        except BaseException:
+            await client.close()
+            raise
+        partition_bytes, max_bytes = self._fetch_limits()
+        fetcher = Fetcher(
+            client,
+            FetchConfig(
+                min_bytes=max(1, cfg.fetch_min_bytes),
+                max_wait_ms=cfg.fetch_max_wait_ms,
+                max_bytes=max_bytes,
+                max_partition_bytes=partition_bytes,
+                isolation_level=(
+                    "read_committed"
+                    if self._isolation_level() == "read_committed"
+                    else "read_uncommitted"
+                ),
+                auto_offset_reset="earliest" if cfg.auto_offset_reset == "earliest" else "latest",
+                rack_id=cfg.client_rack or "",
+            ),
+        )
+        await fetcher.start()
+        return LoopFetcher(client, fetcher)
+
+    async def _open_consumer(self) -> AIOKafkaConsumer:
+        # No group: the membership says which partitions to fetch (manual assignment).
+        cfg = self.consumer_config
+        partition_bytes, max_bytes = self._fetch_limits()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            group_id=None,
+            client_id=cfg.client_id,
+            client_rack=cfg.client_rack,
+            enable_auto_commit=False,
+            auto_offset_reset=cfg.auto_offset_reset,
+            max_partition_fetch_bytes=partition_bytes,
+            fetch_min_bytes=cfg.fetch_min_bytes,
+            fetch_max_bytes=max_bytes,
+            fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+            isolation_level=self._isolation_level(),
+            metadata_max_age_ms=cfg.metadata_max_age_ms,
+            key_deserializer=RAW_RECORDS,  # aiokafka's own records, no ConsumerRecord
+            **cfg.security.client_kwargs(),
+        )
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            await consumer.stop()
+            raise await connect_error(exc, cfg.bootstrap_servers, cfg.security) from exc
+        except BaseException:
+            await consumer.stop()
+            raise
+        return consumer
+
     async def stop(self) -> None:
         """Stop fetching, drain up to the shutdown timeout, commit and leave the group.
 
-        Safe to call more than once.
+        Safe to call more than once, and during [`start()`][decaton_aio.Subscription.start]:
+        the stop then waits for the start to end (a topic wait ends at once), and stops
+        what it started.
         """
+        self._stop_requested.set()
+        starting = self._start_done
+        if starting is not None and not starting.is_set():
+            await starting.wait()
         if self.state in (SubscriptionState.SHUTTING_DOWN, SubscriptionState.TERMINATED):
             await self._stopped.wait()
             return
@@ -472,11 +571,21 @@ class Subscription:
             (lambda: stop_member(consumer, timeout_s=LEAVE_TIMEOUT_S))
             if consumer is not None
             else None,
+            self._close_fetch_loop,
             self._committer.close,
             state_store.stop if state_store is not None else None,
             self._sender.stop if self._owns_sender else None,
             lambda: _cancel(self._metadata_task),
         )
+
+    async def _close_fetch_loop(self) -> None:
+        loop_fetcher = self._loop_fetcher
+        if loop_fetcher is None:
+            return
+        try:
+            await loop_fetcher.fetcher.stop()
+        finally:
+            await loop_fetcher.client.close()
 
     async def _leave(self, membership: Membership) -> None:
         # Leaves the group (a static member only stops heartbeating); a coordinator that
@@ -539,8 +648,9 @@ class Subscription:
     # -------------------------------------------------------------------- routines
 
     async def _fetch_routine(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
+        fetcher = self._assigned_fetcher
+        assert fetcher is not None
+        consumer = fetcher.consumer
         max_records = self.consumer_config.max_fetch_records
         partitions = self._partitions
         # The end a reader of this isolation level reaches, for the lag.
@@ -556,7 +666,7 @@ class Subscription:
         steps, feed_wait = StepTimer(stats.step), stats.feed_wait.observe
         cfg = self.consumer_config
         pacer = FetchPacer.of(
-            consumer,
+            consumer if self._loop_fetcher is None else self._loop_fetcher.fetcher,
             idle=(cfg.fetch_min_bytes, cfg.fetch_max_wait_ms),
             busy=(cfg.busy_fetch_min_bytes, cfg.busy_fetch_max_wait_ms),
         )
@@ -598,6 +708,8 @@ class Subscription:
                         processor.feed(chunk)
                     if processor.needs_pause and not processor.paused:
                         update(processor)
+                if partitions.get(tp) is not processor:
+                    continue  # revoked meanwhile: no longer the fetcher's
                 high = end_of(tp)
                 if high is not None:
                     processor.stats.high_watermark = high
@@ -900,8 +1012,14 @@ async def _close_each(*closers: Callable[[], Awaitable[object]] | None) -> None:
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:
+    # Cancel ``task`` and wait for its end; a cancellation of the caller meanwhile is
+    # passed on, not taken for the task's.
     if task is None or task.done():
         return
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    try:
         await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError
 
-from decaton_aio._aiokafka import ClusterMetadata, client_of, follow_metadata
+from decaton_aio._aiokafka import AIOKafkaClient, ClusterMetadata, client_of, follow_cluster
 
 __all__ = ["CHECK_INTERVAL_S", "REFRESH_TIMEOUT_S", "TopicCheck"]
 
@@ -56,12 +56,21 @@ class TopicCheck:
     """Finds the assigned partitions the cluster no longer has, for one consumer.
 
     Args:
-        consumer: the consumer that fetches the partitions.
+        consumer: the consumer that fetches the partitions (or what answers as one:
+            ``partitions_for_topic()``, ``highwater()``).
         rejoin: ``rejoin(reason)`` asks the group for the assignment again.
+        client: the client whose metadata is followed and refreshed; by default the
+            consumer's.
     """
 
-    def __init__(self, consumer: AIOKafkaConsumer, rejoin: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer | Any,
+        rejoin: Callable[[str], None],
+        client: AIOKafkaClient | None = None,
+    ) -> None:
         self._consumer = consumer
+        self._client = client
         self._rejoin = rejoin
         self._unanswered: set[TopicPartition] = set()  # at the previous suspect()
         self._watched: set[TopicPartition] = set()
@@ -70,7 +79,10 @@ class TopicCheck:
     def follow(self) -> Callable[[], None]:
         """Look at each metadata update of the consumer from now on (see the module
         docstring); returns the call that stops it."""
-        return follow_metadata(self._consumer, self._updated)
+        return follow_cluster(self._metadata_client().cluster, self._updated)
+
+    def _metadata_client(self) -> AIOKafkaClient:
+        return self._client if self._client is not None else client_of(self._consumer)
 
     def watch(self, tps: Iterable[TopicPartition]) -> None:
         """The partitions whose disappearance `vanished()` reports (the live ones)."""
@@ -102,7 +114,7 @@ class TopicCheck:
         """
         try:
             async with asyncio.timeout(REFRESH_TIMEOUT_S):
-                return bool(await client_of(self._consumer).force_metadata_update())
+                return bool(await self._metadata_client().force_metadata_update())
         except TimeoutError:
             return False
 

@@ -24,7 +24,8 @@ FAULTS = (
     "commit",
 )
 HEADER = (
-    "| path | fault | mode | tasks | not ready after | commit 5 s old after | warnings "
+    "| path | fault | mode | tasks | not ready after | ready again after the end "
+    "| commit 5 s old after | warnings "
     "| longest stall | resumed after the end | lag 0 after the end | pace then "
     "| redone / bound | lost | out of order "
     "| outputs twice | fds | RSS MiB |"
@@ -33,6 +34,13 @@ HEADER = (
 
 def _s(value: float | None) -> str:
     return "never" if value is None else f"{value:g} s"
+
+
+def _pace(f: dict[str, Any]) -> str:
+    if f.get("drain_per_s") is None:
+        return ""
+    cores = f.get("drain_cores")
+    return f"{f['drain_per_s']}/s" + ("" if cores is None else f" on {cores:g} cores")
 
 
 def row(f: dict[str, Any]) -> str:
@@ -45,12 +53,13 @@ def row(f: dict[str, Any]) -> str:
         mode,
         str(f["tasks"]),
         _s(f["detect_s"]),
+        _s(f["ready_s"]) if "ready_s" in f else "",
         _s(f["aged_s"]) if "aged_s" in f else "",
         str(sum(w.values()) if isinstance(w := f.get("warnings", ""), dict) else w),
         _s(f["stall_s"]),
         _s(f["resumed_s"]) if "resumed_s" in f else "",
         _s(f["recover_s"]),
-        "" if f.get("drain_per_s") is None else f"{f['drain_per_s']}/s",
+        _pace(f),
         f"{f['redone']} / {f['redo_bound']}",
         str(f["lost"]),
         str(f["out_of_order"]),

@@ -317,13 +317,15 @@ async def test_static_membership_and_fetch_settings_reach_the_broker(
         assert member_id.startswith("pod-0-")
 
 
+@pytest.mark.parametrize("fetch_loop", ["own", "aiokafka"])
 async def test_fetches_gather_while_records_flow_and_answer_at_once_when_idle(
-    kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
+    fetch_loop: str, kafka_broker: BrokerHandle, topic_factory: Any, task_producer: Any
 ) -> None:
-    """While fetch calls return records, the consumer's fetch requests ask the broker to
-    gather busy_fetch_min_bytes (or wait busy_fetch_max_wait_ms); once one returns
-    nothing, they ask with fetch_min_bytes and fetch_max_wait_ms again; a burst after
-    the quiet spell is processed whole, on each side of every switch."""
+    """While fetch calls return records, the fetch requests ask the broker to gather
+    busy_fetch_min_bytes (or wait busy_fetch_max_wait_ms); once one returns nothing, they
+    ask with fetch_min_bytes and fetch_max_wait_ms again; a burst after the quiet spell is
+    processed whole, on each side of every switch. Both fetch loops: the runtime's own
+    takes them as settings of its loop, aiokafka's consumer in its fetcher."""
     topic = await topic_factory(partitions=2)
     producer = await task_producer(topic)
     done = 0
@@ -338,12 +340,15 @@ async def test_fetches_gather_while_records_flow_and_answer_at_once_when_idle(
         fetch_max_wait_ms=50,
         busy_fetch_min_bytes=8192,
         busy_fetch_max_wait_ms=7,
+        fetch_loop=fetch_loop,
     )
     async with kafka_broker.subscription(app, **settings) as subscription:
         consumer = subscription._consumer
+        loop = subscription._loop_fetcher
+        assert (loop is None) == (fetch_loop == "aiokafka")
 
         def asks() -> tuple[int, int] | None:
-            return fetch_pacing(consumer)
+            return loop.fetcher.pacing if loop is not None else fetch_pacing(consumer)
 
         await wait_until(lambda: asks() == (1, 50), what="idle fetches", timeout_s=30)
         for burst in (1, 2):
@@ -381,7 +386,8 @@ async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
     first = kafka_broker.subscription(app, group)
     await first.start()
     await wait_until(lambda: len(done) == 20, what="the first 20 tasks")
-    consumer: Any = first._consumer
+    loop = first._loop_fetcher
+    client = loop.client if loop is not None else client_of(first._consumer)
     membership: Any = first._membership
     hung = asyncio.Event()
 
@@ -394,7 +400,7 @@ async def test_a_stop_whose_group_coordination_hangs_ends_and_loses_nothing(
         await first.stop()
     assert hung.is_set()
     assert membership.routine.done()
-    assert not any(conn.connected() for conn in connections_of(client_of(consumer)))
+    assert not any(conn.connected() for conn in connections_of(client))
     for n in range(20, 30):
         await producer.put(f"k{n}", b"task")
     async with kafka_broker.subscription(app, group):

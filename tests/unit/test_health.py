@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import types
 import urllib.error
 import urllib.request
 from typing import Any
@@ -90,6 +91,41 @@ async def test_a_rebalance_and_a_silent_fetch_routine_make_it_not_ready() -> Non
     assert not ready
     assert body["reasons"] == ["no fetch returned for 5.5 s"]
     sub.last_fetch_at = clock.now
+    assert health.check_readiness()[0]
+
+
+class _Loop:
+    """What the probe reads of the runtime's own fetch loop: since when a broker asked has
+    not answered."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def unanswered_since(self) -> float | None:
+        return self.since
+
+
+async def test_fetches_no_broker_answers_make_it_not_ready() -> None:
+    """With the runtime's own fetch loop, fetch calls that keep returning (empty) while a
+    broker asked for records does not answer are not ready past the fetch timeout, and
+    ready again once it answers; a loop asking no broker is ready."""
+    clock = Clock()
+    sub = subscription()
+    running(sub, clock, make(_noop))
+    loop = _Loop()
+    sub._loop_fetcher = types.SimpleNamespace(fetcher=loop)  # type: ignore[assignment]
+    health = HealthCheck(sub, HealthConfig(fetch_timeout_ms=5000), clock=clock)
+    assert health.check_readiness()[0]
+    loop.since = clock.now
+    clock.now += 4
+    sub.last_fetch_at = clock.now
+    assert health.check_readiness()[0]  # within the timeout
+    clock.now += 2
+    sub.last_fetch_at = clock.now
+    ready, body = health.check_readiness()
+    assert not ready
+    assert body["reasons"] == ["no fetch answered by a broker for 6.0 s"]
+    loop.since = None
     assert health.check_readiness()[0]
 
 

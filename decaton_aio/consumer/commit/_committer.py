@@ -51,7 +51,7 @@ from decaton_aio.consumer.commit._transactions import (
 )
 
 if TYPE_CHECKING:
-    from decaton_aio.consumer._assigned import AssignedFetcher
+    from decaton_aio.consumer._assigned import PartitionFetcher
 
 __all__ = ["Committer", "GroupCommits", "PartitionLifecycle"]
 
@@ -158,7 +158,7 @@ class Committer(Generic[P]):
         ``None`` (the executor's default)."""
         return self.txn
 
-    async def assign(self, fetcher: AssignedFetcher, processors: list[P]) -> None:
+    async def assign(self, fetcher: PartitionFetcher, processors: list[P]) -> None:
         """Start the transaction, then import checkpoints and move to the committed
         offsets.
 
@@ -231,7 +231,7 @@ class Committer(Generic[P]):
 
     async def commit(
         self,
-        fetcher: AssignedFetcher,
+        fetcher: PartitionFetcher,
         processors: list[P],
         *,
         final: bool,
@@ -265,7 +265,7 @@ class Committer(Generic[P]):
 
     async def _commit(
         self,
-        fetcher: AssignedFetcher,
+        fetcher: PartitionFetcher,
         processors: list[P],
         *,
         final: bool,
@@ -360,7 +360,7 @@ class Committer(Generic[P]):
             self._saved.clear()
 
     @staticmethod
-    async def _past_skipped(fetcher: AssignedFetcher, processor: P, offset: int) -> None:
+    async def _past_skipped(fetcher: PartitionFetcher, processor: P, offset: int) -> None:
         # An idle partition whose fetch position is past its watermark skipped offsets it
         # was never handed (transaction markers, aborted records under read_committed):
         # commit the position, or the group's lag would never reach zero. Only asked when

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, Final
@@ -145,6 +146,8 @@ class Fetcher:
         self._cluster: Any = None
         self._refreshed_at = float("-inf")
         self._refresh_handle: asyncio.TimerHandle | None = None
+        # node id -> since when (time.monotonic()) its requests go without an answer
+        self._unanswered: dict[int, float] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -298,6 +301,13 @@ class Fetcher:
         """What the loop did since it was made."""
         self._counters.session_resets = sum(s.resets for s in self._sessions.values())
         return self._counters
+
+    def unanswered_since(self) -> float | None:
+        """Since when (``time.monotonic()``) a broker that is asked for records has not
+        answered: the oldest request in flight, or the first failed one of a broker whose
+        requests fail or whose session keeps failing; None when every broker asked
+        answered its last request (or none is asked: nothing to fetch)."""
+        return min(self._unanswered.values(), default=None)
 
     @property
     def sessions(self) -> dict[int, FetchSession]:
@@ -490,8 +500,10 @@ class Fetcher:
         while True:
             wanted = self._wanted(node_id)
             if not wanted or self._buffered_bytes >= cfg.max_buffered_bytes:
+                self._unanswered.pop(node_id, None)  # not asked
                 await self._changed.wait()
                 continue
+            self._unanswered.setdefault(node_id, time.monotonic())
             plan = session.plan(wanted)
             counters.requests += 1
             if plan.full:
@@ -512,6 +524,8 @@ class Fetcher:
                 await asyncio.sleep(backoff_s)
                 continue
             counters.responses += 1
+            if not response.error_code:
+                self._unanswered.pop(node_id, None)
             usable = session.answered(
                 plan,
                 response.error_code,
