@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark,tracing,docs
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-test chaos soak fuzz test test-unit test-unit-pure \
+.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-rebalance bench-test chaos soak fuzz test test-consumer test-unit test-unit-pure \
 	test-spark spark-cluster spark-dist test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
 	docs docs-serve docs-test chromium install-chromium \
 	prometheus install-prometheus test-deploy go install-go toxiproxy faults
@@ -16,6 +16,8 @@ help:
 	@echo "           compaction and retries, Spark batch repair, repair processor"
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
+	@echo "make test-consumer  the short chaos, migration and group suites on the consumer"
+	@echo "           group protocol (DECATON_AIO_GROUP_PROTOCOL=consumer)"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make test-deploy  the deployment kit's checks: manifests, alert rules, dashboard"
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
@@ -33,6 +35,8 @@ help:
 	@echo "make bench  every benchmark scenario against the peers (~3 h 15 min); bench/results/"
 	@echo "make bench-quick  the reduced benchmark set (~30 min)"
 	@echo "make bench-test   the benchmark harness's own checks"
+	@echo "make bench-rebalance  what joins, leaves, crashes and rolling restarts cost, on both"
+	@echo "           group protocols (~20 min); bench/results/rebalance-<tree>.md"
 	@echo "make bench-hotpath  instructions per task of the hot path (valgrind, ~5 min)"
 	@echo "make format apply ruff formatting and fixes"
 
@@ -142,6 +146,15 @@ quickstart: kafka
 test: kafka prometheus toxiproxy
 	$(BIN)/python -m pytest
 
+# The integration suite, the chaos short form and the migration suite again with every
+# subscription on the classic group protocol (make test runs them on the default, the
+# consumer protocol where the broker offers it).
+test-consumer: kafka prometheus toxiproxy
+	DECATON_AIO_GROUP_PROTOCOL=consumer $(BIN)/python -m pytest -m "not chaos_long and not spark" \
+	  tests/chaos tests/interop/test_migration.py tests/integration/test_runtime.py \
+	  tests/integration/test_exactly_once.py \
+	  tests/integration/test_consumer_protocol.py
+
 # The deployment kit alone: manifests, rules, dashboard and the live alert test.
 test-deploy: kafka prometheus
 	$(BIN)/python -m pytest tests/deploy
@@ -232,6 +245,11 @@ soak: kafka $(BENCH_STAMP)
 	  $(BIN)/python -m pytest -p no:cacheprovider -s -m soak tests/soak; status=$$?; \
 	  $(BIN)/python -m bench.soak_plot bench/results/soak.json bench/results/soak.png; \
 	  exit $$status
+
+# Joins, leaves, crashes and static members' rolling restarts on both group protocols:
+# what they cost the partitions that keep their owner and those that move.
+bench-rebalance: kafka $(STAMP)
+	$(BIN)/python -m bench.rebalance
 
 # Instructions per task of the runtime's hot path without a broker (callgrind: the same
 # figure on a loaded machine).

@@ -161,7 +161,6 @@ __all__ = [
     "protocol_produce",
     "protocol_transaction",
     "replace_txn_offset_commit",
-    "request_rejoin",
     "sender_of",
     "sender_running",
     "set_fetch_pacing",
@@ -254,14 +253,6 @@ def group_member(consumer: Any) -> tuple[int, str, str | None] | None:
         str(coordinator.member_id or ""),
         getattr(coordinator, "_group_instance_id", None),
     )
-
-
-def request_rejoin(consumer: Any) -> None:
-    """Ask the consumer's group coordinator (``_coordinator``) for a rebalance: aiokafka
-    has no public call for it, and a deleted topic needs one."""
-    coordinator = coordinator_of(consumer)
-    if coordinator is not None:
-        coordinator.request_rejoin()
 
 
 # ------------------------------------------------------------------------- fetcher

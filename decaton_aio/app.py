@@ -148,8 +148,9 @@ class ConsumerConfig:
         partition_assignment_strategy: the assignors this member offers its group, most
             preferred first (``partition.assignment.strategy``): ``roundrobin`` (the
             default), ``range``, ``sticky`` (Java class names are accepted too). The group
-            uses one that every member offers: to share a group with Decaton's instances
-            (Java's default list starts with range), during a migration, set ``range``.
+            uses one that every member offers: to share a classic group with Decaton's
+            instances (Java's default list starts with range) on a broker older than
+            Kafka 4.0, during a migration, set ``range``.
             Offer one assignor: aiokafka 0.14 can leave a group's first join hanging when
             its members offer two. A state store brings its own assignor and cannot share
             a group with Decaton. Used by the classic group protocol only.
@@ -158,7 +159,9 @@ class ConsumerConfig:
             ``partition_assignment_strategy``; every member gives up all its partitions at
             each rebalance) or ``consumer`` (the coordinator assigns, each member gives up
             only what moves; Kafka 4.0 and later). ``None`` (the default): the runtime
-            chooses (see ``docs/configuration.md``) and logs which and why.
+            chooses and logs which and why: ``classic`` for a state store, else
+            ``DECATON_AIO_GROUP_PROTOCOL`` when set, else ``consumer`` where the broker
+            offers it and ``classic`` where it does not (see ``docs/configuration.md``).
         fetch_loop: what fetches the assigned partitions: ``own`` (the runtime's fetch
             loop: fetch sessions, so a request names only what changed, one request in
             flight per broker, records read straight into the runtime's; a held

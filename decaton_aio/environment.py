@@ -233,8 +233,9 @@ GROUP_INSTANCE_ID: Final = _var(
 )
 GROUP_PROTOCOL: Final = _var(
     "GROUP_PROTOCOL",
-    "consumer or classic: the group protocol (group.protocol); unset, the runtime chooses.",
-    "run",
+    "consumer or classic: the group protocol of every subscription whose config leaves "
+    "group.protocol unset (a state store keeps classic); unset, the runtime chooses.",
+    "run, every Subscription",
 )
 CLIENT_ID: Final = _var("CLIENT_ID", "The client.id the broker sees.", "run")
 CLIENT_RACK: Final = _var(

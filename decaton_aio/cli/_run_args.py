@@ -82,17 +82,18 @@ def add_consumer_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where a new group starts (auto.offset.reset; default earliest)",
     )
-    protocol = environment.GROUP_PROTOCOL.get()
     parser.add_argument(
         "--group-protocol",
         dest="consumer_group_protocol",
-        # The variable's value is checked by ConsumerConfig (a bad one names the choices).
         type=str.lower,
         choices=GROUP_PROTOCOLS,
-        default=protocol.strip().lower() if protocol and protocol.strip() else None,
+        # Unset, DECATON_AIO_GROUP_PROTOCOL applies where the runtime chooses (after a
+        # state store's own rule), as for in-process applications.
+        default=None,
         help="the group protocol (group.protocol): consumer (the coordinator assigns and "
         "only moved partitions stop; Kafka 4.0+) or classic; default: the runtime chooses "
-        f"and logs why (env {environment.GROUP_PROTOCOL.name})",
+        f"(a state store: classic; else env {environment.GROUP_PROTOCOL.name}; else by "
+        "the broker) and logs why",
     )
 
 

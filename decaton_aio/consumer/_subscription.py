@@ -276,6 +276,10 @@ class Subscription:
         self._assigned = asyncio.Event()  # the topic check runs at once after assignments
         self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        # A stop() asked for (it ends a topic wait), and the end of a start in progress
+        # (a stop() waits for it: the parts a start makes are then all there to close).
+        self._stop_requested = asyncio.Event()
+        self._start_done: asyncio.Event | None = None
         self._topic_wait = TopicWait(
             consumer.bootstrap_servers, app.topics, security=consumer.security
         )
@@ -342,12 +346,23 @@ class Subscription:
             BrokerError: when the cluster cannot be reached or the side topics cannot be
                 checked.
         """
-        if self.state is not SubscriptionState.INITIALIZING or self._assigned_fetcher is not None:
+        if (
+            self.state is not SubscriptionState.INITIALIZING
+            or self._assigned_fetcher is not None
+            or self._start_done is not None
+        ):
             raise ConfigError("a Subscription can be started once; make a new one")
+        done = self._start_done = asyncio.Event()
+        try:
+            await self._start()
+        finally:
+            done.set()
+
+    async def _start(self) -> None:
         cfg = self.consumer_config
         # Deploys often start a service before its topics exist: wait for them, not ready
         # meanwhile, as Kafka's consumers do. A stop() while waiting ends the start here.
-        if not await self._topic_wait.wait(self._stopped):
+        if not await self._topic_wait.wait(self._stop_requested):
             return
         if cfg.fetch_loop == "aiokafka":
             install_raw_records()
@@ -511,8 +526,14 @@ class Subscription:
     async def stop(self) -> None:
         """Stop fetching, drain up to the shutdown timeout, commit and leave the group.
 
-        Safe to call more than once.
+        Safe to call more than once, and during [`start()`][decaton_aio.Subscription.start]:
+        the stop then waits for the start to end (a topic wait ends at once), and stops
+        what it started.
         """
+        self._stop_requested.set()
+        starting = self._start_done
+        if starting is not None and not starting.is_set():
+            await starting.wait()
         if self.state in (SubscriptionState.SHUTTING_DOWN, SubscriptionState.TERMINATED):
             await self._stopped.wait()
             return
@@ -991,8 +1012,14 @@ async def _close_each(*closers: Callable[[], Awaitable[object]] | None) -> None:
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:
+    # Cancel ``task`` and wait for its end; a cancellation of the caller meanwhile is
+    # passed on, not taken for the task's.
     if task is None or task.done():
         return
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    try:
         await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

@@ -46,8 +46,9 @@ APP = textwrap.dedent(
     MODE = os.environ["CHAOS_MODE"]
 
     def epochs(logger, name, event):
-        # A rebalance starts a new epoch: a key may rewind to its committed point there.
-        if event.get("event") in ("partitions assigned", "partitions revoked"):
+        # A change of partitions (assigned, revoked, lost) starts a new epoch: a key may
+        # rewind to its committed point there.
+        if str(event.get("event", "")).startswith("partitions "):
             LOG.write(f"epoch 0 0 - {time.time_ns()}\\n")
         return event
 

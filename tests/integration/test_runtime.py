@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import decaton_aio.consumer._subscription as subscription_module
 from decaton_aio import Application, ProcessingContext, Subscription
 from decaton_aio.consumer import SubscriptionState
 from decaton_aio.testing import BrokerHandle, committed_offsets, drain, wait_until
@@ -286,6 +287,47 @@ async def test_a_stop_during_an_assignment_leaves_no_client_or_partition_open(
         assert 'decaton_partition_tasks_pending{partition="0",' not in page
     finally:
         await close()  # what the listener may have opened after the store closed
+
+
+async def test_a_stop_during_the_start_stops_what_the_start_made(
+    kafka_broker: BrokerHandle, topic_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() called while start() joins the group waits for the start to end and then
+    stops everything it made: no routine of the subscription is left running."""
+    topic = await topic_factory(partitions=1)
+
+    async def process(ctx: ProcessingContext, task: bytes) -> None:
+        return None
+
+    entered, release = asyncio.Event(), asyncio.Event()
+    made = subscription_module.new_membership
+
+    def held_membership(*args: Any, **kwargs: Any) -> Any:
+        membership = made(*args, **kwargs)
+        start = membership.start
+
+        async def held_start(listener: Any) -> None:
+            entered.set()
+            await release.wait()
+            await start(listener)
+
+        membership.start = held_start  # type: ignore[method-assign]
+        return membership
+
+    monkeypatch.setattr(subscription_module, "new_membership", held_membership)
+    sub = kafka_broker.subscription(Application(process, topics=(topic,)))
+    async with asyncio.timeout(60):
+        starting = asyncio.create_task(sub.start())
+        await entered.wait()
+        stopping = asyncio.create_task(sub.stop())
+        await wait_until(lambda: sub._stop_requested.is_set(), what="the stop asked for")
+        assert not stopping.done()  # it waits for the start
+        release.set()
+        await starting
+        await stopping
+    assert sub.state is SubscriptionState.TERMINATED
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("decaton-")]
+    assert left == []
 
 
 async def test_rebalance_hands_over_and_stale_tasks_commit_nothing(

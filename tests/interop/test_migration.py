@@ -1,9 +1,15 @@
 """One consumer group moved from Decaton to decaton-aio and back, instance by instance.
 
 Decaton ``ProcessorSubscription`` JVMs and ``python -m decaton_aio run`` processes join
-one group on one task topic while a steady stream of tasks flows. They share the range
-assignor (decaton-aio's instances are set to it, as a Java client names it; Java's
-default list starts with range). Instances leave gracefully and by SIGKILL. Both sides
+one group on one task topic while a steady stream of tasks flows. Neither side is set up
+for the other: on the consumer group protocol (the default on Apache Kafka 4.x) Decaton's
+classic members, with Java's default assignors, and decaton-aio's consumer-protocol
+members share the group through the coordinator's migration
+(``group.consumer.migration.policy``, bidirectional by default), which converts the group
+when the first decaton-aio member joins and back when the last one leaves. With
+``DECATON_AIO_GROUP_PROTOCOL=classic`` decaton-aio's instances speak the classic protocol
+and offer the range assignor, as a Java client names it (Java's default list starts with
+range), as on a broker older than 4.0. Instances leave gracefully and by SIGKILL. Both sides
 write per-task facts (wall clock start and end); the chaos checks then hold over all of
 them: every task processed, a key's tasks in offset order between rebalances and never
 two at once, the group's commits at the end of every partition. Each side starts from
@@ -40,6 +46,7 @@ from decaton_aio import (
     StateStoreConfig,
     TaskProducer,
 )
+from decaton_aio.consumer.group._choose import CONSUMER_BY_DEFAULT, protocol_from_environment
 from decaton_aio.testing import BrokerHandle, wait_until
 from tests.chaos.test_chaos import (
     APP,
@@ -58,6 +65,11 @@ PARTITIONS = 3
 RANGE_ASSIGNOR = "org.apache.kafka.clients.consumer.RangeAssignor"
 RATE_PER_S = 150
 COMMIT_INTERVAL_MS = 200
+#: decaton-aio's members speak the classic protocol (DECATON_AIO_GROUP_PROTOCOL=classic):
+#: they must then offer an assignor Decaton's members offer.
+CLASSIC = (protocol_from_environment() or ("consumer" if CONSUMER_BY_DEFAULT else "classic")) == (
+    "classic"
+)
 
 
 def decaton_run(sub: DecatonSubscription, topic: str) -> list[Fact]:
@@ -95,13 +107,14 @@ class Group:
         self.build, self.broker, self.topic, self.group = build, broker, topic, group
         self.workdir = workdir
         (workdir / "chaos_app.py").write_text(APP)
-        # The assignor Decaton's instances offer, named as a Java client would.
-        properties = workdir / "client.properties"
-        properties.write_text(f"partition.assignment.strategy={RANGE_ASSIGNOR}\n")
         self.argv = run_argv(
             "chaos_app:app", broker, topic, group, commit_interval_ms=COMMIT_INTERVAL_MS
         )
-        self.argv += ["--client-properties", str(properties)]
+        if CLASSIC:
+            # The assignor Decaton's instances offer, named as a Java client would.
+            properties = workdir / "client.properties"
+            properties.write_text(f"partition.assignment.strategy={RANGE_ASSIGNOR}\n")
+            self.argv += ["--client-properties", str(properties)]
         self.decatons: list[DecatonSubscription] = []
         self.ours: list[Instance] = []
         self.steps: list[Step] = []
@@ -353,7 +366,8 @@ async def test_retry_topics_are_shared_by_both_sides_of_one_group(
         serializer=BytesSerializer(),
         retry=RetryConfig(RetryPolicy(max_attempts=3), mode="queue"),
     )
-    sub = kafka_broker.subscription(app, group_id=group, partition_assignment_strategy=("range",))
+    assignor: dict[str, Any] = {"partition_assignment_strategy": ("range",)} if CLASSIC else {}
+    sub = kafka_broker.subscription(app, group_id=group, **assignor)
     async with sub:
         await wait_until(lambda: len(seen) == 1, what="Decaton's retry", timeout_s=60)
         async with producer:

@@ -44,7 +44,7 @@ def fate(n: int) -> str:
 
 
 def _epochs(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
-    if _out is not None and event.get("event") in ("partitions assigned", "partitions revoked"):
+    if _out is not None and str(event.get("event", "")).startswith("partitions "):
         _out.write("epoch\n")
         _out.flush()
     return event

@@ -331,6 +331,23 @@ def test_stop_revokes_then_leaves_then_stops() -> None:
     assert not h.member.joined
 
 
+def test_a_coordinator_lost_while_the_leave_is_in_flight_stops_the_member() -> None:
+    """A heartbeat sent while the listener revoked fails after the leave went out: the
+    coordinator is gone, and with it the leave's answer. The member stops (its session
+    ends at the coordinator) rather than wait, and a due deadline never finds it idle."""
+    h = Harness()
+    h.stable()
+    h.take(h.member.stop(leave=True))
+    h.later(TIMINGS.heartbeat_s)  # the session is kept while the listener drains
+    heartbeat = h.one(Heartbeat)
+    h.done()
+    assert h.of(Leave)
+    h.fail(heartbeat)
+    assert isinstance(h.outputs[-1], Stopped)
+    assert h.member.phase is Phase.STOPPED
+    assert h.member.deadline() is None
+
+
 def test_a_static_member_never_sends_leave() -> None:
     h = Harness(static=True)
     h.stable()

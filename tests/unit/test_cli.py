@@ -518,40 +518,30 @@ def test_the_embedded_brokers_scram_user_takes_no_password_on_the_command_line(
     assert "PW-SECRET" not in err
 
 
-def test_the_group_protocol_comes_from_the_flag_the_environment_or_client_properties(
+def test_the_group_protocol_comes_from_the_flag_or_client_properties_not_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--group-protocol`` wins over DECATON_AIO_GROUP_PROTOCOL, which wins over
-    ``group.protocol`` in client.properties (any case); none of them: the runtime
-    chooses (None)."""
+    """``--group-protocol`` wins over ``group.protocol`` in client.properties (any case);
+    DECATON_AIO_GROUP_PROTOCOL does not make a setting of its own: the runtime reads it
+    where it chooses, after a state store's rule (None here)."""
     from decaton_aio.cli._run_args import consumer_config
     from decaton_aio.client_properties import read_client_properties
 
     path = tmp_path / "client.properties"
     path.write_text("group.protocol=CONSUMER\n")
     defaults = read_client_properties(path).consumer_fields
-    monkeypatch.delenv("DECATON_AIO_GROUP_PROTOCOL", raising=False)
+    monkeypatch.setenv("DECATON_AIO_GROUP_PROTOCOL", "Classic")
     assert (
         consumer_config(_build_parser().parse_args(["run", "m:a"]), "b:1", "g").group_protocol
         is None
     )
     args = _build_parser().parse_args(["run", "m:a"])
     assert consumer_config(args, "b:1", "g", defaults=defaults).group_protocol == "consumer"
-    monkeypatch.setenv("DECATON_AIO_GROUP_PROTOCOL", "Classic")
-    args = _build_parser().parse_args(["run", "m:a"])
+    args = _build_parser().parse_args(["run", "m:a", "--group-protocol", "classic"])
     assert consumer_config(args, "b:1", "g", defaults=defaults).group_protocol == "classic"
-    args = _build_parser().parse_args(["run", "m:a", "--group-protocol", "consumer"])
-    assert consumer_config(args, "b:1", "g", defaults=defaults).group_protocol == "consumer"
 
 
-def test_a_bad_group_protocol_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A flag outside the choices is a usage error; a bad variable names the choices."""
-    from decaton_aio.cli._run_args import consumer_config
-    from decaton_aio.errors import ConfigError
-
+def test_a_bad_group_protocol_is_refused_with_the_choices() -> None:
+    """A flag outside the choices is a usage error (a bad variable: see test_group_choice)."""
     with pytest.raises(Exception, match="invalid choice: 'eager'"):
         _build_parser().parse_args(["run", "m:a", "--group-protocol", "eager"])
-    monkeypatch.setenv("DECATON_AIO_GROUP_PROTOCOL", "eager")
-    args = _build_parser().parse_args(["run", "m:a"])
-    with pytest.raises(ConfigError, match="group_protocol must be one of"):
-        consumer_config(args, "b:1", "g")

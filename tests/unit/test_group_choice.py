@@ -1,19 +1,20 @@
 """Which group protocol a subscription speaks: the setting wins, a state store keeps the
-classic protocol, and otherwise the broker's offer decides (while the consumer protocol is
-the default); the choice is logged with its reason."""
+classic protocol, then DECATON_AIO_GROUP_PROTOCOL, and otherwise the broker's offer decides
+(the consumer protocol is the default); the choice is logged with its reason."""
 
 from __future__ import annotations
 
 import pytest
 from structlog.testing import capture_logs
 
-from decaton_aio import ConfigError, ConsumerConfig
+from decaton_aio import ConfigError, ConsumerConfig, environment
 from decaton_aio.consumer.group import ClassicMembership, ConsumerProtocolMembership
 from decaton_aio.consumer.group._choose import (
     CONSUMER_BY_DEFAULT,
     choose_protocol,
     decide,
     new_membership,
+    protocol_from_environment,
 )
 
 
@@ -102,3 +103,48 @@ def test_a_state_store_assignor_on_the_consumer_protocol_is_a_config_error() -> 
     config = ConsumerConfig("b:1", "g", group_protocol="consumer")
     with pytest.raises(ConfigError, match=r"group\.protocol=classic"):
         new_membership("consumer", config, ["t"], assignors=[object()])
+
+
+@pytest.mark.parametrize("offers", [None, False, True])
+def test_the_environment_comes_after_the_setting_and_a_state_store(offers: bool | None) -> None:
+    classic = decide(
+        None, state_store=False, broker_offers_consumer=offers, from_environment="classic"
+    )
+    assert classic.protocol == "classic"
+    assert environment.GROUP_PROTOCOL.name in classic.reason
+    set_ = decide(
+        "consumer", state_store=False, broker_offers_consumer=offers, from_environment="classic"
+    )
+    assert set_.protocol == "consumer"
+    store = decide(
+        None, state_store=True, broker_offers_consumer=offers, from_environment="consumer"
+    )
+    assert store.protocol == "classic"
+
+
+def test_the_environment_value_is_read_in_any_case_and_checked() -> None:
+    name = environment.GROUP_PROTOCOL.name
+    assert protocol_from_environment({}) is None
+    assert protocol_from_environment({name: "  "}) is None
+    assert protocol_from_environment({name: " Classic "}) == "classic"
+    with pytest.raises(ConfigError, match=name):
+        protocol_from_environment({name: "eager"})
+
+
+async def test_the_environment_spares_asking_the_broker() -> None:
+    asked: list[bool] = []
+
+    async def offers() -> bool:
+        asked.append(True)
+        return True
+
+    config = ConsumerConfig("b:1", "g")
+    environ = {environment.GROUP_PROTOCOL.name: "classic"}
+    choice = await choose_protocol(
+        config, state_store=False, offers_consumer=offers, environ=environ
+    )
+    assert (choice.protocol, asked) == ("classic", [])
+    choice = await choose_protocol(
+        config, state_store=False, offers_consumer=offers, environ={}, consumer_by_default=True
+    )
+    assert (choice.protocol, asked) == ("consumer", [True])

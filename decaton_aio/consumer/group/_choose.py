@@ -6,9 +6,10 @@
    that one;
 2. a state store: ``classic``, whose assignment its own assignor makes (a partition's
    state stays where its restore is cheapest);
-3. otherwise ``consumer`` where the broker offers it (``ConsumerGroupHeartbeat``), else
-   ``classic`` — while `CONSUMER_BY_DEFAULT` is on; while it is off, ``classic`` (the
-   consumer protocol is opt-in).
+3. ``DECATON_AIO_GROUP_PROTOCOL`` set in the environment: that one (a whole deployment,
+   or a test run, on one protocol without touching each application's config);
+4. otherwise ``consumer`` where the broker offers it (``ConsumerGroupHeartbeat``, Kafka
+   4.0 and later), else ``classic`` (`CONSUMER_BY_DEFAULT`; off, ``classic``).
 
 The choice and its reason are logged once per subscription start. `new_membership()`
 makes the membership of the protocol chosen.
@@ -19,19 +20,27 @@ decision depends on it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
-from decaton_aio.app import ConsumerConfig
+from decaton_aio import environment
+from decaton_aio.app import GROUP_PROTOCOLS, ConsumerConfig
 from decaton_aio.consumer.group._classic import ClassicMembership
 from decaton_aio.consumer.group._consumer_protocol import ConsumerProtocolMembership
 from decaton_aio.consumer.group._contract import GroupProtocol, Membership
 from decaton_aio.errors import ConfigError
 
-__all__ = ["CONSUMER_BY_DEFAULT", "Choice", "choose_protocol", "decide", "new_membership"]
+__all__ = [
+    "CONSUMER_BY_DEFAULT",
+    "Choice",
+    "choose_protocol",
+    "decide",
+    "new_membership",
+    "protocol_from_environment",
+]
 
 log = structlog.get_logger("decaton_aio.group")
 
@@ -54,16 +63,22 @@ def decide(
     state_store: bool,
     broker_offers_consumer: bool | None,
     consumer_by_default: bool = CONSUMER_BY_DEFAULT,
+    from_environment: GroupProtocol | None = None,
 ) -> Choice:
     """The protocol for ``setting`` (``None``: not set), a subscription with or without
-    a state store, and a broker that offers the consumer protocol or not (``None``: not
-    asked, or no answer)."""
+    a state store, ``DECATON_AIO_GROUP_PROTOCOL``'s value (``from_environment``) and a
+    broker that offers the consumer protocol or not (``None``: not asked, or no
+    answer)."""
     if setting is not None:
         return Choice(setting, f"group.protocol={setting} is set")
     if state_store:
         return Choice("classic", "a state store assigns its partitions with its own assignor")
+    if from_environment is not None:
+        return Choice(
+            from_environment, f"{environment.GROUP_PROTOCOL.name}={from_environment} is set"
+        )
     if not consumer_by_default:
-        return Choice("classic", "the default (group.protocol=consumer is opt-in)")
+        return Choice("classic", "the default (the consumer protocol is opt-in)")
     if broker_offers_consumer:
         return Choice("consumer", "the broker offers the consumer group protocol")
     if broker_offers_consumer is None:
@@ -77,14 +92,27 @@ async def choose_protocol(
     state_store: bool,
     offers_consumer: Callable[[], Awaitable[bool]] | None = None,
     consumer_by_default: bool = CONSUMER_BY_DEFAULT,
+    environ: Mapping[str, str] | None = None,
 ) -> Choice:
     """Decide (see `decide()`), asking the broker through ``offers_consumer`` only when
     the answer matters; the choice is logged.
 
-    A failing ``offers_consumer`` counts as no answer (the member then joins with the
-    classic protocol, which every broker has)."""
+    ``environ`` is where ``DECATON_AIO_GROUP_PROTOCOL`` is read (``os.environ`` when
+    omitted). A failing ``offers_consumer`` counts as no answer (the member then joins
+    with the classic protocol, which every broker has).
+
+    Raises:
+        ConfigError: ``DECATON_AIO_GROUP_PROTOCOL`` is neither ``consumer`` nor
+            ``classic``.
+    """
+    from_environment = protocol_from_environment(environ)
     offers: bool | None = None
-    needs_broker = config.group_protocol is None and not state_store and consumer_by_default
+    needs_broker = (
+        config.group_protocol is None
+        and not state_store
+        and from_environment is None
+        and consumer_by_default
+    )
     if needs_broker and offers_consumer is not None:
         try:
             offers = await offers_consumer()
@@ -95,6 +123,7 @@ async def choose_protocol(
         state_store=state_store,
         broker_offers_consumer=offers,
         consumer_by_default=consumer_by_default,
+        from_environment=from_environment,
     )
     log.info(
         "group protocol chosen",
@@ -103,6 +132,24 @@ async def choose_protocol(
         reason=choice.reason,
     )
     return choice
+
+
+def protocol_from_environment(environ: Mapping[str, str] | None = None) -> GroupProtocol | None:
+    """``DECATON_AIO_GROUP_PROTOCOL``'s value in ``environ`` (``os.environ`` when
+    omitted), any case; ``None`` when it is unset or blank.
+
+    Raises:
+        ConfigError: a value that is not a group protocol (the message names the choices).
+    """
+    value = environment.GROUP_PROTOCOL.get(environ)
+    if value is None or not value.strip():
+        return None
+    protocol = value.strip().lower()
+    if protocol not in GROUP_PROTOCOLS:
+        raise ConfigError(
+            f"{environment.GROUP_PROTOCOL.name}={value!r}: must be one of {GROUP_PROTOCOLS}"
+        )
+    return protocol  # type: ignore[return-value]
 
 
 def new_membership(

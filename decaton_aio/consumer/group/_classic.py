@@ -426,8 +426,10 @@ class ClassicMembership:
         listener = self._listener
         assert listener is not None
         kind = type(call).__name__.lower()
-        log.info(
-            "partitions " + {"revoke": "revoked", "assign": "assigned", "lose": "lost"}[kind],
+        # The listener logs the change once it is done (one line per change).
+        log.debug(
+            "group membership changes",
+            step=kind,
             group=self._config.group_id,
             generation=self._member.generation,
             partitions=_names(call.partitions),

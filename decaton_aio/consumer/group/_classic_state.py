@@ -574,6 +574,10 @@ class ClassicMember:
         self._back_off()
         for kind in ("join", "sync", "heartbeat"):
             self._inflight.pop(kind, None)
+        if self._inflight.pop("leave", None) is not None:
+            # Its answer went with the coordinator: the member is done (its session
+            # ends at the coordinator) instead of waiting for a lookup it never makes.
+            self._leave_sent = True
         if self.phase is Phase.SYNCING:
             self.phase = Phase.JOINING
 

@@ -342,7 +342,8 @@ class ConsumerProtocolMembership:
         listener = self._listener
         assert listener is not None
         partitions = sorted(step.named)
-        log.info(
+        # The listener logs the change once it is done (one line per change).
+        log.debug(
             "group membership changes",
             group=self.group_id,
             member_epoch=self._state.epoch,
