@@ -272,6 +272,7 @@ def _security_argv(handle: BrokerHandle, tmp_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.timeout(300)  # three CLI runs, each with its own TLS handshakes
 async def test_cli_produce_run_inspect_over_the_secured_listener(
     secured: BrokerHandle, tmp_path: Path
 ) -> None:
@@ -305,14 +306,18 @@ async def test_cli_produce_run_inspect_over_the_secured_listener(
     assert "produced 8 tasks" in outputs.text[-2]
 
     group = f"cli-{uuid.uuid4().hex[:8]}"
-    run = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "decaton_aio", "--log-level", "debug", "run", "secured_app:app",
-        *security, "--topic", topic, "--group", group, "--properties-topic", props_topic,
-        "--retry-max-attempts", "2", "--retry-backoff-ms", "50",
-        "--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500",
-        cwd=tmp_path, env={**os.environ, "DONE_FILE": str(done)},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    # Its debug log goes to files: a pipe nobody reads until the end fills up, and the
+    # process then blocks on its next log line.
+    out_path, err_path = tmp_path / "run.out", tmp_path / "run.err"
+    with out_path.open("wb") as out_file, err_path.open("wb") as err_file:
+        run = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "decaton_aio", "--log-level", "debug", "run", "secured_app:app",
+            *security, "--topic", topic, "--group", group, "--properties-topic", props_topic,
+            "--retry-max-attempts", "2", "--retry-backoff-ms", "50",
+            "--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500",
+            cwd=tmp_path, env={**os.environ, "DONE_FILE": str(done)},
+            stdout=out_file, stderr=err_file,
+        )  # fmt: skip
     try:
         dead = await read_records(
             secured.bootstrap_servers, f"{topic}-dlq", 1, timeout_s=60, security=secured.security
@@ -320,10 +325,12 @@ async def test_cli_produce_run_inspect_over_the_secured_listener(
         assert dead[0].key == b"bad"
         await _until(lambda: len(done.read_text().split()) >= 6)
     finally:
-        run.terminate()
-        out, err = await asyncio.wait_for(run.communicate(), 60)
-        outputs.text += [out.decode(), err.decode()]
-    assert run.returncode == 0, err.decode()[-2000:]
+        if run.returncode is None:
+            run.terminate()
+        await asyncio.wait_for(run.wait(), 60)
+        err = err_path.read_text(errors="replace")
+        outputs.text += [out_path.read_text(errors="replace"), err]
+    assert run.returncode == 0, err[-2000:]
     assert sorted(done.read_text().split()) == [f"k{i}" for i in range(6)]  # not skip-me
 
     code = await outputs.run(
