@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := embedded,dev,spark,tracing,docs
 JAVA_PACKAGE := openjdk-17-jdk-headless
 
-.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-rebalance bench-test chaos soak fuzz test test-consumer test-unit test-unit-pure \
+.PHONY: help install run quickstart bench bench-quick bench-hotpath bench-rebalance bench-test chaos soak fuzz test test-classic test-unit test-unit-pure \
 	test-spark spark-cluster spark-dist test-tansu lint format clean java install-java maven install-maven kafka compiler install-compiler \
 	docs docs-serve docs-test chromium install-chromium \
 	prometheus install-prometheus test-deploy go install-go toxiproxy faults
@@ -16,8 +16,8 @@ help:
 	@echo "           compaction and retries, Spark batch repair, repair processor"
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
-	@echo "make test-consumer  the short chaos, migration and group suites on the consumer"
-	@echo "           group protocol (DECATON_AIO_GROUP_PROTOCOL=consumer)"
+	@echo "make test-classic  the short chaos, migration and group suites on the classic"
+	@echo "           group protocol (DECATON_AIO_GROUP_PROTOCOL=classic)"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make test-deploy  the deployment kit's checks: manifests, alert rules, dashboard"
 	@echo "make test-unit-pure  the unit tests on the pure-Python sources (no compiled module)"
@@ -146,11 +146,11 @@ quickstart: kafka
 test: kafka prometheus toxiproxy
 	$(BIN)/python -m pytest
 
-# The integration suite, the chaos short form and the migration suite again with every
-# subscription on the classic group protocol (make test runs them on the default, the
-# consumer protocol where the broker offers it).
-test-consumer: kafka prometheus toxiproxy
-	DECATON_AIO_GROUP_PROTOCOL=consumer $(BIN)/python -m pytest -m "not chaos_long and not spark" \
+# The short chaos scenarios, the migration suite and the runtime, exactly-once and group
+# suites again with every subscription on the classic group protocol (make test runs them on
+# the default: the consumer protocol where the broker offers it).
+test-classic: kafka prometheus toxiproxy
+	DECATON_AIO_GROUP_PROTOCOL=classic $(BIN)/python -m pytest -m "not chaos_long and not spark" \
 	  tests/chaos tests/interop/test_migration.py tests/integration/test_runtime.py \
 	  tests/integration/test_exactly_once.py \
 	  tests/integration/test_consumer_protocol.py

@@ -2,7 +2,9 @@
 always fail or are rejected into the dead letter topic, each logged as the soak logs
 them), and for each task that succeeds one output record (its task number) to
 ``$FAULT_OUT`` and, when it succeeded at its first attempt, a count of its key in
-``ctx.state``. (Only first attempts count: a retry runs in the retry topic's lane of the
+``ctx.state`` (with ``FAULT_STATE=0`` the application has no state store, so that
+it may speak the consumer group protocol: a state store keeps the classic one). (Only
+first attempts count: a retry runs in the retry topic's lane of the
 key, which shares the key's state with the task topic's lane, and two lanes' updates
 could interleave.) Run with ``--exactly-once`` the outputs, the
 state's changelog and the offsets commit in one transaction; a transaction that fails
@@ -24,6 +26,7 @@ import structlog
 from decaton_aio import Application, BytesSerializer, ProcessingContext, StateStoreConfig
 
 OUT = os.environ["FAULT_OUT"]
+STATE = os.environ.get("FAULT_STATE", "1") == "1"
 
 
 async def process(ctx: ProcessingContext, task: bytes) -> None:
@@ -32,7 +35,7 @@ async def process(ctx: ProcessingContext, task: bytes) -> None:
     first = ctx.metadata.retry_count == 0
     if soak_app.fate(n) == "retries once" and first:
         return  # sent to the retry topic: its output comes with the retry
-    if first:
+    if first and STATE:
         ctx.state.set(ctx.state.get(0) + 1)
     await ctx.produce(OUT, b"%d" % n, key=ctx.key)
 
@@ -58,7 +61,7 @@ app = Application(
     topics=("unused",),  # named with --topic
     serializer=BytesSerializer(),
     retry=soak_app.app.retry,
-    state=StateStoreConfig("counts"),
+    state=StateStoreConfig("counts") if STATE else None,
     on_startup=_open_log,
     on_shutdown=soak_app._close_log,
 )

@@ -24,7 +24,7 @@ FAULTS = (
     "commit",
 )
 HEADER = (
-    "| path | fault | mode | tasks | not ready after | ready again after the end "
+    "| path | fault | mode | group protocol | tasks | not ready after | ready again after the end "
     "| commit 5 s old after | warnings "
     "| longest stall | resumed after the end | lag 0 after the end | pace then "
     "| redone / bound | lost | out of order "
@@ -51,6 +51,7 @@ def row(f: dict[str, Any]) -> str:
         f["path"],
         f["fault"] + (" during a rebalance" if f.get("rebalance") else ""),
         mode,
+        f.get("protocol", "classic"),
         str(f["tasks"]),
         _s(f["detect_s"]),
         _s(f["ready_s"]) if "ready_s" in f else "",
@@ -71,9 +72,10 @@ def row(f: dict[str, Any]) -> str:
 
 
 def table(figures: list[dict[str, Any]]) -> str:
-    def order(f: dict[str, Any]) -> tuple[int, bool, int, bool]:
+    def order(f: dict[str, Any]) -> tuple[int, bool, int, bool, str]:
         fault = FAULTS.index(f["fault"])
-        return PATHS.index(f["path"]), bool(f.get("rebalance")), fault, f["exactly_once"]
+        protocol = f.get("protocol", "classic")
+        return PATHS.index(f["path"]), bool(f.get("rebalance")), fault, f["exactly_once"], protocol
 
     lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     lines += [row(f) for f in sorted(figures, key=order)]
@@ -95,10 +97,12 @@ def _read(where: str) -> list[dict[str, Any]]:
 def main(*wheres: str) -> None:
     """Print the table of the runs found in ``wheres``; a scenario found in several, as
     the last one has it (a scenario run again replaces its earlier figures)."""
-    figures: dict[tuple[str, str, bool, bool], dict[str, Any]] = {}
+    figures: dict[tuple[str, str, bool, bool, str], dict[str, Any]] = {}
     for where in wheres:
         for f in _read(where):
-            figures[f["path"], f["fault"], f["exactly_once"], bool(f.get("rebalance"))] = f
+            protocol = f.get("protocol", "classic")
+            key = (f["path"], f["fault"], f["exactly_once"], bool(f.get("rebalance")), protocol)
+            figures[key] = f
     print(table(list(figures.values())))
 
 

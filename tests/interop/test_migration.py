@@ -46,7 +46,7 @@ from decaton_aio import (
     StateStoreConfig,
     TaskProducer,
 )
-from decaton_aio.consumer.group._choose import CONSUMER_BY_DEFAULT, protocol_from_environment
+from decaton_aio.consumer.group._choose import protocol_from_environment
 from decaton_aio.testing import BrokerHandle, wait_until
 from tests.chaos.test_chaos import (
     APP,
@@ -67,9 +67,7 @@ RATE_PER_S = 150
 COMMIT_INTERVAL_MS = 200
 #: decaton-aio's members speak the classic protocol (DECATON_AIO_GROUP_PROTOCOL=classic):
 #: they must then offer an assignor Decaton's members offer.
-CLASSIC = (protocol_from_environment() or ("consumer" if CONSUMER_BY_DEFAULT else "classic")) == (
-    "classic"
-)
+CLASSIC = protocol_from_environment() == "classic"
 
 
 def decaton_run(sub: DecatonSubscription, topic: str) -> list[Fact]:

@@ -10,7 +10,6 @@ from structlog.testing import capture_logs
 from decaton_aio import ConfigError, ConsumerConfig, environment
 from decaton_aio.consumer.group import ClassicMembership, ConsumerProtocolMembership
 from decaton_aio.consumer.group._choose import (
-    CONSUMER_BY_DEFAULT,
     choose_protocol,
     decide,
     new_membership,
@@ -29,7 +28,7 @@ def test_an_explicit_setting_wins(setting: str, state_store: bool, offers: bool 
 
 @pytest.mark.parametrize("offers", [None, False, True])
 def test_a_state_store_keeps_the_classic_protocol(offers: bool | None) -> None:
-    choice = decide(None, state_store=True, broker_offers_consumer=offers, consumer_by_default=True)
+    choice = decide(None, state_store=True, broker_offers_consumer=offers)
     assert choice.protocol == "classic"
     assert "assignor" in choice.reason
 
@@ -37,16 +36,8 @@ def test_a_state_store_keeps_the_classic_protocol(offers: bool | None) -> None:
 def test_by_default_the_broker_decides() -> None:
     """With the consumer protocol as the default: consumer where the broker offers it,
     classic where it does not or did not answer."""
-    on = {"consumer_by_default": True, "state_store": False}
-    assert decide(None, broker_offers_consumer=True, **on).protocol == "consumer"  # type: ignore[arg-type]
-    assert decide(None, broker_offers_consumer=False, **on).protocol == "classic"  # type: ignore[arg-type]
-    assert decide(None, broker_offers_consumer=None, **on).protocol == "classic"  # type: ignore[arg-type]
-
-
-def test_while_the_consumer_protocol_is_opt_in_the_default_is_classic() -> None:
-    choice = decide(None, state_store=False, broker_offers_consumer=True, consumer_by_default=False)
-    assert choice.protocol == "classic"
-    assert "opt-in" in choice.reason
+    for offers, protocol in ((True, "consumer"), (False, "classic"), (None, "classic")):
+        assert decide(None, state_store=False, broker_offers_consumer=offers).protocol == protocol
 
 
 async def test_the_broker_is_asked_only_when_it_decides_and_the_choice_is_logged() -> None:
@@ -58,20 +49,14 @@ async def test_the_broker_is_asked_only_when_it_decides_and_the_choice_is_logged
 
     config = ConsumerConfig("b:1", "g")
     with capture_logs() as logs:
-        choice = await choose_protocol(
-            config, state_store=False, offers_consumer=offers, consumer_by_default=True
-        )
+        choice = await choose_protocol(config, state_store=False, offers_consumer=offers)
     assert (choice.protocol, asked) == ("consumer", [True])
     assert logs[-1]["event"] == "group protocol chosen"
     assert logs[-1]["protocol"] == "consumer"
     assert "offers" in logs[-1]["reason"]
     explicit = ConsumerConfig("b:1", "g", group_protocol="classic")
-    await choose_protocol(
-        explicit, state_store=False, offers_consumer=offers, consumer_by_default=True
-    )
-    await choose_protocol(
-        config, state_store=True, offers_consumer=offers, consumer_by_default=True
-    )
+    await choose_protocol(explicit, state_store=False, offers_consumer=offers)
+    await choose_protocol(config, state_store=True, offers_consumer=offers)
     assert asked == [True]
 
 
@@ -80,16 +65,13 @@ async def test_a_broker_that_cannot_say_means_classic() -> None:
         raise OSError("connection refused")
 
     config = ConsumerConfig("b:1", "g")
-    choice = await choose_protocol(
-        config, state_store=False, offers_consumer=offers, consumer_by_default=True
-    )
+    choice = await choose_protocol(config, state_store=False, offers_consumer=offers)
     assert choice.protocol == "classic"
 
 
 def test_the_classic_membership_is_made_for_classic() -> None:
     config = ConsumerConfig("b:1", "g")
     assert isinstance(new_membership("classic", config, ["t"]), ClassicMembership)
-    assert CONSUMER_BY_DEFAULT in (True, False)
 
 
 def test_the_consumer_protocol_membership_is_made_for_consumer() -> None:
@@ -144,7 +126,5 @@ async def test_the_environment_spares_asking_the_broker() -> None:
         config, state_store=False, offers_consumer=offers, environ=environ
     )
     assert (choice.protocol, asked) == ("classic", [])
-    choice = await choose_protocol(
-        config, state_store=False, offers_consumer=offers, environ={}, consumer_by_default=True
-    )
+    choice = await choose_protocol(config, state_store=False, offers_consumer=offers, environ={})
     assert (choice.protocol, asked) == ("consumer", [True])

@@ -9,7 +9,7 @@
 3. ``DECATON_AIO_GROUP_PROTOCOL`` set in the environment: that one (a whole deployment,
    or a test run, on one protocol without touching each application's config);
 4. otherwise ``consumer`` where the broker offers it (``ConsumerGroupHeartbeat``, Kafka
-   4.0 and later), else ``classic`` (`CONSUMER_BY_DEFAULT`; off, ``classic``).
+   4.0 and later), else ``classic``.
 
 The choice and its reason are logged once per subscription start. `new_membership()`
 makes the membership of the protocol chosen.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import structlog
 
@@ -34,7 +34,6 @@ from decaton_aio.consumer.group._contract import GroupProtocol, Membership
 from decaton_aio.errors import ConfigError
 
 __all__ = [
-    "CONSUMER_BY_DEFAULT",
     "Choice",
     "choose_protocol",
     "decide",
@@ -43,10 +42,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("decaton_aio.group")
-
-#: Whether a subscription without ``group_protocol`` uses the consumer protocol where the
-#: broker offers it (off: ``classic`` unless asked for).
-CONSUMER_BY_DEFAULT: Final = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +57,6 @@ def decide(
     *,
     state_store: bool,
     broker_offers_consumer: bool | None,
-    consumer_by_default: bool = CONSUMER_BY_DEFAULT,
     from_environment: GroupProtocol | None = None,
 ) -> Choice:
     """The protocol for ``setting`` (``None``: not set), a subscription with or without
@@ -77,8 +71,6 @@ def decide(
         return Choice(
             from_environment, f"{environment.GROUP_PROTOCOL.name}={from_environment} is set"
         )
-    if not consumer_by_default:
-        return Choice("classic", "the default (the consumer protocol is opt-in)")
     if broker_offers_consumer:
         return Choice("consumer", "the broker offers the consumer group protocol")
     if broker_offers_consumer is None:
@@ -91,7 +83,6 @@ async def choose_protocol(
     *,
     state_store: bool,
     offers_consumer: Callable[[], Awaitable[bool]] | None = None,
-    consumer_by_default: bool = CONSUMER_BY_DEFAULT,
     environ: Mapping[str, str] | None = None,
 ) -> Choice:
     """Decide (see `decide()`), asking the broker through ``offers_consumer`` only when
@@ -107,12 +98,7 @@ async def choose_protocol(
     """
     from_environment = protocol_from_environment(environ)
     offers: bool | None = None
-    needs_broker = (
-        config.group_protocol is None
-        and not state_store
-        and from_environment is None
-        and consumer_by_default
-    )
+    needs_broker = config.group_protocol is None and not state_store and from_environment is None
     if needs_broker and offers_consumer is not None:
         try:
             offers = await offers_consumer()
@@ -122,7 +108,6 @@ async def choose_protocol(
         config.group_protocol,
         state_store=state_store,
         broker_offers_consumer=offers,
-        consumer_by_default=consumer_by_default,
         from_environment=from_environment,
     )
     log.info(
