@@ -16,7 +16,7 @@ help:
 	@echo "           compaction and retries, Spark batch repair, repair processor"
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
-	@echo "make test-classic  the short chaos, migration and group suites on the classic"
+	@echo "make test-classic  the integration, short chaos and migration suites on the classic"
 	@echo "           group protocol (DECATON_AIO_GROUP_PROTOCOL=classic)"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make test-deploy  the deployment kit's checks: manifests, alert rules, dashboard"
@@ -146,14 +146,12 @@ quickstart: kafka
 test: kafka prometheus toxiproxy
 	$(BIN)/python -m pytest
 
-# The short chaos scenarios, the migration suite and the runtime, exactly-once and group
-# suites again with every subscription on the classic group protocol (make test runs them on
-# the default: the consumer protocol where the broker offers it).
+# The integration suite, the short chaos scenarios and the migration suite again with every
+# subscription on the classic group protocol (make test runs them on the default: the
+# consumer protocol where the broker offers it).
 test-classic: kafka prometheus toxiproxy
 	DECATON_AIO_GROUP_PROTOCOL=classic $(BIN)/python -m pytest -m "not chaos_long and not spark" \
-	  tests/chaos tests/interop/test_migration.py tests/integration/test_runtime.py \
-	  tests/integration/test_exactly_once.py \
-	  tests/integration/test_consumer_protocol.py
+	  tests/chaos tests/interop/test_migration.py tests/integration
 
 # The deployment kit alone: manifests, rules, dashboard and the live alert test.
 test-deploy: kafka prometheus
