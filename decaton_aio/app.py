@@ -104,8 +104,11 @@ class ConsumerConfig:
             a rack-aware replica selector on the brokers, fetches go to a replica in the
             same zone. ``None``: no preference.
         session_timeout_ms: a member silent this long is evicted from the group
-            (``session.timeout.ms``; the classic protocol: on the consumer protocol the
-            group's own, a broker setting, applies).
+            (``session.timeout.ms``), and a member that hears nothing from its group
+            coordinator this long gives up its partitions without a commit (someone else
+            may process them by then) and joins again. On the consumer protocol the
+            group's own session timeout (a broker or group setting) is what evicts: set
+            this one to it.
         heartbeat_interval_ms: how often the member heartbeats
             (``heartbeat.interval.ms``); below ``session_timeout_ms``.
         max_poll_interval_ms: the longest the consumer may go between fetch calls before it

@@ -30,7 +30,8 @@ _FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str]
     ("--client-rack", "client_rack", str, environment.CLIENT_RACK,
      "this instance's rack or zone (client.rack): fetch from a replica in the same zone"),
     ("--session-timeout-ms", "session_timeout_ms", int, None,
-     "a silent member is evicted after this (session.timeout.ms; default 10000)"),
+     "a silent member is evicted after this, and a member its coordinator does not "
+     "answer gives up its partitions after this (session.timeout.ms; default 10000)"),
     ("--heartbeat-interval-ms", "heartbeat_interval_ms", int, None,
      "heartbeat period (heartbeat.interval.ms; default 3000)"),
     ("--max-poll-interval-ms", "max_poll_interval_ms", int, None,

@@ -240,6 +240,14 @@ class Assignment:
         if old.state is PartitionState.DRAINING:
             old.close()
             return
+        # Before the new processor takes a record: what the old one started until now
+        # belongs to the transaction that failed.
+        log.info(
+            "partition rewound to its last commit",
+            topic=old.tp.topic,
+            partition=old.tp.partition,
+            offset=offset,
+        )
         processor = self._replace(old)
         self._committer.adopt(old, processor)
         if checkpoint is not None and not checkpoint.empty:

@@ -40,8 +40,10 @@ async def process(ctx: ProcessingContext, task: bytes) -> None:
     await ctx.produce(OUT, b"%d" % n, key=ctx.key)
 
 
-#: What the runtime logs when it aborts a transaction and goes back to the last commit.
-REWIND = "transaction failed; aborting it and going back to the last commit"
+#: What the runtime logs when a partition goes back to its last commit after a failed
+#: transaction, before it starts a record again (tasks started between the failure and
+#: this line belong to the transaction that failed).
+REWIND = "partition rewound to its last commit"
 
 
 def _rewinds(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:

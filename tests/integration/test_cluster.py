@@ -48,10 +48,14 @@ async def _leaders(servers: str, topic: str) -> dict[int, int]:
     return {p["partition"]: p["leader"] for p in described["partitions"]}
 
 
-async def test_leader_killed_mid_stream_loses_nothing(cluster: BrokerHandle) -> None:
+@pytest.mark.parametrize("fetch_loop", ["aiokafka", "own"])
+async def test_leader_killed_mid_stream_loses_nothing(
+    cluster: BrokerHandle, fetch_loop: str
+) -> None:
     """Given a replication factor 3 topic and min.insync.replicas=2, when the node leading
     the most partitions is killed halfway through producing, every task put is processed
-    (at least once), and the group's committed offsets reach the end of every partition."""
+    (at least once), and the group's committed offsets reach the end of every partition;
+    with either fetch loop."""
     assert cluster.embedded is not None
     servers = cluster.bootstrap_servers
     topics = TopicAdmin(servers)
@@ -67,8 +71,9 @@ async def test_leader_killed_mid_stream_loses_nothing(cluster: BrokerHandle) -> 
         cluster.producer_config(), topic, BytesSerializer()
     )
     put: list[bytes] = []
+    group = f"leader-kill-{fetch_loop}"
     try:
-        async with producer, cluster.subscription(app, "leader-kill") as sub:
+        async with producer, cluster.subscription(app, group, fetch_loop=fetch_loop) as sub:
 
             async def put_range(start: int, stop: int) -> None:
                 for i in range(start, stop):
@@ -90,7 +95,7 @@ async def test_leader_killed_mid_stream_loses_nothing(cluster: BrokerHandle) -> 
             positions: list[int] = []
 
             async def at_end() -> bool:
-                found = await group_positions(servers, "leader-kill", topic)
+                found = await group_positions(servers, group, topic)
                 positions[:] = [p.lag for p in found]
                 return all(p.committed == p.high_watermark for p in found)
 

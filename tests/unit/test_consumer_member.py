@@ -583,3 +583,74 @@ def test_refusal_loses_what_was_started() -> None:
     assert member.refusal is not None
     assert member.refusal.error_code == 30
     assert member.heartbeat_delay(0.0) is None
+
+
+def _joined(settings: MemberSettings) -> MemberState:
+    """A member that joined at 0.0 with every partition, started and acknowledged."""
+    member = MemberState(settings, ("t",))
+    member.learn_names(NAMES)
+    seq, _ = member.next_heartbeat(0.0) or pytest.fail("no join")
+    member.heartbeat_answered(seq, Answer(0, 3, 500, ALL), 0.0)
+    run_steps(member)
+    seq, _ = member.next_heartbeat(0.0) or pytest.fail("no ack")
+    member.heartbeat_answered(seq, Answer(0, 3, 500), 0.0)
+    return member
+
+
+def test_a_member_unanswered_for_its_session_loses_its_partitions_and_joins_again() -> None:
+    member = _joined(MemberSettings(session_timeout_s=6.0))
+    assert member.expires_in(0.0) == pytest.approx(6.0)
+    seq, _ = member.next_heartbeat(0.5) or pytest.fail("no heartbeat")
+    assert member.heartbeat_failed(seq, 1.0) is Outcome.FIND_COORDINATOR
+    assert member.expires_in(1.0) == pytest.approx(5.0)
+    assert member.next_step() is None  # still its partitions
+    seq, _ = member.next_heartbeat(1.1) or pytest.fail("no retry")
+    assert member.heartbeat_failed(seq, 6.0) is Outcome.EXPIRED
+    assert member.epoch == 0
+    lose = member.next_step()
+    assert lose is not None
+    assert lose.kind == "lose"  # never revoked: no commit
+    assert lose.partitions == ALL
+    member.step_done(lose)
+    assert member.expires_in(6.0) is None
+    delay = member.heartbeat_delay(6.0)
+    assert delay is not None
+    _, rejoin = member.next_heartbeat(6.0 + delay) or pytest.fail("no rejoin")
+    assert (rejoin.member_epoch, rejoin.full, rejoin.owned) == (0, True, frozenset())
+
+
+def test_an_error_answer_past_the_session_expires_it_and_an_answer_renews_it() -> None:
+    member = _joined(MemberSettings(session_timeout_s=6.0))
+    seq, _ = member.next_heartbeat(0.5) or pytest.fail("no heartbeat")
+    member.heartbeat_answered(seq, Answer(0, 3, 500), 5.0)
+    assert member.expires_in(5.0) == pytest.approx(6.0)
+    seq, _ = member.next_heartbeat(5.5) or pytest.fail("no heartbeat")
+    assert member.heartbeat_answered(seq, Answer(15), 10.9) is Outcome.FIND_COORDINATOR
+    seq, _ = member.next_heartbeat(11.0) or pytest.fail("no retry")
+    assert member.heartbeat_answered(seq, Answer(15), 11.0) is Outcome.EXPIRED
+
+
+def test_without_a_session_timeout_a_member_keeps_its_partitions_until_fenced() -> None:
+    member = _joined(MemberSettings())
+    assert member.expires_in(0.0) is None
+    seq, _ = member.next_heartbeat(0.5) or pytest.fail("no heartbeat")
+    assert member.heartbeat_failed(seq, 600.0) is Outcome.FIND_COORDINATOR
+    assert member.next_step() is None
+    assert member.epoch == 3
+
+
+def test_a_rejoin_the_coordinator_fences_waits_its_backoff() -> None:
+    """After an expiry the coordinator may still count the member's old epoch and fence
+    its epoch-0 heartbeat: it asks again after a backoff, not at once in a loop."""
+    member = _joined(MemberSettings(session_timeout_s=6.0))
+    seq, _ = member.next_heartbeat(0.5) or pytest.fail("no heartbeat")
+    assert member.heartbeat_failed(seq, 6.5) is Outcome.EXPIRED
+    run_steps(member)
+    for attempt in range(3):
+        delay = member.heartbeat_delay(10.0 * (attempt + 1))
+        assert delay is not None
+        seq, join = member.next_heartbeat(10.0 * (attempt + 1)) or pytest.fail("no join")
+        assert join.member_epoch == 0
+        assert member.heartbeat_answered(seq, Answer(110), 10.0 * (attempt + 1)) is (Outcome.FENCED)
+        assert run_steps(member) == []  # nothing to lose any more
+        assert member.heartbeat_delay(10.0 * (attempt + 1)) > 0

@@ -166,5 +166,8 @@ def new_membership(
         instance_id=config.group_instance_id,
         # As Kafka's consumers: the longest a member may take to give partitions up.
         rebalance_timeout_ms=config.max_poll_interval_ms,
+        # The group's session is the broker's; a member silent for its own gives up its
+        # partitions, as the coordinator does at the group's (set them alike).
+        session_timeout_s=config.session_timeout_ms / 1000,
         client_id=config.client_id,
     )

@@ -103,6 +103,8 @@ class ConsumerProtocolMembership:
         server_assignor: the coordinator's assignor (``uniform``, ``range``; ``None``: the
             group's default).
         request_timeout_s: how long a request to the coordinator may take.
+        session_timeout_s: how long the member keeps its partitions without an answer
+            from its coordinator (``None``: until the coordinator says it was fenced).
         client_id: the client id the cluster sees.
         clock: the monotonic clock (seconds).
     """
@@ -119,6 +121,7 @@ class ConsumerProtocolMembership:
         rebalance_timeout_ms: int = 60_000,
         server_assignor: str | None = None,
         request_timeout_s: float = 10.0,
+        session_timeout_s: float | None = None,
         client_id: str = "decaton-aio",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -135,6 +138,7 @@ class ConsumerProtocolMembership:
             instance_id=instance_id,
             rebalance_timeout_ms=rebalance_timeout_ms,
             server_assignor=server_assignor,
+            session_timeout_s=session_timeout_s,
         )
         self._state = MemberState(settings, tuple(topics) if topics is not None else None, pattern)
         self._client: AIOKafkaClient | None = None
@@ -372,14 +376,28 @@ class ConsumerProtocolMembership:
             if sent is None:
                 continue
             seq, fields = sent
-            outcome = await self._heartbeat(seq, fields)
-            if outcome is Outcome.FIND_COORDINATOR:
+            try:
+                # An answer that does not come within the session is no answer.
+                async with asyncio.timeout(state.expires_in(now)):
+                    outcome = await self._heartbeat(seq, fields)
+            except TimeoutError:
+                outcome = state.heartbeat_failed(seq, self._clock())
+            if outcome in (Outcome.FIND_COORDINATOR, Outcome.EXPIRED):
                 self._coordinator_id = None
-            elif outcome is Outcome.FENCED:
+            if outcome is Outcome.FENCED:
                 log.warning(
                     "the group fenced this member: its partitions are lost; joining again",
                     group=self.group_id,
                     member_id=state.member_id,
+                )
+            elif outcome is Outcome.EXPIRED:
+                log.warning(
+                    "no answer from the group coordinator for the session timeout: the "
+                    "partitions are lost (the group gives a silent member's partitions to "
+                    "others); joining again",
+                    group=self.group_id,
+                    member_id=state.member_id,
+                    session_timeout_s=state.settings.session_timeout_s,
                 )
             if state.unresolved():
                 await self._resolve_names()

@@ -6,14 +6,19 @@ changes of the member's partitions as Kafka's consumers do: for a new target ass
 first revokes what is no longer assigned, then acknowledges the new owned set at once (the
 next heartbeat is due immediately), then starts what was added. A fenced member (its epoch
 or its membership is over) loses its partitions (no commit), resets its epoch to 0 and
-joins again. A leaving member revokes what it has and then sends one heartbeat with epoch
-``-1`` (``-2`` for a static member, whose partitions wait for it to come back).
+joins again. So does a member whose coordinator has not answered for its session timeout
+(``MemberSettings.session_timeout_s``): the coordinator gives the partitions of a silent
+member to others after its session, so the member stops processing them rather than
+run them beside their next owner until it hears it was fenced. A leaving member revokes
+what it has and then sends one heartbeat with epoch ``-1`` (``-2`` for a static member,
+whose partitions wait for it to come back).
 
 Who may call what (one event loop; no call awaits):
 
 - the heartbeat routine: `MemberState.heartbeat_delay()`,
   `MemberState.next_heartbeat()`, then `MemberState.heartbeat_answered()` or
-  `MemberState.heartbeat_failed()` with the sequence number it was given;
+  `MemberState.heartbeat_failed()` with the sequence number it was given (waiting for
+  the answer at most `MemberState.expires_in()`, then calling `heartbeat_failed()`);
   `MemberState.unresolved()` and `MemberState.learn_names()` for the topic ids of the
   target assignment;
 - the membership's routine, the only caller of the listener: `MemberState.next_step()`,
@@ -105,6 +110,7 @@ class Outcome(enum.Enum):
     RETRY = "retry"  # after `MemberState.heartbeat_delay()`
     FIND_COORDINATOR = "find_coordinator"  # then retry
     FENCED = "fenced"
+    EXPIRED = "expired"  # no answer for the session timeout: fenced by the member itself
     REFUSED = "refused"
     LEFT = "left"
 
@@ -121,6 +127,8 @@ class MemberSettings:
         retry_backoff_s: the first wait after a failed heartbeat (doubled up to
             ``retry_backoff_max_s``).
         retry_backoff_max_s: the longest wait after failed heartbeats.
+        session_timeout_s: how long the member keeps its partitions without an answer
+            from its coordinator (``None``: until it hears it was fenced).
     """
 
     member_id: str = field(default_factory=lambda: str(uuid.uuid4()))
@@ -129,6 +137,7 @@ class MemberSettings:
     server_assignor: str | None = None
     retry_backoff_s: float = 0.1
     retry_backoff_max_s: float = 1.0
+    session_timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +213,7 @@ class MemberState:
         self._in_flight: int | None = None
         self._leave_in_flight = False
         self._next_at = 0.0
+        self._answered_at: float | None = None
         self._failures = 0
         self._full = True
         self._sent_owned: Assignment | None = None
@@ -238,6 +248,17 @@ class MemberState:
     def leave_epoch(self) -> int:
         """The epoch of the leave heartbeat: ``-2`` for a static member, else ``-1``."""
         return _LEAVE_STATIC if self.settings.instance_id is not None else _LEAVE
+
+    def expires_in(self, now: float) -> float | None:
+        """Seconds until the member's session is over without an answer from its
+        coordinator (0: over); ``None`` when no session timeout applies (none set, or
+        not a member holding an epoch)."""
+        timeout = self.settings.session_timeout_s
+        if timeout is None or self._answered_at is None or not self.joined:
+            return None
+        if self.phase is Phase.LEAVING:
+            return None
+        return max(0.0, self._answered_at + timeout - now)
 
     def named(self, partitions: Assignment) -> frozenset[TopicPartition]:
         """``partitions`` by topic name (every started partition has a known name)."""
@@ -367,6 +388,8 @@ class MemberState:
             self._pending_assign = None
             self.phase = Phase.REFUSED
             return Outcome.REFUSED
+        if self.expires_in(now) == 0:
+            return self._expire()
         if code in RETRY_COORDINATOR:
             return Outcome.FIND_COORDINATOR
         return Outcome.RETRY
@@ -383,6 +406,8 @@ class MemberState:
             self.phase = Phase.LEFT
             return Outcome.LEFT
         self._reset_sent(now)
+        if self.expires_in(now) == 0:
+            return self._expire()
         return Outcome.FIND_COORDINATOR
 
     def learn_names(self, names: dict[uuid.UUID, str]) -> None:
@@ -478,6 +503,7 @@ class MemberState:
 
     def _accept(self, answer: Answer, now: float) -> Outcome:
         self._failures = 0
+        self._answered_at = now
         if answer.member_id:
             self.member_id = answer.member_id
         self.epoch = answer.member_epoch
@@ -503,12 +529,21 @@ class MemberState:
             self.phase = Phase.FENCED
         return Outcome.FENCED
 
+    def _expire(self) -> Outcome:
+        # As fenced, without the coordinator's word: it may still count the member in
+        # (a session timeout of the group's longer than the member's); its answer to the
+        # epoch-0 heartbeat then fences the member's old epoch, or lets it join again.
+        self._fence()
+        return Outcome.EXPIRED
+
     def _rejoin_after_fence(self) -> None:
         self.phase = Phase.JOINING
         self.epoch = 0
+        self._answered_at = None
         self.owned = frozenset()
         self._full = True
-        self._next_at = 0.0
+        if not self._failures:
+            self._next_at = 0.0  # else after the backoff the failure set
         self._changed()
 
     def _finish_leave_if_silent(self) -> None:
