@@ -170,7 +170,9 @@ chaos: kafka faults
 
 # Network faults through Toxiproxy: each fault on each path for 30 s (make test runs one
 # short scenario per fault); the figures of every scenario as a table at the end (the
-# operations page's), their files in .faults/.
+# operations page's), their files in .faults/. On the default group protocol (consumer,
+# the application without its state store); DECATON_AIO_GROUP_PROTOCOL=classic runs it on
+# the classic protocol with the state store.
 faults: kafka toxiproxy
 	$(BIN)/python -m pytest -s -m faults tests/faults --basetemp=.faults; status=$$?; \
 	$(BIN)/python -m tests.faults.table .faults; exit $$status
