@@ -22,7 +22,10 @@ from aiokafka.errors import CommitFailedError
 from aiokafka.structs import OffsetAndMetadata
 
 from decaton_aio._aiokafka import ConnectionGroup
-from decaton_aio.consumer.group._consumer_messages import OffsetCommitRequest
+from decaton_aio.consumer.group._consumer_messages import (
+    ConsumerGroupHeartbeatRequest,
+    OffsetCommitRequest,
+)
 from decaton_aio.consumer.group._consumer_protocol import ConsumerProtocolMembership
 from decaton_aio.consumer.group._consumer_state import Answer, Phase
 
@@ -176,3 +179,43 @@ async def test_the_routine_closes_the_connections_when_cancelled() -> None:
     m.routine.cancel()  # ...and cancels the routine
     await asyncio.wait({stopping, m.routine})
     assert client.closed
+
+
+class FencingCoordinator(FakeClient):
+    """Fences the first ``fences`` heartbeats (it still counts the member's old epoch),
+    then lets the member in."""
+
+    def __init__(self, fences: int) -> None:
+        super().__init__()
+        self.fences = fences
+        self.heartbeats = 0
+        self.joined = asyncio.Event()
+
+    async def send(self, node_id: int, request: Any, group: Any = None) -> Any:
+        if not isinstance(request, ConsumerGroupHeartbeatRequest):
+            return await super().send(node_id, request, group)
+        self.heartbeats += 1
+        answer = SimpleNamespace(
+            error_code=110, member_epoch=0, heartbeat_interval_ms=60_000, assignment=None,
+            member_id=None, error_message=None,
+        )  # fmt: skip
+        if self.heartbeats > self.fences:
+            answer.error_code, answer.member_epoch = 0, 5
+            self.joined.set()
+        return answer
+
+
+async def test_a_member_fenced_while_it_owns_nothing_joins_again() -> None:
+    """A fence with no partition to lose decides the rejoin without a listener call: the
+    heartbeat routine is woken for it, not left waiting."""
+    m = ConsumerProtocolMembership("g", "localhost:9092", topics=["t"])
+    client = FencingCoordinator(fences=2)
+    m._client = client  # type: ignore[assignment]
+    m._coordinator_id = 1
+    m._task = asyncio.create_task(m._membership_routine())
+    try:
+        await asyncio.wait_for(client.joined.wait(), 30)
+        assert m._state.epoch == 5
+    finally:
+        m.routine.cancel()
+        await asyncio.wait({m.routine})

@@ -317,7 +317,11 @@ class ConsumerProtocolMembership:
                 self._step_wake.clear()
                 if heartbeats.done():
                     heartbeats.result()  # its error ends the membership
+                version = state.version
                 step = state.next_step()
+                if state.version != version:
+                    # A rejoin decided without a step: a heartbeat is due.
+                    self._hb_wake.set()
                 if step is not None:
                     await self._run_step(step)
                     state.step_done(step)
