@@ -16,7 +16,7 @@ help:
 	@echo "           compaction and retries, Spark batch repair, repair processor"
 	@echo "make quickstart  a short demo: produce tasks and process them"
 	@echo "make test   set up and run the whole test suite on the embedded Apache Kafka"
-	@echo "make test-classic  the integration, short chaos and migration suites on the classic"
+	@echo "make test-classic  the integration, short chaos, fault and migration suites on the classic"
 	@echo "           group protocol (DECATON_AIO_GROUP_PROTOCOL=classic)"
 	@echo "make test-tansu  the integration suite on the embedded Tansu broker"
 	@echo "make test-deploy  the deployment kit's checks: manifests, alert rules, dashboard"
@@ -146,12 +146,13 @@ quickstart: kafka
 test: kafka prometheus toxiproxy
 	$(BIN)/python -m pytest
 
-# The integration suite, the short chaos scenarios and the migration suite again with every
-# subscription on the classic group protocol (make test runs them on the default: the
-# consumer protocol where the broker offers it).
+# The integration suite, the short chaos and fault scenarios and the migration suite again
+# with every subscription on the classic group protocol (make test runs them on the
+# default: the consumer protocol where the broker offers it; the fault scenarios' state
+# store runs here).
 test-classic: kafka prometheus toxiproxy
 	DECATON_AIO_GROUP_PROTOCOL=classic $(BIN)/python -m pytest -m "not chaos_long and not spark" \
-	  tests/chaos tests/interop/test_migration.py tests/integration
+	  tests/chaos tests/faults tests/interop/test_migration.py tests/integration
 
 # The deployment kit alone: manifests, rules, dashboard and the live alert test.
 test-deploy: kafka prometheus

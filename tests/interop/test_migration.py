@@ -65,9 +65,13 @@ PARTITIONS = 3
 RANGE_ASSIGNOR = "org.apache.kafka.clients.consumer.RangeAssignor"
 RATE_PER_S = 150
 COMMIT_INTERVAL_MS = 200
-#: decaton-aio's members speak the classic protocol (DECATON_AIO_GROUP_PROTOCOL=classic):
-#: they must then offer an assignor Decaton's members offer.
-CLASSIC = protocol_from_environment() == "classic"
+
+
+def speaks_classic(broker: BrokerHandle) -> bool:
+    """Whether decaton-aio's members speak the classic protocol (set so with
+    DECATON_AIO_GROUP_PROTOCOL=classic, or on Tansu, which has no other): they must then
+    offer an assignor Decaton's members offer."""
+    return protocol_from_environment() == "classic" or broker.flavor == "tansu"
 
 
 def decaton_run(sub: DecatonSubscription, topic: str) -> list[Fact]:
@@ -108,7 +112,7 @@ class Group:
         self.argv = run_argv(
             "chaos_app:app", broker, topic, group, commit_interval_ms=COMMIT_INTERVAL_MS
         )
-        if CLASSIC:
+        if speaks_classic(broker):
             # The assignor Decaton's instances offer, named as a Java client would.
             properties = workdir / "client.properties"
             properties.write_text(f"partition.assignment.strategy={RANGE_ASSIGNOR}\n")
@@ -364,7 +368,9 @@ async def test_retry_topics_are_shared_by_both_sides_of_one_group(
         serializer=BytesSerializer(),
         retry=RetryConfig(RetryPolicy(max_attempts=3), mode="queue"),
     )
-    assignor: dict[str, Any] = {"partition_assignment_strategy": ("range",)} if CLASSIC else {}
+    assignor: dict[str, Any] = (
+        {"partition_assignment_strategy": ("range",)} if speaks_classic(kafka_broker) else {}
+    )
     sub = kafka_broker.subscription(app, group_id=group, **assignor)
     async with sub:
         await wait_until(lambda: len(seen) == 1, what="Decaton's retry", timeout_s=60)
