@@ -253,12 +253,11 @@ class MemberState:
         """Seconds until the member's session is over without an answer from its
         coordinator (0: over); ``None`` when no session timeout applies (none set, or
         not a member holding an epoch)."""
-        timeout = self.settings.session_timeout_s
-        if timeout is None or self._answered_at is None or not self.joined:
+        timeout, answered_at = self.settings.session_timeout_s, self._answered_at
+        holding = self.joined and self.phase is not Phase.LEAVING
+        if timeout is None or answered_at is None or not holding:
             return None
-        if self.phase is Phase.LEAVING:
-            return None
-        return max(0.0, self._answered_at + timeout - now)
+        return max(0.0, answered_at + timeout - now)
 
     def named(self, partitions: Assignment) -> frozenset[TopicPartition]:
         """``partitions`` by topic name (every started partition has a known name)."""
