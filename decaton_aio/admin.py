@@ -42,13 +42,17 @@ READY_TIMEOUT_S = 30.0
 
 
 def _all_led(topics: list[Any], partitions: dict[str, int]) -> set[str]:
-    """The topics of a metadata answer (``topics`` of its object form) known with every
-    partition in ``partitions`` led."""
+    """The topics of a metadata answer (``topics`` of its object form) known with at least
+    as many partitions as ``partitions`` names (one at least), every one of them led."""
     ready = set()
     for described in topics:
-        led = [p for p in described.get("partitions") or [] if p.get("leader", -1) >= 0]
+        known = described.get("partitions") or []
         name = described["topic"]
-        if described.get("error_code", 0) == 0 and len(led) >= partitions.get(name, 0):
+        if (
+            described.get("error_code", 0) == 0
+            and len(known) >= max(1, partitions.get(name, 0))
+            and all(p.get("leader", -1) >= 0 for p in known)
+        ):
             ready.add(name)
     return ready
 
@@ -149,12 +153,17 @@ class TopicAdmin:
         response = await self._client.create_topics(
             [NewTopic(topic, partitions, replication_factor, topic_configs=configs or {})]
         )
+        wanted = partitions
         for item in getattr(response, "topic_errors", []):
             code = item[1]
-            if code not in (0, TopicAlreadyExistsError.errno):
+            if code == TopicAlreadyExistsError.errno:
+                # Taken as it is: it may have another partition count (a broker that
+                # auto-creates topics made it with its own), so any count is ready.
+                wanted = 1
+            elif code != 0:
                 raise BrokerError(f"creating topic {topic!r} failed: {for_code(code).__name__}")
         self.created.append(topic)
-        await _wait_for_leaders(self._client, {topic: partitions}, self.ready_timeout_s)
+        await _wait_for_leaders(self._client, {topic: wanted}, self.ready_timeout_s)
         return topic
 
     async def close(self, *, delete: bool = True) -> None:

@@ -203,8 +203,8 @@ async def test_broker_down_mid_stream_spools_then_replays_everything(
         )
     finally:
         stop.set()
-        await asyncio.gather(*streams)
-    await producer.stop()
+        await asyncio.gather(*streams, return_exceptions=True)
+        await producer.stop()
 
     spooled = {value for value, where in results.items() if where.spooled}
     assert all(results[v].offset == -1 and results[v].spool_id for v in spooled)

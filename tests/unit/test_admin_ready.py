@@ -1,5 +1,5 @@
 """When `TopicAdmin.create` takes a topic as ready: in a node's metadata answer, the topic
-known without error and every partition with a leader."""
+known without error, with the partitions asked for (or more), each with a leader."""
 
 from __future__ import annotations
 
@@ -26,3 +26,11 @@ def test_a_node_that_does_not_know_the_topic_keeps_it_waiting() -> None:
 
 def test_fewer_partitions_than_created_keep_the_topic_waiting() -> None:
     assert _all_led([_topic("t", [1, 2]), _topic("u", [1])], {"t": 3, "u": 1}) == {"u"}
+
+
+def test_a_topic_taken_as_it_is_waits_for_every_partition_it_has() -> None:
+    """An existing topic is asked for with one partition: any count is ready once all of
+    its partitions are led, and a topic listed without partitions is not."""
+    assert _all_led([_topic("t", [1])], {"t": 1}) == {"t"}
+    assert _all_led([_topic("t", [1, -1])], {"t": 1}) == set()
+    assert _all_led([_topic("t", [])], {"t": 0}) == set()
