@@ -168,8 +168,8 @@ class ConsumerConfig:
         fetch_loop: what fetches the assigned partitions: ``own`` (the runtime's fetch
             loop: fetch sessions, so a request names only what changed, one request in
             flight per broker, records read straight into the runtime's; a held
-            partition is left out of the requests) or ``aiokafka`` (aiokafka's consumer
-            without a group; every request names every partition).
+            partition is left out of the requests; the default) or ``aiokafka``
+            (aiokafka's consumer without a group; every request names every partition).
     """
 
     bootstrap_servers: str
@@ -194,7 +194,7 @@ class ConsumerConfig:
     commit_metadata_max_bytes: int = 4096
     partition_assignment_strategy: tuple[str, ...] = ("roundrobin",)
     group_protocol: Literal["consumer", "classic"] | None = None
-    fetch_loop: Literal["own", "aiokafka"] = "aiokafka"
+    fetch_loop: Literal["own", "aiokafka"] = "own"
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():

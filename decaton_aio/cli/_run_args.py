@@ -54,7 +54,7 @@ _FLAGS: tuple[tuple[str, str, type, environment.EnvironmentVariable | None, str]
      "records taken per fetch call (max.poll.records; default 2000)"),
     ("--fetch-loop", "fetch_loop", str, None,
      "what fetches the partitions: own (the runtime's fetch loop, with fetch sessions) "
-     "or aiokafka (aiokafka's consumer); default aiokafka"),
+     "or aiokafka (aiokafka's consumer); default own"),
     ("--metadata-max-age-ms", "metadata_max_age_ms", int, None,
      "refresh the cluster's metadata this often: a recreated task topic is noticed "
      "within it (metadata.max.age.ms; default 5 minutes)"),
