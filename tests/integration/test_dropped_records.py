@@ -25,14 +25,20 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from decaton_aio import Application, ProcessingContext, StateStoreConfig, Subscription
+from decaton_aio.consumer._assigned import LoopFetcher
 from decaton_aio.consumer._loopwatch import StepTimer
 from decaton_aio.consumer.commit import CheckpointStore, Committer
+from decaton_aio.consumer.fetch import Fetcher
 from decaton_aio.consumer.group import ClassicMembership, ConsumerProtocolMembership
 from decaton_aio.consumer.state import StateStore
 from decaton_aio.testing import BrokerHandle, wait_until
 from tests.integration.test_exactly_once import needs_transactions, read_committed
 
 pytestmark = pytest.mark.integration
+
+#: Every test runs on each fetch loop (``ConsumerConfig.fetch_loop``): both drop and skip
+#: records on the same paths.
+FETCH_LOOPS = ("own", "aiokafka")
 
 #: Fetch calls a held load or restore lets pass before it goes on: time enough for the
 #: consumer to fetch the records produced meanwhile, were the partition fetched.
@@ -96,9 +102,23 @@ class FetchHook:
         self._hold: tuple[int, Callable[[dict[TopicPartition, list[Any]]], bool]] | None = None
         self._hold_step: int | None = None
         self._step = 0
-        getmany, yield_if_due = AIOKafkaConsumer.getmany, StepTimer.yield_if_due
+        yield_if_due = StepTimer.yield_if_due
+        for owner in (AIOKafkaConsumer, LoopFetcher):  # whichever fetch loop runs
+            monkeypatch.setattr(owner, "getmany", self._hooked(owner.getmany))
 
-        async def fetch(consumer: AIOKafkaConsumer, *tps: Any, **kw: Any) -> Any:
+        async def step(steps: StepTimer) -> None:
+            if _in_fetch_routine() and self._hold_step is not None:
+                if self._step == self._hold_step:
+                    self._hold_step = None
+                    self.held.set()
+                    await self.release.wait()
+                self._step += 1
+            await yield_if_due(steps)
+
+        monkeypatch.setattr(StepTimer, "yield_if_due", step)
+
+    def _hooked(self, getmany: Any) -> Any:
+        async def fetch(consumer: Any, *tps: Any, **kw: Any) -> Any:
             if not _in_fetch_routine():
                 return await getmany(consumer, *tps, **kw)
             if self.before_fetch is not None:
@@ -117,17 +137,7 @@ class FetchHook:
                 self._hold_step, self._hold = self._hold[0], None
             return batch
 
-        async def step(steps: StepTimer) -> None:
-            if _in_fetch_routine() and self._hold_step is not None:
-                if self._step == self._hold_step:
-                    self._hold_step = None
-                    self.held.set()
-                    await self.release.wait()
-                self._step += 1
-            await yield_if_due(steps)
-
-        monkeypatch.setattr(AIOKafkaConsumer, "getmany", fetch)
-        monkeypatch.setattr(StepTimer, "yield_if_due", step)
+        return fetch
 
     def hold(self, step: int, when: Callable[[dict[TopicPartition, list[Any]]], bool]) -> None:
         """Hold the fetch routine before step ``step`` (0: the first) of the next batch
@@ -217,6 +227,11 @@ def app(topic: str, ledger: Ledger, **kw: Any) -> Application:
     return Application(process, topics=(topic,), properties=props, **kw)
 
 
+@pytest.fixture(params=FETCH_LOOPS)
+def fetch_loop(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
 def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[FetchHook]:
     fetch_hook = FetchHook(monkeypatch)
@@ -229,6 +244,7 @@ async def test_records_fetched_while_a_partition_loads_are_not_lost(
     topic_factory: Any,
     task_producer: Any,
     hook: FetchHook,
+    fetch_loop: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A partition whose checkpoint is being loaded is not live yet: a batch the consumer
@@ -241,7 +257,7 @@ async def test_records_fetched_while_a_partition_loads_are_not_lost(
     gate = hold_loads(monkeypatch)
     producer = await task_producer(topic)
     await produce(producer, 0, 20)
-    async with kafka_broker.subscription(app(topic, ledger)) as sub:
+    async with kafka_broker.subscription(app(topic, ledger), fetch_loop=fetch_loop) as sub:
         end, during = await while_held(gate, hook, ledger, tp, *lots(producer, 0, 20, 5))
         first_offset = sub.partitions[tp].first_offset
     ledger.check({0: end})
@@ -254,6 +270,7 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
     topic_factory: Any,
     task_producer: Any,
     hook: FetchHook,
+    fetch_loop: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch of two partitions is handed out and held before its first step; a
@@ -297,7 +314,10 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
     await produce(producer, 1, 2)
     # The classic protocol: a member joining makes every member give up its partitions.
     first = kafka_broker.subscription(
-        Application(process, topics=(topic,), properties=props), group, group_protocol="classic"
+        Application(process, topics=(topic,), properties=props),
+        group,
+        group_protocol="classic",
+        fetch_loop=fetch_loop,
     )
     try:
         async with first:
@@ -311,7 +331,10 @@ async def test_a_batch_handed_out_before_a_rebalance_is_not_fed_to_the_next_assi
             revoked = first.partitions[tp1]
             # A member of the group on another topic: every member rebalances.
             joining = kafka_broker.subscription(
-                Application(nothing, topics=(other,)), group, group_protocol="classic"
+                Application(nothing, topics=(other,)),
+                group,
+                group_protocol="classic",
+                fetch_loop=fetch_loop,
             )
             async with joining:
                 await wait_until(
@@ -334,6 +357,7 @@ async def test_records_fetched_while_a_state_restores_are_not_lost(
     topic_factory: Any,
     task_producer: Any,
     hook: FetchHook,
+    fetch_loop: str,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
@@ -372,7 +396,9 @@ async def test_records_fetched_while_a_state_restores_are_not_lost(
         return end
 
     await each_key(10)
-    subs.append(kafka_broker.subscription(counter(tmp_path / "first"), group))
+    subs.append(
+        kafka_broker.subscription(counter(tmp_path / "first"), group, fetch_loop=fetch_loop)
+    )
     async with subs[-1]:
         await wait_until(lambda: counts == dict.fromkeys(keys, 10), what="10 per key")
     gate = Gate()
@@ -389,7 +415,9 @@ async def test_records_fetched_while_a_state_restores_are_not_lost(
         return asyncio.ensure_future(restore())
 
     monkeypatch.setattr(StateStore, "activate", held_restore)
-    subs.append(kafka_broker.subscription(counter(tmp_path / "second"), group))
+    subs.append(
+        kafka_broker.subscription(counter(tmp_path / "second"), group, fetch_loop=fetch_loop)
+    )
     async with subs[-1]:
         end, during = await while_held(
             gate, hook, ledger, tp, lambda: each_key(10), lambda: each_key(1)
@@ -405,6 +433,7 @@ async def test_records_fetched_while_a_checkpoint_loads_are_not_lost(
     topic_factory: Any,
     task_producer: Any,
     hook: FetchHook,
+    fetch_loop: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A first instance stops with offset 5 unfinished and 6..19 done (its checkpoint);
@@ -416,14 +445,19 @@ async def test_records_fetched_while_a_checkpoint_loads_are_not_lost(
     group = f"ckpt-{uuid.uuid4().hex[:8]}"
     ledger = Ledger(topic, monkeypatch)
     stuck = asyncio.Event()
-    seeks: list[int] = []
-    seek = AIOKafkaConsumer.seek
+    seeks: list[int] = []  # where the fetch loop was told to start or go, per call
 
-    def noted_seek(consumer: AIOKafkaConsumer, partition: TopicPartition, offset: int) -> None:
-        seeks.append(offset)
-        seek(consumer, partition, offset)
+    def noted(real: Any) -> Any:
+        def call(loop: Any, partition: TopicPartition, offset: int | None = None) -> None:
+            if offset is not None:
+                seeks.append(offset)
+            real(loop, partition, offset)
 
-    monkeypatch.setattr(AIOKafkaConsumer, "seek", noted_seek)
+        return call
+
+    monkeypatch.setattr(AIOKafkaConsumer, "seek", noted(AIOKafkaConsumer.seek))
+    monkeypatch.setattr(Fetcher, "assign", noted(Fetcher.assign))
+    monkeypatch.setattr(Fetcher, "seek", noted(Fetcher.seek))
 
     async def process(ctx: ProcessingContext, task: bytes) -> None:
         if ctx.offset == 5 and not ledger.done[(0, 5)] and not stuck.is_set():
@@ -435,14 +469,14 @@ async def test_records_fetched_while_a_checkpoint_loads_are_not_lost(
     producer = await task_producer(topic)
     await produce(producer, 0, 20)
     first = kafka_broker.subscription(
-        Application(process, topics=(topic,), properties=props), group
+        Application(process, topics=(topic,), properties=props), group, fetch_loop=fetch_loop
     )
     async with first:
         await wait_until(lambda: len(ledger.done) == 19, what="19 tasks")
         await wait_until(lambda: ledger.committed.get(0) == 5, what="the commit at 5")
     stuck.set()  # the abandoned first try ends, into a closed partition
     gate = hold_loads(monkeypatch)
-    async with kafka_broker.subscription(app(topic, ledger), group):
+    async with kafka_broker.subscription(app(topic, ledger), group, fetch_loop=fetch_loop):
         end, during = await while_held(gate, hook, ledger, tp, *lots(producer, 0, 20, 5))
     ledger.check({0: end})
     assert [o for o in range(6, 20) if ledger.done[(0, o)] != 1] == []  # the checkpoint held
@@ -457,6 +491,7 @@ async def test_a_rewind_after_an_aborted_transaction_loses_no_record(
     topic_factory: Any,
     task_producer: Any,
     hook: FetchHook,
+    fetch_loop: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Exactly-once: the fetch routine is held in the middle of a batch (its first 32
@@ -496,7 +531,7 @@ async def test_a_rewind_after_an_aborted_transaction_loses_no_record(
     producer = await task_producer(topic)
     await produce(producer, 0, 100, key="k")  # one key: the batch's records run in turn
     hook.hold(1, lambda batch: len(batch.get(tp, [])) > 32)  # after the first 32 records
-    async with kafka_broker.subscription(eos, group) as sub:
+    async with kafka_broker.subscription(eos, group, fetch_loop=fetch_loop) as sub:
         await hook.held.wait()
         held = sub.partitions[tp]
         await wait_until(lambda: sub.partitions.get(tp) not in (None, held), what="the rewind")
