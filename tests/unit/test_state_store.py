@@ -316,6 +316,7 @@ class _OpenTransaction:
     def __init__(self) -> None:
         self.open = True
         self.reads_while_open = 0
+        self.waited = asyncio.Event()  # set after five reads found it open
         self._position = 0
 
     def assign(self, tps: Any) -> None:
@@ -335,6 +336,8 @@ class _OpenTransaction:
             return {tp: [_Record(b"k%d" % n, b"%d" % n, n) for n in range(3)]}
         if self.open:
             self.reads_while_open += 1
+            if self.reads_while_open >= 5:
+                self.waited.set()
             return {}
         if self._position < 7:
             self._position = 7
@@ -373,8 +376,7 @@ async def test_a_restore_waits_for_an_open_transaction_and_reads_what_was_commit
     routine = asyncio.create_task(reader._run())
     try:
         async with asyncio.timeout(10):
-            while changelog.reads_while_open < 5:
-                await asyncio.sleep(0)
+            await changelog.waited.wait()
             assert not restored.done()
             changelog.open = False
             stats = await restored
