@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 from hypothesis import given
 from hypothesis import strategies as st
@@ -277,6 +278,9 @@ class _EndlessLeader:
     def last_stable_offset(self, tp: Any) -> int:
         return 0
 
+    def highwater(self, tp: Any) -> int:
+        return 0
+
     async def position(self, tp: Any) -> int:
         return 0
 
@@ -301,6 +305,87 @@ async def test_a_changelog_end_that_cannot_be_read_is_asked_again(
             await asyncio.wait([routine])
     asked_again = [e for e in logs if e["event"].startswith("cannot read where the changelog")]
     assert len(asked_again) == 2
+
+
+class _OpenTransaction:
+    """A changelog partition read committed: offsets 0-2 committed by an earlier owner,
+    3 written in a transaction of a killed instance and still open, 4 committed after it
+    by the next owner (its marker at 5). While 3 is open, the last stable offset stays at
+    3 and nothing past it is handed out; once the broker aborts it (marker at 6), 4 is."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.reads_while_open = 0
+        self.waited = asyncio.Event()  # set after five reads found it open
+        self._position = 0
+
+    def assign(self, tps: Any) -> None:
+        return None
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self._position = offset
+
+    async def end_offsets(self, tps: Any) -> dict[Any, int]:
+        return dict.fromkeys(tps, self.last_stable_offset(None))
+
+    async def getmany(self, **kwargs: Any) -> dict[Any, list[Any]]:
+        await asyncio.sleep(0)
+        tp = TopicPartition("g-counts-changelog", 0)
+        if self._position < 3:
+            self._position = 3
+            return {tp: [_Record(b"k%d" % n, b"%d" % n, n) for n in range(3)]}
+        if self.open:
+            self.reads_while_open += 1
+            if self.reads_while_open >= 5:
+                self.waited.set()
+            return {}
+        if self._position < 7:
+            self._position = 7
+            return {tp: [_Record(b"k1", b"after", 4)]}
+        return {}
+
+    def highwater(self, tp: Any) -> int:
+        return 6 if self.open else 7
+
+    def last_stable_offset(self, tp: Any) -> int:
+        return 3 if self.open else 7
+
+    async def position(self, tp: Any) -> int:
+        return self._position
+
+
+@dataclasses.dataclass
+class _Record:
+    key: bytes
+    value: bytes
+    offset: int
+
+
+async def test_a_restore_waits_for_an_open_transaction_and_reads_what_was_committed_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore does not end at the last stable offset while a transaction is open in
+    the changelog: it waits until the transaction ends and applies what was committed
+    after it (ending there lost the next owner's changes, and with them counts)."""
+    monkeypatch.setattr(_changelog, "_RETRY_S", 0.0)
+    reader = _changelog.ChangelogReader("unused:9", "g-counts-changelog")
+    changelog = _OpenTransaction()
+    reader._consumer = changelog  # type: ignore[assignment]
+    store = LocalStore(None)
+    restored = reader.restore(0, store)
+    routine = asyncio.create_task(reader._run())
+    try:
+        async with asyncio.timeout(10):
+            await changelog.waited.wait()
+            assert not restored.done()
+            changelog.open = False
+            stats = await restored
+    finally:
+        routine.cancel()
+        await asyncio.wait([routine])
+    assert store.get(b"k1") == b"after"
+    assert store.position == 7
+    assert stats.end_offset == 7
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,7 @@ class _Follow:
     stats: RestoreStats
     target: int | None = None  # the end offset a restore reads to; None: a standby
     done: asyncio.Future[RestoreStats] | None = None
+    waited: bool = False  # for an open transaction (logged once)
 
 
 class ChangelogReader:
@@ -331,15 +332,37 @@ class ChangelogReader:
         # in a gap (compacted records, transaction markers) the consumer's position
         # tells; it is asked only of a partition that returned nothing this round, so
         # every record it fetched is applied.
+        #
+        # Read committed, a restore also waits until no transaction is open in the
+        # partition (its last stable offset at its high watermark): records committed
+        # after an open transaction are not handed out before it ends, so a restore that
+        # stopped at the open one would miss them. Only a partition's owner writes its
+        # changelog, so an open transaction there is the previous owner's: one that
+        # commits as it gives the partition up, or one of an instance that died, which
+        # the broker aborts after its transaction timeout.
         committed = self._isolation_level == "read_committed"
         for p, follow in list(self._follows.items()):
             target = follow.target
             if target is None or target < 0 or follow.done is None or follow.done.done():
                 continue
             tp = TopicPartition(self.topic, p)
-            high = consumer.last_stable_offset(tp) if committed else consumer.highwater(tp)
+            high = consumer.highwater(tp)
             if high is None:
                 continue  # no fetch answered yet
+            if committed:
+                stable = consumer.last_stable_offset(tp)
+                if stable is None or stable < high:
+                    if not follow.waited:
+                        follow.waited = True
+                        log.info(
+                            "a transaction is open in the changelog: the restore waits "
+                            "until it ends (a dead instance's: its transaction timeout)",
+                            topic=self.topic,
+                            partition=p,
+                            last_stable_offset=stable,
+                            high_watermark=high,
+                        )
+                    continue
             if high < follow.store.position:
                 # The log ends below what the copy applied: the changelog was recreated.
                 # Its values and checkpoint belong to the old log: restored from the new
