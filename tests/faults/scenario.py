@@ -185,9 +185,14 @@ class CommitCuts(Fault):
 
     @staticmethod
     def _clear(toxiproxy: Toxiproxy, proxies: list[str]) -> None:
+        # Toxiproxy can hang removing a latency toxic while links through it are reset
+        # (its API does not answer again): the proxy is disabled first, which closes its
+        # links, so the toxics are removed from a proxy without any, and enabled again.
         for proxy in proxies:
+            toxiproxy.set_enabled(proxy, False)
             for toxic in toxiproxy.proxies()[proxy]["toxics"]:
                 toxiproxy.remove_toxic(proxy, toxic["name"])
+            toxiproxy.set_enabled(proxy, True)
 
 
 BOTH = ("upstream", "downstream")

@@ -37,9 +37,8 @@ SHORT = {
     "slicer": ("runtime", False),
     "limit_data": ("runtime", True),
     "down": ("producer", False),
+    "commit": ("runtime", True),
 }
-# The commit cuts run in the full matrix only: under load, Toxiproxy's API can stop
-# answering while a held connection's latency toxic is removed (its control call times out).
 #: Faults during a rebalance (a member joins and one leaves as the fault begins):
 #: (path, fault, exactly-once); the first is part of the short form.
 REBALANCES = (
