@@ -155,8 +155,9 @@ class Fault:
 @dataclass(frozen=True)
 class CommitCuts(Fault):
     """Requests or responses lost in flight, over and over: each cycle holds what passes
-    one way (``latency`` of 1 s), resets the connections while it is held (``reset_peer``)
-    and lets the network be for a while of its own. A cycle holds about one commit
+    one way (``latency`` of 1 s), resets the connections while it is held (``reset_peer``),
+    clears both with the proxy disabled for a moment (which drops what is left of the
+    connections) and lets the network be for a while of its own. A cycle holds about one commit
     interval (500 ms), and the pauses vary, so the cuts fall on each step of the
     commits in turn: a transaction's ``AddOffsetsToTxn``, ``TxnOffsetCommit`` and
     ``EndTxn`` (under exactly-once), an ``OffsetCommit`` (at-least-once), their requests
