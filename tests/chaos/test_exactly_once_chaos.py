@@ -343,8 +343,14 @@ async def test_an_instance_frozen_past_its_session_cannot_commit_when_it_wakes(
                 what="the other instance processing the zombie's partitions",
             )
         finally:  # woken also when the wait fails, and the producer stops
-            zombie.proc.send_signal(signal.SIGCONT)
             woken.set()
+            if zombie.proc.returncode is not None:  # it cannot be woken: say how it ended
+                err = zombie.logs[-1].with_suffix(".err").read_text()[-2000:]
+                raise AssertionError(
+                    f"the frozen instance exited with {zombie.proc.returncode}; its log "
+                    f"ends:\n{err}"
+                )
+            zombie.proc.send_signal(signal.SIGCONT)
 
     try:
         await both(produce(), freeze())

@@ -154,15 +154,17 @@ class Fault:
 
 @dataclass(frozen=True)
 class CommitCuts(Fault):
-    """Requests or responses lost in flight, over and over: each cycle holds what passes
-    one way (``latency`` of 1 s), resets the connections while it is held (``reset_peer``),
-    clears both with the proxy disabled for a moment (which drops what is left of the
-    connections) and lets the network be for a while of its own. A cycle holds about one commit
-    interval (500 ms), and the pauses vary, so the cuts fall on each step of the
-    commits in turn: a transaction's ``AddOffsetsToTxn``, ``TxnOffsetCommit`` and
-    ``EndTxn`` (under exactly-once), an ``OffsetCommit`` (at-least-once), their requests
-    lost before the broker saw them (upstream) or their responses after it applied them
-    (downstream)."""
+    """Requests or responses lost in flight, over and over: each cycle drops what passes
+    one way (a ``timeout`` toxic with no timeout: a black hole in one direction) for
+    0.8 s, then removes it, which closes every connection through the proxy (the dropped
+    bytes would leave them out of step), and lets the network be for a while of its own.
+    A cycle holds about one commit interval (500 ms), and the pauses vary, so the cuts
+    fall on each step of the commits in turn: a transaction's ``AddOffsetsToTxn``,
+    ``TxnOffsetCommit`` and ``EndTxn`` (under exactly-once), an ``OffsetCommit``
+    (at-least-once), their requests lost before the broker saw them (upstream) or their
+    responses after it applied them (downstream). (A held ``latency`` toxic reset with
+    ``reset_peer`` cut them too, but Toxiproxy can hang removing such a latency toxic,
+    after which its API answers nothing more.)"""
 
     kind: str = "commit"
 
@@ -173,11 +175,8 @@ class CommitCuts(Fault):
             while time.monotonic() < until:
                 stream = ("downstream", "upstream")[cycle % 2]
                 for proxy in proxies:
-                    toxiproxy.add_toxic(proxy, "latency", stream=stream, latency=1000)
-                await asyncio.sleep(0.6)
-                for proxy in proxies:
-                    toxiproxy.add_toxic(proxy, "reset_peer", stream=stream, timeout=0)
-                await asyncio.sleep(0.2)
+                    toxiproxy.add_toxic(proxy, "timeout", stream=stream, timeout=0)
+                await asyncio.sleep(0.8)
                 self._clear(toxiproxy, proxies)
                 await asyncio.sleep(0.3 + 0.1 * (cycle % 5))
                 cycle += 1
@@ -186,14 +185,9 @@ class CommitCuts(Fault):
 
     @staticmethod
     def _clear(toxiproxy: Toxiproxy, proxies: list[str]) -> None:
-        # Toxiproxy can hang removing a latency toxic while links through it are reset
-        # (its API does not answer again): the proxy is disabled first, which closes its
-        # links, so the toxics are removed from a proxy without any, and enabled again.
         for proxy in proxies:
-            toxiproxy.set_enabled(proxy, False)
             for toxic in toxiproxy.proxies()[proxy]["toxics"]:
                 toxiproxy.remove_toxic(proxy, toxic["name"])
-            toxiproxy.set_enabled(proxy, True)
 
 
 BOTH = ("upstream", "downstream")
