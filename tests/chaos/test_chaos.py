@@ -118,10 +118,19 @@ class Instance:
             await asyncio.sleep(0.1)
 
     async def stop(self, sig: signal.Signals) -> None:
+        """Send ``sig`` and wait for the exit; one still running 60 s later is killed (no
+        process outlives its test) and the stop fails."""
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-            await asyncio.wait_for(self.proc.wait(), 60)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 60)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+                raise AssertionError(
+                    f"{self.name} did not exit within 60 s of {sig.name}: killed"
+                ) from None
 
 
 def run_argv(

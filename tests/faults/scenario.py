@@ -472,8 +472,11 @@ class Scenario:
                 if task is not None:
                     with contextlib.suppress(BaseException):
                         await task
-            for instance in self.instances:
-                await instance.stop(signal.SIGTERM)
+            # Every instance stopped, each whatever the others' stops do.
+            stops = [instance.stop(signal.SIGTERM) for instance in self.instances]
+            for result in await asyncio.gather(*stops, return_exceptions=True):
+                if isinstance(result, BaseException):
+                    raise result
         exits = [i.proc.returncode for i in self.instances if i.proc is not None]
         self.figures.instance_exits = exits
         self.figures.produce_exits = sorted(set(feeder.exit_codes))
