@@ -75,7 +75,7 @@ from typing import Any
 import msgspec
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from decaton_aio import BytesSerializer, TaskProducer
+from decaton_aio import BytesSerializer, RecordLocation, TaskProducer
 from decaton_aio._aiokafka import AIOKafkaClient
 from decaton_aio.consumer.group._choose import protocol_from_environment
 from decaton_aio.embedded import EmbeddedBroker, Toxiproxy
@@ -330,18 +330,29 @@ class Feeder:
         self.exit_codes: list[int] = []
 
     async def direct(self, until: asyncio.Event) -> None:
+        """Tasks handed to the producer on schedule, many in flight (the pace does not
+        follow the acknowledgements' latency); `delivered` counts the acknowledged."""
         producer: TaskProducer[bytes] = TaskProducer(
             BrokerHandle(self.servers).producer_config(), self.topic, BytesSerializer()
         )
+        in_flight: list[asyncio.Future[RecordLocation]] = []
+
+        def acked(sent: asyncio.Future[RecordLocation]) -> None:
+            if not sent.cancelled() and sent.exception() is None:
+                self.delivered += 1
+
         async with producer:
             began = time.monotonic()
             while not until.is_set():
                 due = int(RATE * (time.monotonic() - began)) - self.sent
                 for _ in range(due):
-                    await producer.put(f"k{self.sent % KEYS}", str(self.sent).encode())
+                    sent = await producer.submit(f"k{self.sent % KEYS}", str(self.sent).encode())
+                    sent.add_done_callback(acked)
+                    in_flight.append(sent)
                     self.sent += 1
-                self.delivered = self.sent
                 await asyncio.sleep(0.02)
+            for sent in in_flight:
+                await sent  # raises if a task was not delivered
 
     async def cli(self, until: asyncio.Event) -> None:
         spool = self.workdir / "spool"
