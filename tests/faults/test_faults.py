@@ -121,7 +121,7 @@ async def test_a_network_fault_keeps_every_guarantee(
     assert figures.tasks > 0
     if scenario.missed:
         # Everything else held. The lag's return to 0 after a 30 s outage is the rejoin
-        # (the members' sessions expired meanwhile: the group membership) plus the
-        # catch-up of the backlog at the fetch path's and the machine's pace, both being
-        # rewritten: a miss is reported with its figures (see docs/operations.md).
+        # (the members' sessions expired meanwhile) plus the catch-up of the backlog at
+        # the pace the machine's free cores allow: a miss is reported with its figures
+        # (see docs/operations.md).
         pytest.xfail(scenario.missed)
