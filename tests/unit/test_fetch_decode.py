@@ -3,17 +3,26 @@ pass: built with aiokafka's batch builder and schema, read with the fetch loop's
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import CorruptRecordException
+from hypothesis import given
+from hypothesis import strategies as st
 
 from decaton_aio._aiokafka import DefaultRecordBatch, DefaultRecordBatchBuilder, protocol_fetch
 from decaton_aio.consumer._records import TaskRecord
-from decaton_aio.consumer.fetch import FetchSession
-from decaton_aio.consumer.fetch._decode import read_records
-from decaton_aio.consumer.fetch._protocol import FetchRequest, FetchRequestV11, FetchResponse
+from decaton_aio.consumer.fetch import FetchConfig, Fetcher, FetchSession
+from decaton_aio.consumer.fetch._decode import end_offset, read_records
+from decaton_aio.consumer.fetch._protocol import (
+    FetchRequest,
+    FetchRequestV11,
+    FetchResponse,
+    PartitionData,
+)
+from decaton_aio.consumer.fetch._session import FetchPlan
 from decaton_aio.metadata import METADATA_HEADER
 
 CODECS = {
@@ -127,6 +136,39 @@ def test_a_fetch_of_markers_only_moves_the_offset_on() -> None:
     assert next_offset == 5
 
 
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["records", "commit", "abort"]), st.integers(1, 4)),
+        max_size=6,
+    ),
+    st.integers(0, 30),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_the_end_offset_from_the_headers_is_where_reading_ends(
+    layout: list[tuple[str, int]], skip: int, cut: int, committed: bool
+) -> None:
+    """`end_offset()` reads headers only; the fetch loop asks for the next records from
+    it before reading these, so it must be the offset `read_records()` ends at, whatever
+    the batches (records, markers, aborted transactions) and a cut tail."""
+    data, offset, aborted = b"", 0, []
+    for kind, size in layout:
+        if kind == "records":
+            data += batch(offset, [b"v"] * size, producer_id=7, transactional=True)
+            offset += size
+        else:
+            if kind == "abort":
+                aborted.append((7, offset))
+            data += marker(offset, 7, abort=kind == "abort")
+            offset += 1
+    data = data[: max(0, len(data) - cut)]
+    fetch_offset = min(skip, offset)
+    _, read_to = read_records(
+        data, fetch_offset, aborted, read_committed=committed, check_crcs=False
+    )
+    assert end_offset(data, fetch_offset) == read_to
+
+
 def test_a_corrupt_batch_is_refused() -> None:
     data = bytearray(batch(0, [b"abc"]))
     data[-1] ^= 0xFF
@@ -188,3 +230,32 @@ def test_the_request_carries_the_plan_of_its_session() -> None:
     ]
     assert fields["forgotten_topics_data"] == [{"topic": "b", "partitions": [0]}]
     assert FetchRequestV11.decode(built.encode()).to_object() == fields
+
+
+class _Client:
+    """What an unstarted fetcher asks of its client."""
+
+    def add_topic(self, topic: str) -> asyncio.Future[None]:
+        added: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        added.set_result(None)
+        return added
+
+
+async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() -> None:
+    """The fetch loop reads fetched bytes when `getmany()` takes them: a corrupt batch is
+    raised there, after the records before it, and fetched again from its offset."""
+    tp = TopicPartition("t", 0)
+    fetcher = Fetcher(_Client(), FetchConfig())
+    fetcher.assign(tp, 0)
+    bad = bytearray(batch(2, [b"c"]))
+    bad[-1] ^= 0xFF
+    for asked, raw in ((0, batch(0, [b"a", b"b"])), (2, bytes(bad))):
+        fetch = {tp: (asked, 1 << 20)}
+        plan = FetchPlan(1, 1, False, fetch, (), fetch)
+        fetcher._take(plan, [PartitionData(tp, 0, 3, -1, 0, None, raw)])
+    assert values((await fetcher.getmany())[tp]) == [b"a", b"b"]
+    with pytest.raises(CorruptRecordException):
+        await fetcher.getmany()
+    assert fetcher.position(tp) == 2
+    assert fetcher._partitions[tp].fetch_offset == 2
+    assert fetcher._partitions[tp].error is None  # fetched again from there

@@ -11,7 +11,8 @@ every format and codec; each record it yields becomes a `TaskRecord` at once
   transactional batches are skipped until its abort marker.
 
 What is read here is pure: bytes and the aborted list in, records and the next fetch
-offset out.
+offset out. `end_offset()` gives that offset from the batches' headers alone, so the
+fetch loop can ask for what follows before it reads the records.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from aiokafka.errors import CorruptRecordException
 from decaton_aio._aiokafka import MemoryRecords
 from decaton_aio.consumer._records import TaskRecord, task_record
 
-__all__ = ["ABORT_MARKER", "read_records"]
+__all__ = ["ABORT_MARKER", "end_offset", "read_records"]
 
 #: The type of a control record whose transaction was aborted (its key: version, type).
 ABORT_MARKER: Final = 0
@@ -38,6 +39,21 @@ def _is_abort(batch: Any) -> bool:
             key is not None and len(key) >= 4 and _CONTROL_KEY.unpack_from(key)[1] == ABORT_MARKER
         )
     return False
+
+
+def end_offset(data: bytes, fetch_offset: int) -> int:
+    """The offset to fetch after ``data`` (from ``fetch_offset``): past its last complete
+    batch, as `read_records()` returns it, read from the batches' headers only."""
+    next_offset = fetch_offset
+    if not data:
+        return next_offset
+    batches = MemoryRecords(data)
+    while batches.has_next():
+        batch = batches.next_batch()
+        if batch is None:
+            break
+        next_offset = max(next_offset, batch.next_offset)
+    return next_offset
 
 
 def read_records(
@@ -78,13 +94,13 @@ def read_records(
                 aborting.add(pending.pop(0)[0])
             if batch.is_control_batch and batch.producer_id in aborting and _is_abort(batch):
                 aborting.discard(batch.producer_id)
-                next_offset = batch.next_offset
+                next_offset = max(next_offset, batch.next_offset)
                 continue
             if batch.is_transactional and batch.producer_id in aborting:
-                next_offset = batch.next_offset
+                next_offset = max(next_offset, batch.next_offset)
                 continue
         if batch.is_control_batch:
-            next_offset = batch.next_offset
+            next_offset = max(next_offset, batch.next_offset)
             continue
         for record in batch:
             if record.offset >= next_offset:

@@ -4,11 +4,13 @@ for `Fetcher.getmany()`.
 Each broker that leads an assigned partition gets a routine (`_node_routine()`) with one
 request in flight: it plans the request of its session (`FetchSession`) from the
 partitions it leads that are fetchable (assigned, not paused, placed, not in error),
-sends it, reads the response into `TaskRecord` lists (`read_records()`), and sends the
-next at once, unless the records waiting for `getmany()` are over
-``max_buffered_bytes`` or the broker asked for a pause (throttling). A partition's fetch
-offset moves when its records are read; its position (what `position()` says) when
-`getmany()` hands them out.
+sends it, keeps each partition's bytes up to the end of their last complete batch
+(`end_offset()`), and sends the next at once, unless the bytes waiting for `getmany()`
+are over ``max_buffered_bytes`` or the broker asked for a pause (throttling). The bytes
+are read into `TaskRecord` lists (`read_records()`) when `getmany()` first takes them.
+A partition's fetch offset moves when its bytes arrive; its position (what `position()`
+says) when `getmany()` hands its records out; a batch that cannot be read (corrupt) is
+raised by `getmany()` and fetched again from its offset.
 
 Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
 (ListOffsets, `_reset_routine()`); a leader error asks for new metadata and leaves the
@@ -42,7 +44,7 @@ from aiokafka.errors import (
 
 from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch._config import FetchConfig, FetchCounters
-from decaton_aio.consumer.fetch._decode import read_records
+from decaton_aio.consumer.fetch._decode import end_offset, read_records
 from decaton_aio.consumer.fetch._protocol import (
     EARLIEST,
     LATEST,
@@ -66,12 +68,21 @@ LEADER_ERRORS: Final = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100})
 
 
 class _Chunk:
-    __slots__ = ("next_offset", "records", "size")
+    """A partition's fetched bytes from ``asked`` to ``next_offset``: read into records
+    (`read_records()`) when they are first drained, not when they arrive, so a record is
+    made just before the runtime takes it."""
 
-    def __init__(self, records: list[TaskRecord], next_offset: int, size: int) -> None:
-        self.records = records
+    __slots__ = ("aborted", "asked", "next_offset", "raw", "records", "size")
+
+    def __init__(
+        self, raw: bytes, asked: int, aborted: list[tuple[int, int]] | None, next_offset: int
+    ) -> None:
+        self.raw = raw
+        self.asked = asked
+        self.aborted = aborted
         self.next_offset = next_offset
-        self.size = size
+        self.size = len(raw)
+        self.records: list[TaskRecord] | None = None
 
 
 class _Partition:
@@ -331,18 +342,23 @@ class Fetcher:
                 or a routine failed.
         """
         self._counters.cycles += 1
-        self._raise_errors()
-        got = self._drain(max_records)
+        got = self._next(max_records)
         if got or timeout_ms <= 0:
             return got
         try:
             async with asyncio.timeout(timeout_ms / 1000):
                 while not got:
                     await self._ready.wait()
-                    self._raise_errors()
-                    got = self._drain(max_records)
+                    got = self._next(max_records)
         except TimeoutError:
             pass
+        return got
+
+    def _next(self, max_records: int | None) -> dict[TopicPartition, list[TaskRecord]]:
+        self._raise_errors()
+        got = self._drain(max_records)
+        if not got:
+            self._raise_errors()  # a batch the drain could not read
         return got
 
     def _raise_errors(self) -> None:
@@ -380,6 +396,17 @@ class Fetcher:
             while chunks and budget != 0:
                 chunk = chunks[0]
                 records = chunk.records
+                if records is None:
+                    try:
+                        records = chunk.records = self._read(chunk)
+                    except KafkaError as exc:
+                        # Fetched again from there once the error is raised (as aiokafka).
+                        part.error = exc
+                        self._errored.add(tp)
+                        freed += sum(c.size for c in chunks)
+                        chunks.clear()
+                        part.fetch_offset = chunk.asked
+                        break
                 if budget < 0 or len(records) <= budget:
                     taken += records
                     budget = budget - len(records) if budget > 0 else budget
@@ -405,6 +432,16 @@ class Fetcher:
             if full and self._buffered_bytes < self.config.max_buffered_bytes:
                 self._pulse()
         return got
+
+    def _read(self, chunk: _Chunk) -> list[TaskRecord]:
+        records, _ = read_records(
+            chunk.raw,
+            chunk.asked,
+            chunk.aborted,
+            read_committed=self.config.read_committed,
+            check_crcs=self.config.check_crcs,
+        )
+        return records
 
     def _drop_chunks(self, part: _Partition) -> None:
         self._buffered_bytes -= sum(chunk.size for chunk in part.chunks)
@@ -552,9 +589,6 @@ class Fetcher:
         """Buffer a response's records; whether a partition's error calls for a pause."""
         partitions = self._partitions
         wanted = plan.wanted
-        cfg = self.config
-        read_committed = cfg.read_committed
-        check_crcs = cfg.check_crcs
         counters = self._counters
         retry = False
         ready = False
@@ -591,22 +625,11 @@ class Fetcher:
             if not raw:
                 continue
             counters.bytes += len(raw)
-            try:
-                records, next_offset = read_records(
-                    raw,
-                    asked,
-                    data.aborted,
-                    read_committed=read_committed,
-                    check_crcs=check_crcs,
-                )
-            except KafkaError as exc:
-                part.error = exc
-                self._errored.add(tp)
-                continue
+            next_offset = end_offset(raw, asked)
             if next_offset == asked:
                 continue  # an incomplete batch only (it grows past max_partition_bytes)
             part.fetch_offset = next_offset
-            part.chunks.append(_Chunk(records, next_offset, len(raw)))
+            part.chunks.append(_Chunk(raw, asked, data.aborted, next_offset))
             self._buffered_bytes += len(raw)
             self._filled[tp] = None
             ready = True
