@@ -2,8 +2,8 @@
 (`decaton_aio.consumer.fetch.Fetcher`) fetching the same paced topic, one at a time, each
 in a process of its own, for ``python -m bench.cycles --fetch-loops``.
 
-A child (``python -m bench.fetchloop IMPL ...``) assigns every partition of the topic at
-its end (once every partition is placed there) and calls
+A child (``python -m bench.fetchloop IMPL ...``, on uvloop as the runtime) assigns every
+partition of the topic at its end (once every partition is placed there) and calls
 ``getmany(timeout_ms=100, max_records=2000)`` as the runtime's fetch routine does, each
 record made the runtime's `TaskRecord`, the fetch pacing switched between the runtime's
 idle and busy settings after each call as its pacer does (1 byte or 100 ms idle, 16 KiB
@@ -29,8 +29,9 @@ from typing import Any
 __all__ = ["IMPLS", "fetch_loop_table", "main", "measure_fetch_loops"]
 
 #: The loops measured: aiokafka's fetcher as the runtime uses it, ours with fetch
-#: sessions, ours with every request full (no session).
-IMPLS = ("aiokafka", "ours", "ours-sessionless")
+#: sessions, ours with every request full (no session); ``none`` fetches nothing (the
+#: broker's CPU for the producing alone, its records counted as produced at the rate).
+IMPLS = ("aiokafka", "ours", "ours-sessionless", "none")
 
 _ROOT = Path(__file__).absolute().parent.parent
 _IDLE = (1, 100)
@@ -51,6 +52,14 @@ async def _child(args: argparse.Namespace) -> None:
     from decaton_aio.consumer._records import RAW_RECORDS, install_raw_records, task_record
     from decaton_aio.consumer.fetch import FetchConfig, Fetcher
 
+    if args.impl == "none":
+        await asyncio.sleep(args.warmup_s)
+        print("open", flush=True)
+        cpu0 = own_cpu()
+        await asyncio.sleep(args.window_s)
+        idle = {"cycles": 0, "cpu_s": round(own_cpu() - cpu0, 4), "window_s": args.window_s}
+        print(json.dumps({**idle, "records": 0}), flush=True)
+        return
     tps = [TopicPartition(args.topic, p) for p in range(args.partitions)]
     stop: list[Any] = []
     counters: Any = None
@@ -271,6 +280,8 @@ async def measure_fetch_loops(args: Any, record: Any, say: Any) -> None:
                             impl, broker.bootstrap_servers, topic, partitions, args, broker.pids
                         )
                         row.update(event="fetch_loop", impl=impl, partitions=partitions, rate=rate)
+                        if impl == "none" and "window_s" in row:
+                            row["records"] = round(rate * row["window_s"])
                         if "cycles" in row:
                             row.update(loop_figures(row))
                         record(row)
@@ -329,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, required=True)
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--window-s", type=float, default=15.0)
-    asyncio.run(_child(parser.parse_args(argv)))
+    import uvloop  # the runtime's event loop
+
+    uvloop.run(_child(parser.parse_args(argv)))
     return 0
 
 
