@@ -16,6 +16,9 @@ import decaton_aio
 from decaton_aio.embedded import EmbeddedBroker, default_flavor
 from decaton_aio.testing import BrokerHandle
 
+#: The brokers' replica selector that has a consumer of a rack fetch from its replica.
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
 
 def _extensions() -> list[tuple[Path, Path | None]]:
     # (extension, source) of each extension module of the package under test (setup.py
@@ -67,7 +70,13 @@ def _restore_logging() -> Iterator[None]:
 def _three_nodes() -> Iterator[EmbeddedBroker]:
     if default_flavor() != "apache":
         pytest.skip("a three-node cluster is the embedded Apache Kafka's")
-    broker = EmbeddedBroker(flavor="apache", nodes=3, startup_timeout_s=180).start()
+    broker = EmbeddedBroker(
+        flavor="apache",
+        nodes=3,
+        startup_timeout_s=180,
+        # A consumer that names its rack fetches from the replica in it.
+        settings={"replica.selector.class": RACK_AWARE_SELECTOR},
+    ).start()
     try:
         yield broker
     finally:

@@ -361,6 +361,9 @@ def _server_properties(
         # Deleted topics and their files go at once: tests create and delete many.
         "log.segment.delete.delay.ms": "0",
         "file.delete.delay.ms": "0",
+        # Each node of a cluster is a rack (zone) of its own: a client's rack names one
+        # node, and replicas are spread as they are across zones.
+        **({"broker.rack": f"rack-{node_id}"} if count > 1 else {}),
     }
 
 

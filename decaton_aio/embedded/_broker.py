@@ -234,7 +234,8 @@ class EmbeddedBroker:
             in the documentation's testing guide). ``None``: ``$DECATON_AIO_BROKER``, else
             ``"apache"``.
         nodes: 1, or 3 for an Apache Kafka cluster with replication factor 3,
-            ``min.insync.replicas=2`` and no automatic topic creation.
+            ``min.insync.replicas=2``, no automatic topic creation and each node in a
+            rack of its own (``broker.rack`` ``rack-<node id>``).
         port: the loopback port clients connect to (the first node's); free ones are
             picked when omitted.
         host: the address to listen on and advertise.

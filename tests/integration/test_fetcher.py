@@ -5,18 +5,21 @@ membership, incremental sessions, offsets out of range, a secured broker."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from structlog.testing import capture_logs
 
 from decaton_aio._aiokafka import AIOKafkaClient
+from decaton_aio.admin import TopicAdmin
 from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch import FetchConfig, Fetcher
 from decaton_aio.producer import COMPRESSION_TYPES
-from decaton_aio.testing import BrokerHandle, wait_until
+from decaton_aio.testing import BROKER_ENV_VAR, BrokerHandle, wait_until
 from tests.integration.test_isolation import write_transactions
 
 pytestmark = pytest.mark.integration
@@ -348,3 +351,41 @@ async def test_the_fetcher_reads_from_a_secured_broker(
         assert _values(got[t1]) == [b"s-2"]
     finally:
         await admin.close()
+
+
+@pytest.mark.skipif(
+    os.environ.get(BROKER_ENV_VAR, "apache") == "tansu",
+    reason="a three-node cluster is Apache Kafka's (Tansu runs one node)",
+)
+async def test_a_consumer_of_a_rack_fetches_from_the_replica_in_it(
+    three_node_cluster: BrokerHandle,
+) -> None:
+    admin = TopicAdmin(three_node_cluster.bootstrap_servers)
+    topic = await admin.create(1, prefix="rack", replication_factor=3)
+    tp = TopicPartition(topic, 0)
+    values = [f"v{i}".encode() for i in range(50)]
+    await _produce(three_node_cluster, topic, {0: values}, acks="all")
+    described = AIOKafkaAdminClient(bootstrap_servers=three_node_cluster.bootstrap_servers)
+    await described.start()
+    try:
+        ((partition,),) = [t["partitions"] for t in await described.describe_topics([topic])]
+    finally:
+        await described.close()
+    follower = next(n for n in partition["isr"] if n != partition["leader"])
+    client = AIOKafkaClient(bootstrap_servers=three_node_cluster.bootstrap_servers)
+    await client.bootstrap()
+    fetcher = Fetcher(client, FetchConfig(max_wait_ms=100, rack_id=f"rack-{follower}"))
+    await fetcher.start()
+    try:
+        with capture_logs() as logs:
+            fetcher.assign(tp, 0)
+            got = await _read(fetcher, {tp: len(values)})
+        assert _values(got[tp]) == values
+        assert {"event": "fetching from a read replica", "node_id": follower} in [
+            {k: e.get(k) for k in ("event", "node_id")} for e in logs
+        ]
+        assert follower in fetcher.sessions
+    finally:
+        await fetcher.stop()
+        await client.close()
+        await admin.close(delete=True)

@@ -252,7 +252,7 @@ async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() 
     for asked, raw in ((0, batch(0, [b"a", b"b"])), (2, bytes(bad))):
         fetch = {tp: (asked, 1 << 20)}
         plan = FetchPlan(1, 1, False, fetch, (), fetch)
-        fetcher._take(plan, [PartitionData(tp, 0, 3, -1, 0, None, raw)])
+        fetcher._take(1, plan, [PartitionData(tp, 0, 3, -1, 0, None, raw)])
     assert values((await fetcher.getmany())[tp]) == [b"a", b"b"]
     with pytest.raises(CorruptRecordException):
         await fetcher.getmany()
@@ -260,5 +260,5 @@ async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() 
     # Fetched again from there: a response to a request from offset 2 is taken.
     fetch = {tp: (2, 1 << 20)}
     again = [PartitionData(tp, 0, 3, -1, 0, None, batch(2, [b"c"]))]
-    fetcher._take(FetchPlan(1, 2, False, fetch, (), fetch), again)
+    fetcher._take(1, FetchPlan(1, 2, False, fetch, (), fetch), again)
     assert values((await fetcher.getmany())[tp]) == [b"c"]

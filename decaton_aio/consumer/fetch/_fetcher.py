@@ -6,17 +6,24 @@ request in flight: it plans the request of its session (`FetchSession`) from the
 partitions it leads that are fetchable (assigned, not paused, placed, not in error),
 sends it, keeps each partition's bytes up to the end of their last complete batch
 (`end_offset()`), and sends the next at once, unless the bytes waiting for `getmany()`
-are over ``max_buffered_bytes`` or the broker asked for a pause (throttling). The bytes
-are read into `TaskRecord` lists (`read_records()`) when `getmany()` first takes them.
-A partition's fetch offset moves when its bytes arrive; its position (what `position()`
-says) when `getmany()` hands its records out; a batch that cannot be read (corrupt) is
-raised by `getmany()` and fetched again from its offset.
+are over ``max_buffered_bytes`` (a paused partition's not counted) or the broker asked
+for a pause (throttling). The bytes are read into `TaskRecord` lists (`read_records()`)
+when `getmany()` first takes them. A partition's fetch offset moves when its bytes
+arrive; its position (what `position()` says) when `getmany()` hands its records out; a
+batch that cannot be read (corrupt) is raised by `getmany()` after the records before it
+and fetched again from its offset. A response that holds only the start of a batch (one
+larger than the bytes asked for) has the partition asked for twice as many bytes, up to
+``max_bytes``, until the batch comes whole. A leader that names a read replica of the
+consumer's rack (``rack_id``, KIP-392) has the partition fetched from that replica for
+`READ_REPLICA_LEASE_S`, or until the replica answers with an error or cannot be reached.
 
 Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
-(ListOffsets, `_reset_routine()`); a leader error asks for new metadata and leaves the
+(ListOffsets, `_reset_routine()`) once the records fetched before that offset are taken;
+a leader error asks for new metadata (again while an update fails) and leaves the
 partition out (its session forgets it) until the next metadata names its leader; a
-partition that moves to another leader starts the sessions of both brokers over. The
-client's metadata updates reach the loop through its listener.
+broker's unknown error is fetched again after the retry backoff; other errors are raised
+by `getmany()`. A partition that moves to another leader starts the sessions of both
+brokers over. The client's metadata updates reach the loop through its listener.
 
 Caller: one task calls `getmany()` at a time; `assign()`, `unassign()`, `seek()`,
 `pause()` and `resume()` from the event loop's thread, at any time (a response to a
@@ -61,6 +68,11 @@ __all__ = ["Fetcher"]
 log = structlog.get_logger("decaton_aio.consumer.fetch")
 
 OFFSET_OUT_OF_RANGE: Final = 1
+#: A partition error fetched again after the retry backoff, as it was (the broker failed).
+UNKNOWN_SERVER_ERROR: Final = -1
+#: How long a partition is fetched from the read replica its leader named (KIP-392)
+#: before its leader is asked again (as long as the Java client's metadata age).
+READ_REPLICA_LEASE_S: Final = 300.0
 #: How long `Fetcher.stop()` waits for the brokers to close its fetch sessions.
 _CLOSE_TIMEOUT_S: Final = 1.0
 #: Partition errors that say the broker asked is not (or no longer) the leader.
@@ -70,9 +82,10 @@ LEADER_ERRORS: Final = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100})
 class _Chunk:
     """A partition's fetched bytes from ``asked`` to ``next_offset``: read into records
     (`read_records()`) when they are first drained, not when they arrive, so a record is
-    made just before the runtime takes it."""
+    made just before the runtime takes it. ``error``: the bytes could not be read (raised
+    when the chunk is drained)."""
 
-    __slots__ = ("aborted", "asked", "next_offset", "raw", "records", "size")
+    __slots__ = ("aborted", "asked", "error", "next_offset", "raw", "records", "size")
 
     def __init__(
         self, raw: bytes, asked: int, aborted: list[tuple[int, int]] | None, next_offset: int
@@ -83,6 +96,7 @@ class _Chunk:
         self.next_offset = next_offset
         self.size = len(raw)
         self.records: list[TaskRecord] | None = None
+        self.error: KafkaError | None = None
 
 
 class _Partition:
@@ -96,8 +110,12 @@ class _Partition:
         "last_stable_offset",
         "leader",
         "log_start_offset",
+        "max_bytes",
+        "out_of_range_at",
         "paused",
         "position",
+        "replica",
+        "replica_until",
         "resetting",
         "stale",
         "tp",
@@ -116,6 +134,15 @@ class _Partition:
         self.log_start_offset: int | None = None
         self.error: KafkaError | None = None
         self.chunks: deque[_Chunk] = deque()
+        # The bytes asked for per request; 0: the config's max_partition_bytes. Doubled
+        # while a response brings only the start of a batch larger than that.
+        self.max_bytes = 0
+        # Its fetch offset was out of range while records before it were buffered: the
+        # reset policy applies once they are taken.
+        self.out_of_range_at: int | None = None
+        # The read replica its leader named, fetched from until replica_until.
+        self.replica: int | None = None
+        self.replica_until = 0.0
 
     @property
     def fetchable(self) -> bool:
@@ -126,7 +153,20 @@ class _Partition:
             and self.error is None
             and self.leader is not None
             and not self.stale
+            and self.out_of_range_at is None
         )
+
+    @property
+    def buffered(self) -> int:
+        """The bytes fetched and not yet taken."""
+        return sum(chunk.size for chunk in self.chunks)
+
+    def source(self, now: float) -> int | None:
+        """The broker to fetch from: the read replica its leader named while the lease
+        holds, else the leader."""
+        if self.replica is not None and now < self.replica_until:
+            return self.replica
+        return self.leader
 
 
 class Fetcher:
@@ -259,19 +299,27 @@ class Fetcher:
         part.position = part.fetch_offset = offset
         part.resetting = False
         part.error = None
+        part.out_of_range_at = None
         self._pulse()
 
     def pause(self, *tps: TopicPartition) -> None:
         """Leave ``tps`` out of the requests (their sessions forget them) and of
-        `getmany()`; what was fetched before stays for `resume()`."""
+        `getmany()`; what was fetched before stays for `resume()`, outside
+        ``max_buffered_bytes`` (a paused partition's bytes hold back no other)."""
         for tp in tps:
-            self._partitions[tp].paused = True
+            part = self._partitions[tp]
+            if not part.paused:
+                part.paused = True
+                self._buffered_bytes -= part.buffered
         self._pulse()
 
     def resume(self, *tps: TopicPartition) -> None:
         """Fetch ``tps`` again from where they were."""
         for tp in tps:
-            self._partitions[tp].paused = False
+            part = self._partitions[tp]
+            if part.paused:
+                part.paused = False
+                self._buffered_bytes += part.buffered
         self._pulse()
         if any(self._partitions[tp].chunks for tp in tps):
             self._ready.set()
@@ -306,6 +354,12 @@ class Fetcher:
     def pacing(self) -> tuple[int, int]:
         """``(min_bytes, max_wait_ms)`` of the next requests."""
         return self._pacing
+
+    @property
+    def buffered_bytes(self) -> int:
+        """The fetched bytes waiting for `getmany()` that count against
+        ``max_buffered_bytes`` (a paused partition's do not)."""
+        return self._buffered_bytes
 
     @property
     def counters(self) -> FetchCounters:
@@ -374,6 +428,7 @@ class Fetcher:
             elif not part.paused:
                 self._errored.discard(tp)
                 error, part.error = part.error, None
+                self._pulse()  # fetchable again, unless out of range (below)
                 if isinstance(error, OffsetOutOfRangeError | NoOffsetForPartitionError):
                     part.fetch_offset = None  # out until seek()
                     part.resetting = False
@@ -406,6 +461,7 @@ class Fetcher:
                         freed += sum(c.size for c in chunks)
                         chunks.clear()
                         part.fetch_offset = chunk.asked
+                        part.out_of_range_at = None
                         break
                 if budget < 0 or len(records) <= budget:
                     taken += records
@@ -420,6 +476,9 @@ class Fetcher:
                     budget = 0
             if not chunks:
                 del self._filled[tp]
+                if part.out_of_range_at is not None:
+                    offset, part.out_of_range_at = part.out_of_range_at, None
+                    self._out_of_range(part, offset)
             elif budget == 0:  # the rest comes first next time... after the others
                 del self._filled[tp]
                 self._filled[tp] = None
@@ -434,6 +493,8 @@ class Fetcher:
         return got
 
     def _read(self, chunk: _Chunk) -> list[TaskRecord]:
+        if chunk.error is not None:
+            raise chunk.error
         records, _ = read_records(
             chunk.raw,
             chunk.asked,
@@ -444,7 +505,8 @@ class Fetcher:
         return records
 
     def _drop_chunks(self, part: _Partition) -> None:
-        self._buffered_bytes -= sum(chunk.size for chunk in part.chunks)
+        if not part.paused:
+            self._buffered_bytes -= part.buffered
         part.chunks.clear()
         self._filled.pop(part.tp, None)
 
@@ -471,6 +533,7 @@ class Fetcher:
                 missing = True
                 leader = None
             if leader != part.leader:
+                part.replica = None  # the new leader names its own
                 if part.leader is not None and leader is not None:
                     # moved: both sessions start over with a full request
                     for node in (part.leader, leader):
@@ -500,7 +563,14 @@ class Fetcher:
                 )
             return
         self._refreshed_at = now
-        self._client.force_metadata_update().add_done_callback(_quiet)
+        self._client.force_metadata_update().add_done_callback(self._metadata_refreshed)
+
+    def _metadata_refreshed(self, update: asyncio.Future[Any]) -> None:
+        # A forced update that failed is forced again (after the retry backoff) while a
+        # partition waits for its leader: the client's own next one may be minutes away.
+        failed = update.cancelled() or update.exception() is not None or not update.result()
+        if failed and any(p.stale or p.leader is None for p in self._partitions.values()):
+            self._refresh_metadata()
 
     def _refresh_later(self) -> None:
         self._refresh_handle = None
@@ -522,10 +592,11 @@ class Fetcher:
 
     def _wanted(self, node_id: int) -> dict[TopicPartition, tuple[int, int]]:
         max_bytes = self.config.max_partition_bytes
+        now = time.monotonic()
         return {
-            tp: (part.fetch_offset, max_bytes)  # type: ignore[misc]
+            tp: (part.fetch_offset, part.max_bytes or max_bytes)  # type: ignore[misc]
             for tp, part in self._partitions.items()
-            if part.leader == node_id and part.fetchable
+            if part.fetchable and part.source(now) == node_id
         }
 
     async def _node_routine(self, node_id: int) -> None:
@@ -557,6 +628,9 @@ class Fetcher:
                 session.failed(plan)
                 counters.errors += 1
                 log.info("a fetch request failed", node_id=node_id, error=repr(exc))
+                for part in self._partitions.values():
+                    if part.replica == node_id:
+                        self._leave_replica(part)
                 self._refresh_metadata()
                 await asyncio.sleep(backoff_s)
                 continue
@@ -571,7 +645,7 @@ class Fetcher:
             )
             retry = False
             if usable:
-                retry = self._take(plan, response.partitions)
+                retry = self._take(node_id, plan, response.partitions)
             elif response.error_code:
                 counters.errors += 1
                 log.info(
@@ -585,8 +659,9 @@ class Fetcher:
             elif retry:
                 await asyncio.sleep(backoff_s)
 
-    def _take(self, plan: FetchPlan, answered: list[PartitionData]) -> bool:
-        """Buffer a response's records; whether a partition's error calls for a pause."""
+    def _take(self, node_id: int, plan: FetchPlan, answered: list[PartitionData]) -> bool:
+        """Buffer a response of ``node_id``'s records; whether a partition's error calls
+        for a pause."""
         partitions = self._partitions
         wanted = plan.wanted
         counters = self._counters
@@ -605,12 +680,17 @@ class Fetcher:
                 log.info(
                     "a partition's fetch failed",
                     partition=f"{tp.topic}-{tp.partition}",
+                    node_id=node_id,
                     error=for_code(code).__name__,
                 )
-                if code == OFFSET_OUT_OF_RANGE:
+                if node_id != part.leader:
+                    self._leave_replica(part)  # a read replica's error
+                elif code == OFFSET_OUT_OF_RANGE:
                     self._out_of_range(part, asked)
                 elif code in LEADER_ERRORS:
                     self._lost_leader(part)
+                elif code == UNKNOWN_SERVER_ERROR:
+                    pass  # fetched again after the backoff
                 else:
                     part.error = for_code(code)(f"cannot fetch {tp.topic}-{tp.partition}")
                     self._errored.add(tp)
@@ -621,16 +701,32 @@ class Fetcher:
                 part.last_stable_offset = data.last_stable_offset
             if data.log_start_offset >= 0:
                 part.log_start_offset = data.log_start_offset
+            replica = data.preferred_read_replica
+            if replica >= 0 and replica != node_id:
+                self._read_from(part, replica)
+                continue
             raw = data.records
             if not raw:
                 continue
             counters.bytes += len(raw)
-            next_offset = end_offset(raw, asked)
-            if next_offset == asked:
-                continue  # an incomplete batch only (it grows past max_partition_bytes)
-            part.fetch_offset = next_offset
-            part.chunks.append(_Chunk(raw, asked, data.aborted, next_offset))
-            self._buffered_bytes += len(raw)
+            try:
+                next_offset = end_offset(raw, asked)
+            except KafkaError as exc:
+                # Raised by getmany() once the records before it are taken (_drain);
+                # the partition is not fetched meanwhile (its error is set, not yet in
+                # _errored, which getmany() raises first).
+                chunk = _Chunk(raw, asked, data.aborted, asked)
+                chunk.error = part.error = exc
+            else:
+                if next_offset == asked:
+                    self._grow(part)  # only the start of a batch larger than asked for
+                    continue
+                part.max_bytes = 0
+                chunk = _Chunk(raw, asked, data.aborted, next_offset)
+                part.fetch_offset = next_offset
+            part.chunks.append(chunk)
+            if not part.paused:
+                self._buffered_bytes += len(raw)
             self._filled[tp] = None
             ready = True
         if ready:
@@ -638,9 +734,50 @@ class Fetcher:
             self._ready.clear()
         return retry
 
+    def _grow(self, part: _Partition) -> None:
+        # A broker answers a partition after the first one with data with at most the
+        # bytes asked for, so a batch larger than that never comes whole: ask for twice
+        # as much (up to max_bytes) until it does.
+        cfg = self.config
+        asked = part.max_bytes or cfg.max_partition_bytes
+        grown = min(2 * asked, max(cfg.max_bytes, cfg.max_partition_bytes))
+        if grown > asked:
+            part.max_bytes = grown
+            log.info(
+                "a record batch is larger than the bytes asked for: asking for more",
+                partition=f"{part.tp.topic}-{part.tp.partition}",
+                max_bytes=grown,
+            )
+
+    def _read_from(self, part: _Partition, replica: int) -> None:
+        # The leader named a replica of the consumer's rack to fetch from (KIP-392): it
+        # is fetched there until the lease ends or the replica fails.
+        part.replica = replica
+        part.replica_until = time.monotonic() + READ_REPLICA_LEASE_S
+        asyncio.get_running_loop().call_later(READ_REPLICA_LEASE_S, self._pulse)
+        if replica not in self._routines:
+            self._start_node(replica)
+        log.info(
+            "fetching from a read replica",
+            partition=f"{part.tp.topic}-{part.tp.partition}",
+            node_id=replica,
+        )
+        self._pulse()
+
+    def _leave_replica(self, part: _Partition) -> None:
+        # Fetched from its leader again (which may name the replica again).
+        if part.replica is not None:
+            part.replica = None
+            self._pulse()
+
     # -------------------------------------------------------------------- resets
 
     def _out_of_range(self, part: _Partition, offset: int) -> None:
+        if part.chunks:
+            # The records fetched before the offset are handed out first: the policy
+            # applies once they are taken (_drain), at the position then reached.
+            part.out_of_range_at = offset
+            return
         if self.config.auto_offset_reset == "none":
             part.error = OffsetOutOfRangeError({part.tp: offset})
             self._errored.add(part.tp)
@@ -653,7 +790,6 @@ class Fetcher:
             offset=offset,
             policy=self.config.auto_offset_reset,
         )
-        self._drop_chunks(part)
         self._needs_reset(part)
 
     def _needs_reset(self, part: _Partition) -> None:

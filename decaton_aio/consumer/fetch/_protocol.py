@@ -54,6 +54,9 @@ class PartitionData:
         aborted: ``(producer id, first offset)`` of the aborted transactions among the
             records (``read_committed`` only), or None.
         records: the record batches, as bytes (``b""`` for none).
+        preferred_read_replica: the replica the leader asks the client to fetch the
+            partition from instead (KIP-392; -1: the leader itself). Its records are
+            then empty.
     """
 
     __slots__ = (
@@ -62,6 +65,7 @@ class PartitionData:
         "highwater",
         "last_stable_offset",
         "log_start_offset",
+        "preferred_read_replica",
         "records",
         "tp",
     )
@@ -75,6 +79,7 @@ class PartitionData:
         log_start_offset: int,
         aborted: list[tuple[int, int]] | None,
         records: bytes,
+        preferred_read_replica: int = -1,
     ) -> None:
         self.tp = tp
         self.error_code = error_code
@@ -83,6 +88,7 @@ class PartitionData:
         self.log_start_offset = log_start_offset
         self.aborted = aborted
         self.records = records
+        self.preferred_read_replica = preferred_read_replica
 
     def __repr__(self) -> str:
         return (
@@ -150,8 +156,7 @@ class FetchResponse(Response):  # type: ignore[misc]
                     for _ in range(n_aborted):
                         aborted.append(unpack_aborted(buf, pos))
                         pos += 16
-                # preferred read replica, then the records' length
-                _replica, size = _I32I32.unpack_from(buf, pos)
+                replica, size = _I32I32.unpack_from(buf, pos)
                 pos += 8
                 records = b""
                 if size > 0:
@@ -166,6 +171,7 @@ class FetchResponse(Response):  # type: ignore[misc]
                         start,
                         aborted,
                         records,
+                        replica,
                     )
                 )
         return cls(throttle, error, session_id, partitions)
