@@ -88,7 +88,12 @@ class _Chunk:
     __slots__ = ("aborted", "asked", "error", "next_offset", "raw", "records", "size")
 
     def __init__(
-        self, raw: bytes, asked: int, aborted: list[tuple[int, int]] | None, next_offset: int
+        self,
+        raw: bytes,
+        asked: int,
+        aborted: list[tuple[int, int]] | None,
+        next_offset: int,
+        error: KafkaError | None = None,
     ) -> None:
         self.raw = raw
         self.asked = asked
@@ -96,7 +101,7 @@ class _Chunk:
         self.next_offset = next_offset
         self.size = len(raw)
         self.records: list[TaskRecord] | None = None
-        self.error: KafkaError | None = None
+        self.error = error
 
 
 class _Partition:
@@ -458,7 +463,7 @@ class Fetcher:
                         # Fetched again from there once the error is raised (as aiokafka).
                         part.error = exc
                         self._errored.add(tp)
-                        freed += sum(c.size for c in chunks)
+                        freed += part.buffered
                         chunks.clear()
                         part.fetch_offset = chunk.asked
                         part.out_of_range_at = None
@@ -715,8 +720,8 @@ class Fetcher:
                 # Raised by getmany() once the records before it are taken (_drain);
                 # the partition is not fetched meanwhile (its error is set, not yet in
                 # _errored, which getmany() raises first).
-                chunk = _Chunk(raw, asked, data.aborted, asked)
-                chunk.error = part.error = exc
+                chunk = _Chunk(raw, asked, data.aborted, asked, exc)
+                part.error = exc
             else:
                 if next_offset == asked:
                     self._grow(part)  # only the start of a batch larger than asked for
