@@ -49,6 +49,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "run finished replaces an earlier run's rows of it",
     )
     parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="LOG",
+        help="go on with a run stopped after S1 and the ladder: S1's best settings and "
+        "capacities come from LOG (its standard output), and the scenarios after the ladder "
+        "run (or --only's); the report of both is --from-log LOG THIS_LOG",
+    )
+    parser.add_argument(
         "--kill-leftovers",
         action="store_true",
         help="kill contender processes left by an earlier run (no running harness owns "
@@ -119,6 +127,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.secured and args.broker != ["apache"]:
         parser.error("--secured runs on Apache Kafka only: drop --broker (or give apache)")
     args.only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
+    if args.resume is not None:
+        if not args.resume.is_file():
+            parser.error(f"--resume: no such log {args.resume}")
+        args.only = args.only or [s.name for s in plan(False)[1] if s.name not in ("S1", "L")]
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     return args
 

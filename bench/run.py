@@ -192,6 +192,10 @@ class Run:
             client_properties=self.client_properties,
         )
         fair = FairRun(harness, admin, self.sizes, self.record, say, seed)
+        if self.args.resume is not None:  # S1's best settings and capacities, found before
+            best, capacity = resumed(self.args.resume, str(self.broker))
+            fair.best.setdefault("S1", {}).update(best)
+            fair.capacity.update(capacity)
         fair.capacity.update(self.args.capacities)  # S1's repeats measure their own
         try:
             s1 = by_name.get("S1")
@@ -562,6 +566,27 @@ def report_from_log(logs: list[Path], out: Path) -> None:
         machine["sizes"],
         results,
         f"stopped; report written from {', '.join(stopped)}" if stopped else None,
+    )
+
+
+def resumed(log: Path, broker: str) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """The S1 best settings and capacities a run (a stopped one too) found on ``broker``:
+    what the scenarios after S1 need to go on from it (``python -m bench --resume LOG``).
+
+    Raises:
+        ValueError: when the log is not a run's output or holds no S1 result on ``broker``.
+    """
+    _, rows, _ = _read_log(log)
+    s1 = [
+        r
+        for r in rows
+        if (r.get("scenario"), r.get("event"), r.get("broker")) == ("S1", "result", broker)
+    ]
+    if not s1:
+        raise ValueError(f"{log} has no S1 result on {broker}: there is nothing to go on from")
+    return (
+        {r["contender"]: r["setting"] for r in s1},
+        {r["contender"]: float(r["tasks_per_s"]) for r in s1},
     )
 
 

@@ -821,3 +821,63 @@ def test_an_option_measured_on_request_runs_only_when_named() -> None:
     assert not {"ours-keyshare", "ours-cores"} & set(s1.chosen([]))
     assert {"ours", "ours-auto", "decaton-virtual"} <= set(s1.chosen([]))
     assert s1.chosen(["ours-keyshare", "ours"]) == ["ours", "ours-keyshare"]
+
+
+def test_resume_goes_on_from_the_s1_a_stopped_run_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--resume LOG`` takes each contender's S1 best setting and capacity from LOG on the
+    run's broker, runs the scenarios after the ladder unless ``--only`` says otherwise, and
+    ends the command with one line for a log that is missing or holds no S1 result."""
+    from bench.cli import _parse
+    from bench.run import resumed
+
+    def line(**fields: object) -> str:
+        return json.dumps(fields)
+
+    log = tmp_path / "run.jsonl"
+    log.write_text(
+        "\n".join(
+            [
+                "S1: starting",
+                line(event="machine", mode="full"),
+                line(
+                    event="result",
+                    scenario="S1",
+                    broker="apache",
+                    contender="ours",
+                    setting={"concurrency": 1000},
+                    tasks_per_s=73455.0,
+                ),
+                line(
+                    event="result",
+                    scenario="S1",
+                    broker="tansu",
+                    contender="ours",
+                    setting={},
+                    tasks_per_s=10.0,
+                ),
+                line(
+                    event="result",
+                    scenario="S3",
+                    broker="apache",
+                    contender="gather",
+                    setting={"batch_records": 500},
+                    tasks_per_s=999.0,
+                ),
+                '{"event": "result", "scenario": "S1", "cut short',
+            ]
+        )
+    )
+    assert resumed(log, "apache") == ({"ours": {"concurrency": 1000}}, {"ours": 73455.0})
+    with pytest.raises(ValueError, match="no S1 result on apache sasl"):
+        resumed(log, "apache sasl")
+    args = _parse(["--resume", str(log)])
+    assert "S1" not in args.only
+    assert "L" not in args.only
+    assert {"S2", "S3", "S1-P96", "S4"} <= set(args.only)
+    assert _parse(["--resume", str(log), "--only", "s2"]).only == ["S2"]
+    with pytest.raises(SystemExit) as ended:
+        _parse(["--resume", str(tmp_path / "missing.jsonl")])
+    assert ended.value.code == 2
+    assert "--resume: no such log" in capsys.readouterr().err
