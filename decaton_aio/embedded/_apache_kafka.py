@@ -4,11 +4,13 @@ The broker is the real one, resolved from Maven Central by Maven through the pom
 in ``decaton_aio/embedded/kafka-jvm`` and cached per version in the user's cache directory
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``decaton-aio/kafka-<version>``). Each node runs
 in KRaft combined mode (broker and controller in one JVM) on free loopback ports, with
-storage formatted in a fresh temporary directory. Group timings are short so tests stay
-fast: consumer-protocol groups heartbeat every 500 ms and lose a silent member after 6 s
-(Apache Kafka's defaults: ``group.consumer.heartbeat.interval.ms=5000``,
-``group.consumer.session.timeout.ms=45000``; a group may set its own with
-``kafka-configs --entity-type groups``), classic groups accept session timeouts from 1 s.
+storage formatted in a fresh temporary directory (removed at stop; one whose owning
+process died without stopping it, killed outright, is removed by the next start). Group
+timings are short so tests stay fast: consumer-protocol groups heartbeat every 500 ms and
+lose a silent member after 6 s (Apache Kafka's defaults:
+``group.consumer.heartbeat.interval.ms=5000``, ``group.consumer.session.timeout.ms=45000``;
+a group may set its own with ``kafka-configs --entity-type groups``), classic groups accept
+session timeouts from 1 s.
 `KafkaCluster` starts one node or three, waits until every broker answers a Metadata
 request listing them all, and stops them by PID; `decaton_aio.embedded` is the public
 face.
@@ -19,6 +21,7 @@ Caller: [`EmbeddedBroker`][decaton_aio.EmbeddedBroker], from one thread.
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import signal
 import subprocess
@@ -172,7 +175,9 @@ class KafkaCluster:
         """
         java = java_executable()
         classpath = resolve_kafka_classpath()
-        self.workdir = Path(tempfile.mkdtemp(prefix="decaton-aio-kafka-"))
+        remove_abandoned(Path(tempfile.gettempdir()))
+        self.workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
+        (self.workdir / _OWNER_FILE).write_text(str(os.getpid()))
         cluster_id = _cluster_id()
         count = len(self.ports)
         voters = ",".join(
@@ -314,6 +319,27 @@ class KafkaCluster:
 
     def pids(self) -> list[int]:
         return [n.process.pid for n in self.nodes if n.process is not None and n.alive()]
+
+
+_WORKDIR_PREFIX = "decaton-aio-kafka-"
+_OWNER_FILE = "owner.pid"
+
+
+def remove_abandoned(tmp: Path) -> list[Path]:
+    """Remove the work directories under ``tmp`` whose owning process is gone (a process
+    killed outright cannot remove its own, and its nodes die with it); return them. A
+    directory with no owner file, or one naming a live process, is left alone."""
+    removed = []
+    for workdir in tmp.glob(f"{_WORKDIR_PREFIX}*"):
+        try:
+            pid = int((workdir / _OWNER_FILE).read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(workdir, ignore_errors=True)
+            removed.append(workdir)
+        except (OSError, ValueError):  # no owner file, not ours to judge, or a live owner
+            continue
+    return removed
 
 
 def _server_properties(
