@@ -4,7 +4,8 @@ request waits until the test answers it, so the test sees what the loop asks for
 Records fetched before an offset out of range are handed out before the reset policy
 applies; a paused partition's bytes hold no other back; a batch larger than the bytes
 asked for is asked for with more; a read replica named by the leader is fetched from
-until it fails; a broker's unknown error is fetched again; a batch whose header cannot
+until it fails; a broker's unknown error is fetched again; a partition's error holds no
+other partition of its broker back; a batch whose header cannot
 be read is raised after the records before it; a failed metadata update is forced again
 while a partition waits for its leader."""
 
@@ -197,6 +198,24 @@ async def test_an_unknown_server_error_is_fetched_again(client: _Client) -> None
     await answer(client, data(TP, code=-1))
     assert (await answer(client, data(TP, batch(0, [b"a"]))))[TP][0] == 0
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a"]  # nothing raised
+    await fetcher.stop()
+
+
+@pytest.mark.parametrize("code", [-1, NOT_LEADER])
+async def test_a_partitions_error_holds_no_other_partition_of_its_broker_back(
+    client: _Client, code: int
+) -> None:
+    # A backoff longer than the wait for the next request: a broker's routine that
+    # paused after the error would fail this test.
+    fetcher = await started(client, retry_backoff_ms=600_000)
+    fetcher.assign(TP, 0)
+    fetcher.assign(TP1, 0)
+    await answer(client, data(TP, code=code), data(TP1, batch(0, [b"a"])))
+    assert set(await answer(client, data(TP1, batch(1, [b"b"])))) == {TP1}
+    got: list[bytes | None] = []
+    while len(got) < 2:
+        got.extend(values((await fetcher.getmany(timeout_ms=5000))[TP1]))
+    assert got == [b"a", b"b"]
     await fetcher.stop()
 
 

@@ -43,7 +43,9 @@ class FetchConfig:
         check_crcs: verify each batch's checksum.
         sessions: fetch sessions (incremental requests); ``False``: every request names
             every partition.
-        retry_backoff_ms: the wait after a failed request or a partition's leader error.
+        retry_backoff_ms: the wait after a failed request, between forced metadata updates
+            while a leader is unknown, and before a partition a broker failed with an
+            unknown error is fetched again.
         rack_id: the consumer's rack, sent with each request ("" for none).
     """
 

@@ -21,8 +21,9 @@ Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset poli
 (ListOffsets, `_reset_routine()`) once the records fetched before that offset are taken;
 a leader error asks for new metadata (again while an update fails) and leaves the
 partition out (its session forgets it) until the next metadata names its leader; a
-broker's unknown error is fetched again after the retry backoff; other errors are raised
-by `getmany()`. A partition that moves to another leader starts the sessions of both
+broker's unknown error leaves the partition out for the retry backoff; other errors are
+raised by `getmany()`. A partition's error never holds back the other partitions its
+broker leads. A partition that moves to another leader starts the sessions of both
 brokers over. The client's metadata updates reach the loop through its listener.
 
 Caller: one task calls `getmany()` at a time; `assign()`, `unassign()`, `seek()`,
@@ -108,6 +109,7 @@ class _Partition:
     """An assigned partition's state."""
 
     __slots__ = (
+        "backing_off",
         "chunks",
         "error",
         "fetch_offset",
@@ -148,6 +150,8 @@ class _Partition:
         # The read replica its leader named, fetched from until replica_until.
         self.replica: int | None = None
         self.replica_until = 0.0
+        # A broker's unknown error: not fetched again until the retry backoff ends.
+        self.backing_off = False
 
     @property
     def fetchable(self) -> bool:
@@ -159,6 +163,7 @@ class _Partition:
             and self.leader is not None
             and not self.stale
             and self.out_of_range_at is None
+            and not self.backing_off
         )
 
     @property
@@ -648,9 +653,8 @@ class Fetcher:
                 response.session_id,
                 [data.tp for data in response.partitions],
             )
-            retry = False
             if usable:
-                retry = self._take(node_id, plan, response.partitions)
+                self._take(node_id, plan, response.partitions)
             elif response.error_code:
                 counters.errors += 1
                 log.info(
@@ -661,16 +665,14 @@ class Fetcher:
             if response.throttle_time_ms > 0:
                 counters.throttled_ms += response.throttle_time_ms
                 await asyncio.sleep(response.throttle_time_ms / 1000)
-            elif retry:
-                await asyncio.sleep(backoff_s)
 
-    def _take(self, node_id: int, plan: FetchPlan, answered: list[PartitionData]) -> bool:
-        """Buffer a response of ``node_id``'s records; whether a partition's error calls
-        for a pause."""
+    def _take(self, node_id: int, plan: FetchPlan, answered: list[PartitionData]) -> None:
+        """Buffer a response of ``node_id``'s records. A partition's error leaves that
+        partition out (until its leader is known again, its reset, or the retry
+        backoff), never the broker's other partitions."""
         partitions = self._partitions
         wanted = plan.wanted
         counters = self._counters
-        retry = False
         ready = False
         for data in answered:
             tp = data.tp
@@ -681,7 +683,6 @@ class Fetcher:
             code = data.error_code
             if code:
                 counters.errors += 1
-                retry = True
                 log.info(
                     "a partition's fetch failed",
                     partition=f"{tp.topic}-{tp.partition}",
@@ -695,7 +696,7 @@ class Fetcher:
                 elif code in LEADER_ERRORS:
                     self._lost_leader(part)
                 elif code == UNKNOWN_SERVER_ERROR:
-                    pass  # fetched again after the backoff
+                    self._back_off(part)
                 else:
                     part.error = for_code(code)(f"cannot fetch {tp.topic}-{tp.partition}")
                     self._errored.add(tp)
@@ -737,7 +738,16 @@ class Fetcher:
         if ready:
             self._ready.set()
             self._ready.clear()
-        return retry
+
+    def _back_off(self, part: _Partition) -> None:
+        part.backing_off = True
+        asyncio.get_running_loop().call_later(
+            self.config.retry_backoff_ms / 1000, self._backed_off, part
+        )
+
+    def _backed_off(self, part: _Partition) -> None:
+        part.backing_off = False
+        self._pulse()  # its broker's routine asks for it again
 
     def _grow(self, part: _Partition) -> None:
         # A broker answers a partition after the first one with data with at most the
