@@ -509,7 +509,8 @@ def report_from_log(logs: list[Path], out: Path) -> None:
     a scenario on a broker, or its ladder) replaces an earlier run's rows of that part; a
     part the later run left unfinished stays as the earlier run had it. So a rerun of one
     part of a run (``--only S2``, ``--only L --capacity ...``) completes or replaces that
-    part. The report names every run with its tree and the scenarios it gave.
+    part. The report names every run with its tree and the scenarios it gave; it is marked
+    unfinished when a stopped run is not followed by one that ended.
 
     Raises:
         ValueError: when a log has no ``machine`` line (not the output of a run) or the
@@ -536,8 +537,9 @@ def report_from_log(logs: list[Path], out: Path) -> None:
             r for r in rows if _part_key(r) in finished_parts or _part_key(r) not in earlier
         ]
         given.append((log, its_machine.get("git", {}).get("commit"), rows))
-        if not finished:
-            stopped.append(log.name)
+        # A stopped run is the report's last word unless a run that ended follows it (one
+        # that went on from it, --resume, or completed its missing parts).
+        stopped = [] if finished else [*stopped, log.name]
     kept = {id(r) for r in results}
     # What each run gave the report: the scenarios of its rows that were not replaced.
     parts = [

@@ -206,7 +206,8 @@ def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
     """Logs of several runs give one report: a later run that finished a contender's
     scenario replaces the earlier run's rows of it, a part it left unfinished does not,
     the rest stay; a ladder that failed (written without its phase by older runs) is
-    replaced by the later ladder and never shows in the S1 table; runs of another mode are
+    replaced by the later ladder and never shows in the S1 table; the report is unfinished
+    while a stopped run is not followed by one that ended; runs of another mode are
     refused."""
     first = tmp_path / "first.log"
     ladder_error = _result_line(contender="fast", event="error", error="BufferError: full")
@@ -265,6 +266,11 @@ def test_runs_of_parts_make_one_report_a_later_part_replacing_an_earlier_one(
     assert "BufferError" not in text  # the failed ladder, replaced
     assert "45,000" in text
     assert "first.log (tree aaaaaaa): S1; second.log (tree bbbbbbb): L, S2, S1, S3" in text
+
+    # A stopped run followed by one that ended (went on from it, or completed it): done.
+    report_from_log([second, first], tmp_path)
+    assert not json.loads((tmp_path / "full.json").read_text()).get("unfinished")
+    assert "Unfinished run" not in (tmp_path / "full.md").read_text()
 
     (tmp_path / "quick.log").write_text(json.dumps({**_machine_line(), "mode": "quick"}))
     with pytest.raises(ValueError, match="quick run"):
