@@ -95,24 +95,11 @@ def test_another_session_error_closes_the_session_with_the_next_full_request(err
     assert plan.epoch == INITIAL_EPOCH
 
 
-def test_a_failed_request_and_a_reset_start_over() -> None:
+def test_a_failed_request_starts_over() -> None:
     session = FetchSession(1)
     _open(session, {A0: (0, MB)})
     session.failed(session.plan({A0: (0, MB)}))
     assert session.plan({A0: (0, MB)}).full
-    session = FetchSession(1)
-    _open(session, {A0: (0, MB)})
-    session.reset()
-    assert session.plan({A0: (0, MB)}).full
-
-
-def test_a_reset_while_a_request_is_in_flight_applies_after_its_answer() -> None:
-    session = FetchSession(1)
-    _open(session, {A0: (0, MB)})
-    plan = session.plan({A0: (2, MB)})
-    session.reset()
-    assert session.answered(plan, 0, 42, [A0])  # its data still holds
-    assert session.plan({A0: (2, MB)}).full
 
 
 def test_a_response_naming_a_partition_outside_the_session_is_refused() -> None:
@@ -288,10 +275,6 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(full=st.booleans())
     def cache_full(self, full: bool) -> None:
         self.broker.full_cache = full
-
-    @rule()
-    def leader_change(self) -> None:
-        self.session.reset()
 
     @invariant()
     def the_next_request_is_full_unless_a_session_is_open(self) -> None:

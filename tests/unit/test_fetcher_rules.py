@@ -6,8 +6,9 @@ applies; a paused partition's bytes hold no other back; a batch larger than the 
 asked for is asked for with more; a read replica named by the leader is fetched from
 until it fails; a broker's unknown error is fetched again; a partition's error holds no
 other partition of its broker back; a batch whose header cannot
-be read is raised after the records before it; a failed metadata update is forced again
-while a partition waits for its leader."""
+be read is raised after the records before it; a partition that moves to another leader
+starts no session over; a failed metadata update is forced again while a partition waits
+for its leader."""
 
 from __future__ import annotations
 
@@ -233,6 +234,33 @@ async def test_a_batch_whose_header_cannot_be_read_is_raised_after_the_records_b
         await fetcher.getmany(timeout_ms=5000)
     assert (await answer(client, data(TP, batch(2, [b"c"]))))[TP][0] == 2
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"c"]
+    await fetcher.stop()
+
+
+async def test_a_partition_that_moves_to_another_leader_starts_no_session_over(
+    client: _Client,
+) -> None:
+    fetcher = Fetcher(client, FetchConfig(retry_backoff_ms=1))  # with sessions
+    await fetcher.start()
+    fetcher.assign(TP, 0)
+    fetcher.assign(TP1, 0)
+    _, opening, reply = await client.request()
+    assert opening.plan.full
+    reply.set_result(FetchResponse(0, 0, 7, [data(TP), data(TP1)]))  # session 7 opened
+    _, in_flight, reply = await client.request()
+    assert not in_flight.plan.full
+    client.cluster.leaders[TP1] = 2  # moved while a request is in flight
+    fetcher._metadata_updated(client.cluster)
+    reply.set_result(FetchResponse(0, 0, 7, []))
+    asked: dict[int, Any] = {}
+    while len(asked) < 2:
+        node_id, request, _ = await client.request()
+        asked[node_id] = request.plan
+    old, new = asked[1], asked[2]
+    assert (old.full, old.session_id, old.forgotten) == (False, 7, (TP1,))
+    assert set(old.wanted) == {TP}
+    assert new.full
+    assert set(new.wanted) == {TP1}
     await fetcher.stop()
 
 

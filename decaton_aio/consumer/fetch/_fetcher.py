@@ -23,8 +23,9 @@ a leader error asks for new metadata (again while an update fails) and leaves th
 partition out (its session forgets it) until the next metadata names its leader; a
 broker's unknown error leaves the partition out for the retry backoff; other errors are
 raised by `getmany()`. A partition's error never holds back the other partitions its
-broker leads. A partition that moves to another leader starts the sessions of both
-brokers over. The client's metadata updates reach the loop through its listener.
+broker leads. A partition that moves to another leader is forgotten by the old
+leader's session and named by the new one's; neither starts over. The client's metadata
+updates reach the loop through its listener.
 
 Caller: one task calls `getmany()` at a time; `assign()`, `unassign()`, `seek()`,
 `pause()` and `resume()` from the event loop's thread, at any time (a response to a
@@ -543,12 +544,9 @@ class Fetcher:
                 missing = True
                 leader = None
             if leader != part.leader:
+                # Moved: the old leader's session forgets it at its next request and the
+                # new leader's names it; neither session starts over.
                 part.replica = None  # the new leader names its own
-                if part.leader is not None and leader is not None:
-                    # moved: both sessions start over with a full request
-                    for node in (part.leader, leader):
-                        if node in self._sessions:
-                            self._sessions[node].reset()
                 part.leader = leader
                 changed = True
             if part.stale and leader is not None:

@@ -11,16 +11,18 @@ The session starts over with a full request after:
 
 - ``FETCH_SESSION_ID_NOT_FOUND`` (the broker evicted or never had it): a new session;
 - ``INVALID_FETCH_SESSION_EPOCH`` or any other error of the whole response, a response
-  naming a partition the session does not hold, a request that failed on the way (its
-  outcome unknown), or a leader change (`reset()`): the next full request names the old
-  session id, so the broker closes it and opens a new one;
+  naming a partition the session does not hold, or a request that failed on the way (its
+  outcome unknown): the next full request names the old session id, so the broker closes
+  it and opens a new one;
 - a full response without a session id (the broker's session cache is full): each request
   is full until one opens a session.
 
+A partition that moves to another broker (a new leader, a read replica) starts no session
+over: this broker's next request forgets it and the other broker's names it.
+
 Caller: the fetch routine of one broker, only: `plan()`, then exactly one of
-`answered()` or `failed()` with that plan, before the next `plan()`. `reset()` may be
-called by anyone at any time (it affects the next plan only); `close()` by the loop's stop,
-once the routine is stopped.
+`answered()` or `failed()` with that plan, before the next `plan()`; `close()` by the
+loop's stop, once the routine is stopped.
 """
 
 from __future__ import annotations
@@ -116,7 +118,6 @@ class FetchSession:
     incremental_requests: int = 0
     resets: int = 0
     _planned: FetchPlan | None = field(default=None, init=False, repr=False)
-    _stale: bool = field(default=False, init=False, repr=False)
 
     @property
     def open(self) -> bool:
@@ -157,19 +158,6 @@ class FetchSession:
         """Take the response to ``plan``: its error code, its session id and the
         partitions it answers for. Whether its partitions' data may be used (``False``:
         the session starts over and the partitions are fetched again)."""
-        usable = self._answered(plan, error_code, session_id, partitions)
-        if self._stale:  # reset while the request was in flight
-            self._stale = False
-            self._start_over()
-        return usable
-
-    def _answered(
-        self,
-        plan: FetchPlan,
-        error_code: int,
-        session_id: int,
-        partitions: Iterable[TopicPartition],
-    ) -> bool:
         self._end(plan)
         if error_code:
             if error_code == FETCH_SESSION_ID_NOT_FOUND:
@@ -206,7 +194,6 @@ class FetchSession:
         without one; after it the next request is full and opens a new one. A request in
         flight is abandoned (a broker closes a session whatever epoch it expects)."""
         self._planned = None
-        self._stale = False
         if not self.open:
             return None
         plan = FetchPlan(self.session_id, FINAL_EPOCH, False, {}, (), {})
@@ -218,14 +205,6 @@ class FetchSession:
         """The request of ``plan`` got no response (connection lost, timed out): what the
         broker holds is unknown, the next request is full."""
         self._end(plan)
-        self._stale = False
-        self._start_over()
-
-    def reset(self) -> None:
-        """Start over with a full request (a leader changed, a partition moved); with a
-        request in flight, once it is answered."""
-        if self._planned is not None:
-            self._stale = True
         self._start_over()
 
     def _end(self, plan: FetchPlan) -> None:
