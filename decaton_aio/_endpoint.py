@@ -2,31 +2,38 @@
 
 One small threaded WSGI server on a daemon thread. ``/healthz`` and ``/readyz`` answer
 with a JSON body (200 when the check passes, 503 with the reasons when not); every other
-path serves the metrics in the Prometheus text format. The probes themselves are the
-runtime's business (`Probes`); this module only serves them.
+path serves the metrics page: OpenMetrics or the Prometheus text format as the scraper's
+``Accept`` header asks, gzipped when it accepts that, only the samples its ``name[]``
+parameters name when it gives some. The page and the probes themselves are the caller's
+business (a page function, `Probes`); this module only serves them.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
+from decaton_aio._exposition import keep_names, negotiate
 from decaton_aio.errors import ConfigError
 
-__all__ = ["DEFAULT_METRICS_ADDR", "Endpoint", "Probes"]
+__all__ = ["DEFAULT_METRICS_ADDR", "Endpoint", "Page", "Probes"]
 
 DEFAULT_METRICS_ADDR = "127.0.0.1"
 """Loopback by default so metrics are not exposed on every interface by accident; pass
 ``"0.0.0.0"`` (or ``"::"``) when Prometheus scrapes from another host."""
 
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+Page = Callable[[bool], str]
+"""The metrics page: OpenMetrics (ending with ``# EOF``) when called with True, else the
+Prometheus text format. Called from the endpoint's threads."""
 
 
 class Probes(Protocol):
@@ -54,13 +61,34 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes and probes are frequent: no access log."""
 
 
-def _app(registry: CollectorRegistry, probes: Probes | None) -> Any:
-    metrics = make_wsgi_app(registry)
+def _metrics(page: Page, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    """The metrics response to a request: status, headers and body."""
+    method = environ.get("REQUEST_METHOD", "GET")
+    if method == "OPTIONS":
+        return "200 OK", [("Allow", "OPTIONS,GET")], b""
+    if method != "GET":
+        body = f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()
+        return "405 Method Not Allowed", [("Allow", "OPTIONS,GET")], body
+    openmetrics, content_type = negotiate(environ.get("HTTP_ACCEPT"))
+    text = page(openmetrics)
+    names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+    if names:
+        text = keep_names(text, names) + ("# EOF\n" if openmetrics else "")
+    body = text.encode()
+    headers = [("Content-Type", content_type)]
+    if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+        body = gzip.compress(body, compresslevel=1)
+        headers.append(("Content-Encoding", "gzip"))
+    return "200 OK", headers, body
 
+
+def _app(page: Page, probes: Probes | None) -> Any:
     def app(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path not in ("/healthz", "/readyz"):
-            return metrics(environ, start_response)  # type: ignore[no-any-return]
+            status, headers, output = _metrics(page, environ)
+            start_response(status, headers)
+            return [output]
         body: Mapping[str, object]
         if probes is None:
             ok, body = False, {"status": "unknown", "reason": "no probes on this endpoint"}
@@ -98,9 +126,7 @@ class Endpoint:
         self.port = int(server.server_port)
 
     @classmethod
-    def start(
-        cls, registry: CollectorRegistry, port: int, addr: str, probes: Probes | None
-    ) -> Endpoint:
+    def start(cls, page: Page, port: int, addr: str, probes: Probes | None) -> Endpoint:
         """Bind ``addr:port`` and serve from a daemon thread.
 
         Raises:
@@ -111,7 +137,7 @@ class Endpoint:
         server_class = _IPv6Server if ":" in addr else _Server
         try:
             server = make_server(
-                addr, port, _app(registry, probes), server_class, handler_class=_QuietHandler
+                addr, port, _app(page, probes), server_class, handler_class=_QuietHandler
             )
         except OSError as exc:
             raise ConfigError(

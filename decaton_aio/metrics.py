@@ -32,14 +32,13 @@ from typing import NamedTuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from decaton_aio._endpoint import DEFAULT_METRICS_ADDR, Endpoint, Probes
+from decaton_aio._exposition import Family, label_text
 from decaton_aio._histogram import DEFAULT_BUCKETS_S, FastHistogram
 from decaton_aio._stats import PartitionStats, SubscriptionStats
 
@@ -108,7 +107,7 @@ _COUNTERS: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
      "tried again).", lambda s: s.shaping_failed),
 )  # fmt: skip
 # Records run, by format: one series per value of the ``format`` label.
-_CONSUMED = (
+_CONSUMED_DOC = (
     "decaton_records_consumed",
     "Records of the partition run as tasks, by format: with_dt_meta (a Decaton task with "
     "its metadata header) or without_dt_meta (a plain record); each counted when it first "
@@ -152,7 +151,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float]], ...] = (
      "up to date (committed, or nothing new to commit): about decaton.commit.interval.ms "
      "while commits succeed; it grows while they fail.", lambda s: s.commit_age()),
 )  # fmt: skip
-_STATE = (
+_STATE_DOC = (
     "decaton_subscription_state",
     "1 for the state the subscription is in (label state), 0 for the others.",
 )
@@ -230,6 +229,7 @@ class DecatonCollector:
         self._source = source
         self._subscriptions = subscriptions
         self._retired: dict[PartitionLabels, PartitionStats] = {}
+        self._label_texts: dict[PartitionLabels, str] = {}
 
     def retire(self, labels: PartitionLabels, stats: PartitionStats) -> None:
         """Fold a revoked partition's counters and histograms into its retired accumulator.
@@ -250,48 +250,75 @@ class DecatonCollector:
 
     def describe(self) -> Iterator[Metric]:
         """Yield the metric families without samples, so the registry knows their names."""
-        yield from _Families.new().all()
+        for family in _FAMILIES:
+            yield family.metric()
 
     def collect(self) -> Iterator[Metric]:
-        """Yield every metric family with one series per partition (runs at scrape time)."""
-        with self.lock:  # copy under the lock, format outside it
+        """Yield every metric family with one series per partition, read back from the page
+        `write()` makes: for a registry exported by other means than `Metrics`'s endpoint
+        (which writes the page directly, much faster)."""
+        out: list[str] = []
+        self.write(out, openmetrics=False)
+        yield from text_string_to_metric_families("".join(out))
+
+    def write(self, out: list[str], openmetrics: bool) -> None:
+        """Append every family's lines, in the text format or OpenMetrics (runs at scrape
+        time; the stats are copied under the lock and written outside it)."""
+        with self.lock:
             rows = self._snapshot()
             subscriptions = sorted(self._subscriptions())
-        families = _Families.new()
-        counters, consumed, histograms, gauges, state, sub_histograms, sub_gauges, sub_counters = (
-            families
-        )
-        for labels, stats, live in rows:
-            values = (labels.subscription, labels.topic, str(labels.partition))
-            for counter, (_, _, read) in zip(counters, _COUNTERS, strict=True):
-                counter.add_metric(values, float(read(stats)))
-            consumed.add_metric((*values, "with_dt_meta"), float(stats.with_metadata))
-            consumed.add_metric((*values, "without_dt_meta"), float(stats.without_metadata))
-            for histogram, (_, _, read_hist) in zip(histograms, _HISTOGRAMS, strict=True):
+        texts = [self._label_text(labels) for labels, _, _ in rows]
+        for family, read in _PARTITION_COUNTERS:
+            family.header(out, openmetrics)
+            for text, (_, stats, _) in zip(texts, rows, strict=True):
+                family.sample(out, text, read(stats))
+        _CONSUMED.header(out, openmetrics)
+        for text, (_, stats, _) in zip(texts, rows, strict=True):
+            _CONSUMED.sample(out, f'format="with_dt_meta",{text}', stats.with_metadata)
+            _CONSUMED.sample(out, f'format="without_dt_meta",{text}', stats.without_metadata)
+        for family, read_hist in _PARTITION_HISTOGRAMS:
+            family.header(out, openmetrics)
+            for text, (_, stats, _) in zip(texts, rows, strict=True):
                 hist = read_hist(stats)
-                histogram.add_metric(values, hist.cumulative(), hist.sum)
-            for gauge, (_, _, read_gauge) in zip(gauges, _GAUGES, strict=True):
-                value = read_gauge(stats)
+                family.histogram(out, text, hist.cumulative(), hist.sum)
+        for family, read in _PARTITION_GAUGES:
+            family.header(out, openmetrics)
+            for text, (_, stats, live) in zip(texts, rows, strict=True):
+                value = read(stats)
                 if live and value >= 0:
-                    gauge.add_metric(values, float(value))
+                    family.sample(out, text, value)
+        _STATE.header(out, openmetrics)
         for subscription, sub in subscriptions:
             now = sub.state
             for name in sub.states:
-                state.add_metric((subscription, name), 1.0 if name == now else 0.0)
-            for family, (_, _, read_sub) in zip(
-                sub_histograms, _SUBSCRIPTION_HISTOGRAMS, strict=True
-            ):
-                hist = read_sub(sub)
-                family.add_metric((subscription,), hist.cumulative(), hist.sum)
-            for gauge, (_, _, read_value) in zip(sub_gauges, _SUBSCRIPTION_GAUGES, strict=True):
-                value = read_value(sub)
+                text = label_text((("state", name), ("subscription", subscription)))
+                _STATE.sample(out, text, 1.0 if name == now else 0.0)
+        by_subscription = [
+            (label_text((("subscription", subscription),)), sub)
+            for subscription, sub in subscriptions
+        ]
+        for family, read_sub_hist in _SUBSCRIPTION_HISTOGRAM_FAMILIES:
+            family.header(out, openmetrics)
+            for text, sub in by_subscription:
+                hist = read_sub_hist(sub)
+                family.histogram(out, text, hist.cumulative(), hist.sum)
+        for family, read_sub in _SUBSCRIPTION_GAUGE_FAMILIES:
+            family.header(out, openmetrics)
+            for text, sub in by_subscription:
+                value = read_sub(sub)
                 if value >= 0:
-                    gauge.add_metric((subscription,), float(value))
-            for counter, (_, _, read_count) in zip(
-                sub_counters, _SUBSCRIPTION_COUNTERS, strict=True
-            ):
-                counter.add_metric((subscription,), float(read_count(sub)))
-        yield from families.all()
+                    family.sample(out, text, value)
+        for family, read_sub in _SUBSCRIPTION_COUNTER_FAMILIES:
+            family.header(out, openmetrics)
+            for text, sub in by_subscription:
+                family.sample(out, text, read_sub(sub))
+
+    def _label_text(self, labels: PartitionLabels) -> str:
+        text = self._label_texts.get(labels)
+        if text is None:
+            values = (labels.subscription, labels.topic, str(labels.partition))
+            text = self._label_texts[labels] = label_text(zip(_LABEL_NAMES, values, strict=True))
+        return text
 
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
         """Copy every partition's numbers (caller holds the lock); True marks live ones."""
@@ -303,59 +330,51 @@ class DecatonCollector:
         return [(labels, *rows[labels]) for labels in sorted(rows)]
 
 
-class _Families(NamedTuple):
-    """The metric families of one scrape, empty until the collector fills them."""
+_BY_SUBSCRIPTION = ("subscription",)
+_PARTITION_COUNTERS = tuple(
+    (Family(n, doc, "counter", _LABEL_NAMES), read) for n, doc, read in _COUNTERS
+)
+_CONSUMED = Family(*_CONSUMED_DOC, "counter", (*_LABEL_NAMES, "format"))
+_PARTITION_HISTOGRAMS = tuple(
+    (Family(n, doc, "histogram", _LABEL_NAMES), read) for n, doc, read in _HISTOGRAMS
+)
+_PARTITION_GAUGES = tuple((Family(n, doc, "gauge", _LABEL_NAMES), read) for n, doc, read in _GAUGES)
+_STATE = Family(*_STATE_DOC, "gauge", ("subscription", "state"))
+_SUBSCRIPTION_HISTOGRAM_FAMILIES = tuple(
+    (Family(n, doc, "histogram", _BY_SUBSCRIPTION), read)
+    for n, doc, read in _SUBSCRIPTION_HISTOGRAMS
+)
+_SUBSCRIPTION_GAUGE_FAMILIES = tuple(
+    (Family(n, doc, "gauge", _BY_SUBSCRIPTION), read) for n, doc, read in _SUBSCRIPTION_GAUGES
+)
+_SUBSCRIPTION_COUNTER_FAMILIES = tuple(
+    (Family(n, doc, "counter", _BY_SUBSCRIPTION), read) for n, doc, read in _SUBSCRIPTION_COUNTERS
+)
+_FAMILIES: tuple[Family, ...] = (
+    *(f for f, _ in _PARTITION_COUNTERS),
+    _CONSUMED,
+    *(f for f, _ in _PARTITION_HISTOGRAMS),
+    *(f for f, _ in _PARTITION_GAUGES),
+    _STATE,
+    *(f for f, _ in _SUBSCRIPTION_HISTOGRAM_FAMILIES),
+    *(f for f, _ in _SUBSCRIPTION_GAUGE_FAMILIES),
+    *(f for f, _ in _SUBSCRIPTION_COUNTER_FAMILIES),
+)
 
-    counters: list[CounterMetricFamily]
-    consumed: CounterMetricFamily
-    histograms: list[HistogramMetricFamily]
-    gauges: list[GaugeMetricFamily]
-    state: GaugeMetricFamily
-    subscription_histograms: list[HistogramMetricFamily]
-    subscription_gauges: list[GaugeMetricFamily]
-    subscription_counters: list[CounterMetricFamily]
 
-    @classmethod
-    def new(cls) -> _Families:
-        labels = _LABEL_NAMES
-        return cls(
-            [CounterMetricFamily(n, doc, labels=labels) for n, doc, _ in _COUNTERS],
-            CounterMetricFamily(*_CONSUMED, labels=(*labels, "format")),
-            [HistogramMetricFamily(n, doc, labels=labels) for n, doc, _ in _HISTOGRAMS],
-            [GaugeMetricFamily(n, doc, labels=labels) for n, doc, _ in _GAUGES],
-            GaugeMetricFamily(*_STATE, labels=("subscription", "state")),
-            [
-                HistogramMetricFamily(n, doc, labels=("subscription",))
-                for n, doc, _ in _SUBSCRIPTION_HISTOGRAMS
-            ],
-            [
-                GaugeMetricFamily(n, doc, labels=("subscription",))
-                for n, doc, _ in _SUBSCRIPTION_GAUGES
-            ],
-            [
-                CounterMetricFamily(n, doc, labels=("subscription",))
-                for n, doc, _ in _SUBSCRIPTION_COUNTERS
-            ],
-        )
-
-    def all(self) -> list[Metric]:
-        return [
-            *self.counters,
-            self.consumed,
-            *self.histograms,
-            *self.gauges,
-            self.state,
-            *self.subscription_histograms,
-            *self.subscription_gauges,
-            *self.subscription_counters,
-        ]
+def encode(collector: Collector, openmetrics: bool) -> str:
+    """What prometheus_client writes for ``collector``: the text format, or OpenMetrics
+    (ending with ``# EOF``)."""
+    write = openmetrics_latest if openmetrics else generate_latest
+    page: bytes = write(collector)
+    return page.decode()
 
 
 class MetricsEndpoint:
     """A registry and the HTTP endpoint that exports it from a daemon thread.
 
     Args:
-        registry: what `render()` and the endpoint export.
+        registry: what `page()`, `render()` and the endpoint export.
 
     Attributes:
         registry: the registry.
@@ -365,9 +384,14 @@ class MetricsEndpoint:
         self.registry = registry
         self._endpoint: Endpoint | None = None
 
+    def page(self, openmetrics: bool = False) -> str:
+        """Every metric as the endpoint serves it: in the Prometheus text format, or in
+        OpenMetrics (ending with ``# EOF``). Called from the endpoint's threads."""
+        return encode(self.registry, openmetrics)
+
     def render(self) -> bytes:
         """Return every metric in the Prometheus text format (for tests and the CLI)."""
-        return generate_latest(self.registry)
+        return self.page().encode()
 
     def start_http_server(
         self, port: int, addr: str = DEFAULT_METRICS_ADDR, *, probes: Probes | None = None
@@ -392,7 +416,7 @@ class MetricsEndpoint:
         """
         if self._endpoint is not None:
             raise RuntimeError("the metrics HTTP server is already running; call stop() first")
-        self._endpoint = Endpoint.start(self.registry, port, addr, probes)
+        self._endpoint = Endpoint.start(self.page, port, addr, probes)
         return self._endpoint.port
 
     def stop(self) -> None:
@@ -413,21 +437,30 @@ class Metrics(MetricsEndpoint):
             collector metrics (CPU, memory, file descriptors, Python version).
 
     Attributes:
-        registry: the registry the endpoint and `render()` export.
+        registry: the registry the endpoint and `render()` export: the runtime's families
+            first, then every collector registered in it (the process's metrics, a state
+            store's, an application's own). The endpoint writes the runtime's families
+            itself, not through prometheus_client (`decaton_aio._exposition`).
     """
 
     def __init__(self, *, process_metrics: bool = True) -> None:
-        super().__init__(CollectorRegistry())
         self._live: dict[PartitionLabels, PartitionStats] = {}
         self._subscriptions: dict[str, SubscriptionStats] = {}
         self._collector = DecatonCollector(
             lambda: list(self._live.items()), lambda: list(self._subscriptions.items())
         )
-        self.registry.register(self._collector)
+        self._registry = _Registry(self._collector)
+        super().__init__(self._registry)
         if process_metrics:
             prometheus_client.ProcessCollector(registry=self.registry)
             prometheus_client.PlatformCollector(registry=self.registry)
             prometheus_client.GCCollector(registry=self.registry)
+
+    def page(self, openmetrics: bool = False) -> str:
+        out: list[str] = []
+        self._collector.write(out, openmetrics)
+        out.append(encode(self._registry.registered, openmetrics))
+        return "".join(out)
 
     def register_subscription(
         self, subscription: str, states: tuple[str, ...]
@@ -489,3 +522,31 @@ class Metrics(MetricsEndpoint):
             stats = self._live.pop(labels, None)
             if stats is not None:
                 self._collector.retire(labels, stats)
+
+
+class _Registry(CollectorRegistry):
+    """The registry of a `Metrics`: the runtime's families, then the registered collectors'.
+
+    Args:
+        runtime: the runtime's collector, which `Metrics.page()` writes itself.
+
+    Attributes:
+        registered: the registered collectors alone, for prometheus_client to write.
+    """
+
+    def __init__(self, runtime: DecatonCollector) -> None:
+        super().__init__()
+        self._runtime = runtime
+        self.registered = _Registered(self)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._runtime.collect()
+        yield from super().collect()
+
+
+class _Registered(Collector):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return CollectorRegistry.collect(self._registry)

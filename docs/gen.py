@@ -224,7 +224,8 @@ def render_metrics() -> str:
         "",
         "# Metrics reference",
         "",
-        "The series `run --metrics-port N` serves (Prometheus text format), besides "
+        "The series `run --metrics-port N` serves (OpenMetrics or the Prometheus text "
+        "format, as the scraper asks), besides "
         "prometheus_client's process metrics (`process_cpu_seconds_total`, "
         "`process_resident_memory_bytes`, `process_open_fds`, ...). "
         "[Operations](../operations.md#metrics) says how to read them.",

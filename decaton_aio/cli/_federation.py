@@ -2,9 +2,11 @@
 
 Each worker serves its own metrics on a loopback port it chooses and writes to a file
 the supervisor gave it. The supervisor's endpoint scrapes every running worker when it is
-scraped itself and returns their series together, each with a ``worker`` label (the
-worker's number, kept across restarts), followed by the supervisor's own series
-(``decaton_supervisor_workers_running``, ``decaton_supervisor_worker_restarts_total``).
+scraped itself, in the format it was asked for, and returns their series together, each
+with a ``worker`` label (the worker's number, kept across restarts), followed by the
+supervisor's own series (``decaton_supervisor_workers_running``,
+``decaton_supervisor_worker_restarts_total``). The pages are merged as text
+(`decaton_aio._exposition.merge_pages`), not parsed.
 
 Why scraping and not prometheus_client's multiprocess mode: that mode only shares the
 metric types it writes to memory-mapped files, and the runtime's metrics come from a
@@ -36,9 +38,9 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
-from decaton_aio.metrics import MetricsEndpoint
+from decaton_aio._exposition import OPENMETRICS_TYPE, merge_pages
+from decaton_aio.metrics import MetricsEndpoint, encode
 
 __all__ = ["SCRAPE_TIMEOUT_S", "Federation", "WorkerEndpoint", "WorkerProbes"]
 
@@ -55,15 +57,34 @@ class WorkerEndpoint(Protocol):
 
 
 class _Collector:
+    """The supervisor's own series, and its workers' pages."""
+
     def __init__(self, workers: Sequence[WorkerEndpoint], timeout_s: float) -> None:
         self._workers = workers
         self._timeout_s = timeout_s
         self._scrape_errors = 0
+        self._running = 0
         self._lock = threading.Lock()
 
-    def _scrape(self, port: int) -> str | None:
+    def pages(self, openmetrics: bool) -> list[tuple[str, str]]:
+        """Every running worker's page: ``(its worker label, the page)``; a worker that
+        does not answer is left out (and counted)."""
+        running = [(w, port) for w in self._workers if (port := w.metrics_port()) is not None]
+        accept = OPENMETRICS_TYPE if openmetrics else None
+        with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+            texts = list(
+                pool.map(self._scrape, [port for _, port in running], [accept] * len(running))
+            )
+        self._running = len(running)
+        return [
+            (f'worker="{worker.index}"', text)
+            for (worker, _), text in zip(running, texts, strict=True)
+            if text is not None
+        ]
+
+    def _scrape(self, port: int, accept: str | None) -> str | None:
         try:
-            status, body = _get(port, "/metrics", self._timeout_s)
+            status, body = _get(port, "/metrics", self._timeout_s, accept)
         except OSError:
             status, body = 0, b""
         if status != 200:
@@ -73,28 +94,10 @@ class _Collector:
         return body.decode()
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        running = [(w, port) for w in self._workers if (port := w.metrics_port()) is not None]
-        with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
-            texts = list(pool.map(self._scrape, [port for _, port in running]))
-        for (worker, _), text in zip(running, texts, strict=True):
-            if text is None:
-                continue
-            for family in text_string_to_metric_families(text):
-                merged = families.get(family.name)
-                if merged is None:
-                    merged = families[family.name] = Metric(
-                        family.name, family.documentation, family.type, family.unit
-                    )
-                label = str(worker.index)
-                merged.samples += [
-                    s._replace(labels={**s.labels, "worker": label}) for s in family.samples
-                ]
-        yield from families.values()
         up = GaugeMetricFamily(
             "decaton_supervisor_workers_running", "Workers with a metrics endpoint now"
         )
-        up.add_metric([], len(running))
+        up.add_metric([], self._running)
         yield up
         restarts = CounterMetricFamily(
             "decaton_supervisor_worker_restarts",
@@ -117,13 +120,21 @@ class Federation(MetricsEndpoint):
     Args:
         workers: the worker slots; read at each scrape (from the HTTP server's thread).
         timeout_s: how long a scrape waits for the workers' pages.
+
+    Attributes:
+        registry: the supervisor's own series (its workers' come with `page()`).
     """
 
     def __init__(
         self, workers: Sequence[WorkerEndpoint], timeout_s: float = SCRAPE_TIMEOUT_S
     ) -> None:
         super().__init__(CollectorRegistry())
-        self.registry.register(_Collector(workers, timeout_s))
+        self._collector = _Collector(workers, timeout_s)
+        self.registry.register(self._collector)
+
+    def page(self, openmetrics: bool = False) -> str:
+        merged = merge_pages(self._collector.pages(openmetrics))
+        return merged + encode(self.registry, openmetrics)
 
 
 class WorkerProbes:
@@ -172,15 +183,17 @@ class WorkerProbes:
         return reasons
 
 
-def _get(port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
+def _get(port: int, path: str, timeout_s: float, accept: str | None = None) -> tuple[int, bytes]:
     """A page of a worker's endpoint: its HTTP status and body.
 
     Raises:
         OSError: the worker did not answer in time.
     """
-    url = f"http://127.0.0.1:{port}{path}"
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if accept is not None:
+        request.add_header("Accept", accept)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return int(response.status), bytes(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, bytes(exc.read())
