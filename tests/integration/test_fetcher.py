@@ -1,11 +1,15 @@
 """The consumer's own fetch loop on the embedded Apache Kafka: records in order from an
 offset or the reset policy, every codec, read_committed, pause and resume as session
-membership, incremental sessions, offsets out of range, a secured broker."""
+membership, incremental sessions, offsets out of range, a broker's quota, a secured
+broker."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import subprocess
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,6 +22,8 @@ from decaton_aio._aiokafka import AIOKafkaClient
 from decaton_aio.admin import TopicAdmin
 from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch import FetchConfig, Fetcher
+from decaton_aio.embedded import resolve_kafka_classpath
+from decaton_aio.embedded._apache_kafka import java_executable
 from decaton_aio.producer import COMPRESSION_TYPES
 from decaton_aio.testing import BROKER_ENV_VAR, BrokerHandle, wait_until
 from tests.integration.test_isolation import write_transactions
@@ -389,3 +395,55 @@ async def test_a_consumer_of_a_rack_fetches_from_the_replica_in_it(
         await fetcher.stop()
         await client.close()
         await admin.close(delete=True)
+
+
+async def test_a_broker_quota_throttles_the_loop_and_loses_nothing(
+    kafka_broker: BrokerHandle, topic_factory: Any
+) -> None:
+    """A consumer byte-rate quota on the loop's client id: the broker answers with a
+    throttle time, the loop waits it out before asking that broker again, and every
+    record still comes once, in order, with no error (100 KB against 10 KB/s, measured over
+    about 10 s: the broker asks for about 11 s of waiting in all)."""
+    if kafka_broker.flavor != "apache" or kafka_broker.security.security_protocol != "PLAINTEXT":
+        pytest.skip("sets the quota with Apache Kafka's own tool, on a plaintext listener")
+    topic = await topic_factory(partitions=1)
+    tp = TopicPartition(topic, 0)
+    values = [i.to_bytes(4, "big") * 250 for i in range(100)]  # 100 KB
+    await _produce(kafka_broker, topic, {0: values}, linger_ms=20)
+    client_id = f"quota-{uuid.uuid4().hex[:8]}"
+    quota = functools.partial(
+        subprocess.run,
+        [
+            java_executable(),
+            "-cp",
+            resolve_kafka_classpath(),
+            "kafka.admin.ConfigCommand",
+            "--bootstrap-server",
+            kafka_broker.bootstrap_servers,
+            "--alter",
+            "--add-config",
+            "consumer_byte_rate=10000",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            client_id,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    await asyncio.to_thread(quota)
+    client = AIOKafkaClient(bootstrap_servers=kafka_broker.bootstrap_servers, client_id=client_id)
+    await client.bootstrap()
+    fetcher = Fetcher(client, FetchConfig(max_wait_ms=100, max_partition_bytes=20_000))
+    await fetcher.start()
+    try:
+        fetcher.assign(tp, 0)
+        got = await _read(fetcher, {tp: len(values)}, timeout_s=60)
+    finally:
+        await fetcher.stop()
+        await client.close()
+    assert [r.offset for r in got[tp]] == list(range(len(values)))
+    assert _values(got[tp]) == values
+    assert fetcher.counters.throttled_ms > 0
+    assert fetcher.counters.errors == 0

@@ -61,7 +61,8 @@ def test_the_openmetrics_page_is_what_prometheus_client_writes_for_its_families(
     page = _busy_metrics().page(openmetrics=True)
     families = list(openmetrics_families(page))
     assert openmetrics_latest(_Families(families)).decode() == page
-    assert page.endswith("\n# EOF\n") and page.count("# EOF") == 1
+    assert page.endswith("\n# EOF\n")
+    assert page.count("# EOF") == 1
 
 
 def _samples(page: str) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
