@@ -66,14 +66,14 @@ class Family:
         labels: its label names (a histogram's ``le`` apart).
     """
 
-    __slots__ = ("_headers", "doc", "kind", "labels", "name")
+    __slots__ = ("_headers", "_sample_name", "doc", "kind", "labels", "name")
 
     def __init__(self, name: str, doc: str, kind: str, labels: Sequence[str]) -> None:
         self.name = name
         self.doc = doc
         self.kind = kind
         self.labels = tuple(labels)
-        text_name = f"{name}_total" if kind == "counter" else name
+        text_name = self._sample_name = f"{name}_total" if kind == "counter" else name
         text_doc = doc.replace("\\", r"\\").replace("\n", r"\n")
         self._headers = (
             f"# HELP {text_name} {text_doc}\n# TYPE {text_name} {kind}\n",
@@ -96,7 +96,7 @@ class Family:
 
     def sample(self, out: list[str], labels: str, value: float) -> None:
         """Append one series of a counter or gauge (``labels`` from `label_text()`)."""
-        name = f"{self.name}_total" if self.kind == "counter" else self.name
+        name = self._sample_name
         if labels:
             out.append(f"{name}{{{labels}}} {_value(value)}\n")
         else:

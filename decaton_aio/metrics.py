@@ -1,7 +1,8 @@
 """Prometheus metrics: Decaton's metric set plus consumer lag, at near-zero hot-path cost.
 
 This module owns the per-partition statistics the runtime updates while it processes tasks,
-and their export in the Prometheus text format (an HTTP endpoint and `Metrics.render()`).
+and their export (an HTTP endpoint and `Metrics.render()`; the page itself is written by
+`decaton_aio._exposition`).
 
 Hot path: one process must handle hundreds of thousands of tasks per second on one core,
 and a prometheus_client ``Counter.labels(...).inc()`` costs a label lookup, a lock and
@@ -10,7 +11,7 @@ it increments plain attributes of a `PartitionStats` (one per assigned partition
 and observes durations into `FastHistogram`. `DecatonCollector` reads those
 objects only when Prometheus scrapes.
 
-Threads: stats are written by the event loop and read by prometheus_client's HTTP thread.
+Threads: stats are written by the event loop and read by the endpoint's HTTP threads.
 Reading an attribute is atomic under the GIL; a histogram's queued observations are folded
 under its lock, so none is lost or counted twice. Registering and retiring a partition
 hold the lock a scrape holds while it copies the stats, so a partition is never counted
