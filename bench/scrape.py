@@ -3,7 +3,8 @@
 ``python -m bench.scrape`` starts an embedded Apache Kafka and, for each partition count
 (``--partitions``, default 3 and 96) and worker form (``--workers``, default 1 and auto),
 runs ``python -m decaton_aio run`` (the benchmark's processor) on an idle topic of that
-many partitions with a metrics port. Once every partition is assigned it scrapes the page
+many partitions with a metrics port. Once every partition is assigned and the page's
+length holds still (no partition moving between workers), it scrapes the page
 ``--scrapes`` times in each format (the Prometheus text format, then OpenMetrics as
 Prometheus asks for it) and prints one JSON line per form and format: the page's lines
 and bytes, the scrape time's median and range in ms, and the CPU the contender's process
@@ -42,18 +43,23 @@ def _get(port: int, accept: str | None) -> tuple[float, bytes]:
     return time.perf_counter() - started, body
 
 
-async def _assigned(port: int, partitions: int, timeout_s: float = 120) -> None:
-    """Until the page shows a pending gauge for every partition (each assigned)."""
+async def _settled(port: int, partitions: int, timeout_s: float = 180) -> None:
+    """Until the page shows a pending gauge for every partition (each assigned) and its
+    length stays the same over three scrapes 2 s apart (no partition still moving
+    between workers)."""
     deadline = time.monotonic() + timeout_s
+    lengths: list[int] = []
     while time.monotonic() < deadline:
         try:
             _, body = await asyncio.to_thread(_get, port, None)
         except OSError:
             body = b""
         if body.count(b"decaton_partition_tasks_pending{") >= partitions:
-            return
-        await asyncio.sleep(1)
-    raise TimeoutError(f"not every one of {partitions} partitions was assigned in {timeout_s} s")
+            lengths.append(body.count(b"\n"))
+            if len(lengths) >= 3 and len(set(lengths[-3:])) == 1:
+                return
+        await asyncio.sleep(2)
+    raise TimeoutError(f"the page of {partitions} partitions did not settle in {timeout_s} s")
 
 
 async def measure(
@@ -70,7 +76,7 @@ async def measure(
     proc = await procs.start_process(argv, env=env, cwd=Path.cwd(), log=workdir / "run.log")
     rows = []
     try:
-        await _assigned(port, partitions)
+        await _settled(port, partitions)
         for fmt, accept in (("text", None), ("openmetrics", _OPENMETRICS)):
             await asyncio.to_thread(_get, port, accept)  # once before: imports, caches
             before = procs.cpu_times([proc.pid])
