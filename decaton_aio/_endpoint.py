@@ -69,6 +69,8 @@ def _metrics(page: Page, environ: dict[str, Any]) -> tuple[str, list[tuple[str, 
     if method != "GET":
         body = f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()
         return "405 Method Not Allowed", [("Allow", "OPTIONS,GET")], body
+    if environ.get("PATH_INFO") == "/favicon.ico":
+        return "200 OK", [], b""  # a browser's, not a scrape
     openmetrics, content_type = negotiate(environ.get("HTTP_ACCEPT"))
     text = page(openmetrics)
     names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")

@@ -5,21 +5,24 @@ A runtime with 96 partitions exports about 13,000 series. prometheus_client's wr
 formats every sample's labels anew (each label name validated and escaped) and took about
 100 ms for them, on the GIL the event loop needs; the supervisor of ``run --workers N``
 parsed each worker's page back into objects and wrote them again (about 700 ms for two
-workers' 96 partitions). Here the runtime writes its own families (`Family`): a series'
-label text is formatted once per scrape, a bucket's ``le`` text once per process, and a
-line is the family's name, that text and the value. The output is byte for byte what
+workers' 96 partitions). Here the runtime writes its own families (`Family`): a
+partition's label text is formatted once per process (a subscription's once per scrape),
+a bucket's ``le`` text once per process, and a line is the family's name, that text and
+the value. The output is byte for byte what
 prometheus_client writes for the same families, in both formats Prometheus asks for
 (text 0.0.4 and OpenMetrics 1.0.0; a unit test holds the two together). Everything else
 registered (the process's metrics, a state store's, an application's own collectors) is
 still written by prometheus_client.
 
 `merge_pages()` puts workers' pages together without parsing values: each sample line gains
-a ``worker`` label, and each family's lines from every page go under one header.
+a ``worker`` label (one it had already becomes ``exported_worker``), and each family's
+lines from every page go under one header.
 `keep_names()` keeps the samples a scrape's ``name[]`` parameters ask for.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import (
@@ -34,14 +37,20 @@ from prometheus_client.utils import floatToGoString
 
 __all__ = ["OPENMETRICS_TYPE", "Family", "keep_names", "label_text", "merge_pages", "negotiate"]
 
+_ESCAPING = re.compile(r"escaping=[^;]*")
+
 # A sample's value as prometheus_client writes it (``1.0``, ``+Inf``, ``1.5e+07``).
 _value: Callable[[float], str] = floatToGoString
 
 
 def negotiate(accept: str | None) -> tuple[bool, str]:
     """The format a scraper's ``Accept`` header asks for, as prometheus_client chooses it:
-    ``(openmetrics, content type)``."""
+    ``(openmetrics, content type)``. Names are always written with the legacy character
+    set (any other character as ``_``, prometheus_client's default): where the header asks
+    for another escaping scheme, the content type says ``escaping=underscores``, the one
+    the page uses."""
     _, content_type = choose_encoder(accept or "")
+    content_type = _ESCAPING.sub("escaping=underscores", content_type)
     return content_type.startswith("application/openmetrics-text"), content_type
 
 
@@ -73,6 +82,8 @@ class Family:
         self.doc = doc
         self.kind = kind
         self.labels = tuple(labels)
+        if kind == "histogram" and min(labels, default="m") < "le":
+            raise ValueError(f"{name}: a histogram's label names must sort after 'le'")
         text_name = self._sample_name = f"{name}_total" if kind == "counter" else name
         text_doc = doc.replace("\\", r"\\").replace("\n", r"\n")
         self._headers = (
@@ -125,11 +136,40 @@ def _sample_name(line: str) -> str:
     return line[:end]
 
 
+def _label_names(line: str, brace: int) -> list[tuple[int, int]]:
+    """Where each label name of a sample line starts and ends, its labels opening at
+    ``brace``; none for a line that is not well formed."""
+    spans = []
+    at = brace + 1
+    try:
+        while line[at] != "}":
+            equals = line.index("=", at)
+            spans.append((at, equals))
+            at = equals + 2  # past '="'
+            while line[at] != '"':
+                at += 2 if line[at] == "\\" else 1
+            at += 1
+            if line[at] == ",":
+                at += 1
+    except (IndexError, ValueError):
+        return []
+    return spans
+
+
 def _with_label(line: str, label: str) -> str:
-    """A sample line with ``label`` (``name="value"``) first among its labels."""
+    """A sample line with ``label`` (``name="value"``) first among its labels; a label of
+    that name the line has already is kept as ``exported_<name>``, as Prometheus keeps a
+    target's clashing label."""
+    name = label[: label.index("=")]
+    brace = line.find("{")
     space = line.find(" ")
-    brace = line.find("{", 0, space)
-    if brace < 0:
+    if 0 <= brace < space and f'{name}="' in line:
+        for start, end in _label_names(line, brace):
+            if line[start:end] == name:
+                line = f"{line[:start]}exported_{line[start:]}"
+                space = line.find(" ")
+                break
+    if not 0 <= brace < space:
         return f"{line[:space]}{{{label}}}{line[space:]}"
     if line.startswith("}", brace + 1):
         return f"{line[: brace + 1]}{label}{line[brace + 1 :]}"
@@ -142,7 +182,7 @@ def _blocks(page: str) -> Iterable[tuple[str, list[str], list[str]]]:
     name = ""
     headers: list[str] = []
     samples: list[str] = []
-    for line in page.splitlines():
+    for line in page.split("\n"):  # not splitlines(): label values may hold \r or \u2028
         if line.startswith("#"):
             parts = line.split(" ", 3)
             if len(parts) < 3 or parts[1] not in ("HELP", "TYPE", "UNIT"):

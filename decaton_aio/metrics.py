@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -438,7 +438,7 @@ class Metrics(MetricsEndpoint):
             collector metrics (CPU, memory, file descriptors, Python version).
 
     Attributes:
-        registry: the registry the endpoint and `render()` export: the runtime's families
+        registry: the registry the endpoint and `render()` export: the runtime's collector
             first, then every collector registered in it (the process's metrics, a state
             store's, an application's own). The endpoint writes the runtime's families
             itself, not through prometheus_client (`decaton_aio._exposition`).
@@ -460,7 +460,7 @@ class Metrics(MetricsEndpoint):
     def page(self, openmetrics: bool = False) -> str:
         out: list[str] = []
         self._collector.write(out, openmetrics)
-        out.append(encode(self._registry.registered, openmetrics))
+        out.append(encode(self._registry.others, openmetrics))
         return "".join(out)
 
     def register_subscription(
@@ -526,28 +526,41 @@ class Metrics(MetricsEndpoint):
 
 
 class _Registry(CollectorRegistry):
-    """The registry of a `Metrics`: the runtime's families, then the registered collectors'.
+    """The registry of a `Metrics`: the runtime's collector, registered first, and every
+    collector registered after it (their names checked against the runtime's as any
+    registry checks them). `Metrics.page()` writes the runtime's families itself and has
+    prometheus_client write the rest (`others`).
 
     Args:
-        runtime: the runtime's collector, which `Metrics.page()` writes itself.
+        runtime: the runtime's collector.
 
     Attributes:
-        registered: the registered collectors alone, for prometheus_client to write.
+        others: the collectors registered after the runtime's, as one collector.
     """
 
     def __init__(self, runtime: DecatonCollector) -> None:
         super().__init__()
-        self._runtime = runtime
-        self.registered = _Registered(self)
+        super().register(runtime)
+        self._others: list[Collector] = []
+        self.others = _Others(self, self._others)
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        self._others.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        self._others.remove(collector)
+
+
+class _Others(Collector):
+    def __init__(self, registry: CollectorRegistry, collectors: list[Collector]) -> None:
+        self._registry = registry
+        self._collectors = collectors
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._runtime.collect()
-        yield from super().collect()
-
-
-class _Registered(Collector):
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterable[Metric]:
-        return CollectorRegistry.collect(self._registry)
+        info = self._registry.get_target_info()
+        if info:
+            yield InfoMetricFamily("target", "Target metadata", value=info)
+        for collector in list(self._collectors):
+            yield from collector.collect()

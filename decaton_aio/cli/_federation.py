@@ -28,6 +28,7 @@ in ``decaton_supervisor_scrape_errors_total``).
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import urllib.error
@@ -63,7 +64,6 @@ class _Collector:
         self._workers = workers
         self._timeout_s = timeout_s
         self._scrape_errors = 0
-        self._running = 0
         self._lock = threading.Lock()
 
     def pages(self, openmetrics: bool) -> list[tuple[str, str]]:
@@ -75,7 +75,6 @@ class _Collector:
             texts = list(
                 pool.map(self._scrape, [port for _, port in running], [accept] * len(running))
             )
-        self._running = len(running)
         return [
             (f'worker="{worker.index}"', text)
             for (worker, _), text in zip(running, texts, strict=True)
@@ -85,19 +84,19 @@ class _Collector:
     def _scrape(self, port: int, accept: str | None) -> str | None:
         try:
             status, body = _get(port, "/metrics", self._timeout_s, accept)
-        except OSError:
-            status, body = 0, b""
-        if status != 200:
+            text = body.decode() if status == 200 else None
+        except (OSError, http.client.HTTPException, UnicodeDecodeError):
+            text = None  # no answer, or one cut short (a worker ending mid-page)
+        if text is None:
             with self._lock:
                 self._scrape_errors += 1
-            return None
-        return body.decode()
+        return text
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
             "decaton_supervisor_workers_running", "Workers with a metrics endpoint now"
         )
-        up.add_metric([], self._running)
+        up.add_metric([], sum(w.metrics_port() is not None for w in self._workers))
         yield up
         restarts = CounterMetricFamily(
             "decaton_supervisor_worker_restarts",

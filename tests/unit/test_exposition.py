@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Iterable
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import Counter, Gauge, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import (
@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from decaton_aio._exposition import keep_names, merge_pages
+from decaton_aio._exposition import Family, keep_names, merge_pages, negotiate
 from decaton_aio.metrics import Metrics
 
 
@@ -34,7 +34,7 @@ def _busy_metrics() -> Metrics:
     """Live and retired partitions, unknown gauges, large and fractional values, and a
     subscription id that needs escaping."""
     metrics = Metrics(process_metrics=False)
-    sub = 'orders "eu"\\west\nline'
+    sub = 'orders "eu"\\west\nline\r\u2028end'
     metrics.register_subscription(sub, ("starting", "running")).fetch_latency.observe(0.02)
     for partition in range(3):
         stats = metrics.register_partition(sub, "tasks.v1", partition)
@@ -99,6 +99,20 @@ def test_merging_openmetrics_pages_leaves_their_end_marks_out() -> None:
     assert workers == {"1", "2"}
 
 
+def test_a_worker_label_a_sample_had_already_is_kept_as_exported_worker() -> None:
+    page = (
+        "# HELP pool Busy.\n# TYPE pool gauge\n"
+        'pool{worker="io-3",note="a worker=\\"x\\" b"} 2.0\n'
+        'pool{note="worker=\\"y\\""} 1.0\n'
+    )
+    merged = merge_pages([('worker="1"', page)])
+    [family] = text_string_to_metric_families(merged)
+    assert [s.labels for s in family.samples] == [
+        {"worker": "1", "exported_worker": "io-3", "note": 'a worker="x" b'},
+        {"worker": "1", "note": 'worker="y"'},
+    ]
+
+
 def test_a_sample_without_labels_gains_braces() -> None:
     merged = merge_pages([('worker="3"', "# HELP up Up.\n# TYPE up gauge\nup 1.0\n")])
     assert merged == '# HELP up Up.\n# TYPE up gauge\nup{worker="3"} 1.0\n'
@@ -153,3 +167,29 @@ def test_the_endpoint_serves_the_format_asked_for_gzipped_and_filtered() -> None
         assert len(families[0].samples) == 3
     finally:
         metrics.stop()
+
+
+def test_collectors_registered_beside_the_runtime_are_on_its_page_and_checked_against_it() -> None:
+    metrics = _busy_metrics()
+    gauge = Gauge("app_queue_depth", "Depth.", registry=metrics.registry)
+    gauge.set(3)
+    assert "app_queue_depth 3.0\n" in metrics.page()
+    with pytest.raises(ValueError, match="Duplicated"):
+        Counter("decaton_tasks_processed", "Clash.", registry=metrics.registry)
+    restricted = metrics.registry.restricted_registry(["decaton_tasks_processed_total"])
+    assert len(_samples(generate_latest(restricted).decode())) == 3
+    metrics.registry.unregister(gauge)
+    assert "app_queue_depth" not in metrics.page()
+
+
+def test_the_page_says_the_escaping_it_uses_whatever_the_scraper_asked_for() -> None:
+    accept = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8"
+    openmetrics, content_type = negotiate(accept)
+    assert openmetrics
+    assert content_type.endswith("escaping=underscores")
+    assert negotiate(None) == (False, "text/plain; version=0.0.4; charset=utf-8")
+
+
+def test_a_histogram_whose_labels_sort_before_le_is_refused() -> None:
+    with pytest.raises(ValueError, match="after 'le'"):
+        Family("h", "doc", "histogram", ("app",))

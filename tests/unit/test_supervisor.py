@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import textwrap
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -363,6 +364,34 @@ def test_a_worker_that_does_not_answer_is_left_out_and_counted(tmp_path: Path) -
     assert 'worker="2"' not in text.split("decaton_supervisor_worker_restarts")[0]
     assert "decaton_supervisor_scrape_errors_total 1.0" in text
     assert "decaton_supervisor_workers_running 2.0" in text
+
+
+def test_a_worker_whose_page_is_cut_short_is_left_out_and_counted(tmp_path: Path) -> None:
+    """A worker that ends while it sends its page (the promised length never comes) costs
+    that scrape its series and one scrape error, not the supervisor's page."""
+    metrics = Metrics()
+    cut = socket.create_server(("127.0.0.1", 0))
+
+    def answer_short() -> None:
+        conn, _ = cut.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 1000\r\n\r\n# HELP x")
+
+    server = threading.Thread(target=answer_short)
+    server.start()
+    try:
+        metrics.register_partition("sub", "tasks", 0).processed = 7
+        answering, short = tmp_path / "w1", tmp_path / "w2"
+        answering.write_text(str(metrics.start_http_server(0)))
+        short.write_text(str(cut.getsockname()[1]))
+        text = Federation([_Worker(1, answering), _Worker(2, short)], timeout_s=5).render().decode()
+    finally:
+        server.join()
+        metrics.stop()
+        cut.close()
+    assert 'decaton_tasks_processed_total{worker="1",' in text
+    assert "decaton_supervisor_scrape_errors_total 1.0" in text
 
 
 async def test_a_worker_ended_by_the_signal_it_was_forwarded_has_stopped_cleanly(
