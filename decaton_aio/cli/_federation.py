@@ -187,6 +187,7 @@ def _get(port: int, path: str, timeout_s: float, accept: str | None = None) -> t
 
     Raises:
         OSError: the worker did not answer in time.
+        http.client.HTTPException: its answer was cut short (a worker ending mid-page).
     """
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
     if accept is not None:
