@@ -21,7 +21,12 @@ Rebalances: counters must not go backwards. A revoked partition's counters and h
 are folded into a retired accumulator kept per (subscription, topic, partition) and added
 to the partition's series from then on; its gauges disappear. The accumulator is per
 partition, not per topic: moving counts from a partition's series into a topic-wide series
-would make Prometheus' ``rate()`` count them twice (once on each series).
+would make Prometheus' ``rate()`` count them twice (once on each series). A partition not
+assigned again within `RETIRED_SERIES_S` of its revocation has its series end there (the
+page no longer lists them): a process that held many partitions over its life exports
+those it holds and those it gave up lately, not every one it ever held. Should it be
+assigned that partition later, its series start again from zero, which ``rate()`` takes
+as a counter reset, as it takes a restart.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from decaton_aio._stats import PartitionStats, SubscriptionStats
 __all__ = [
     "DEFAULT_BUCKETS_S",
     "DEFAULT_METRICS_ADDR",
+    "RETIRED_SERIES_S",
     "DecatonCollector",
     "FastHistogram",
     "Metrics",
@@ -59,6 +65,10 @@ __all__ = [
 
 
 _LABEL_NAMES = ("subscription", "topic", "partition")
+
+#: How long a revoked partition's counter and histogram series are still exported: ten
+#: minutes, many scrapes at any usual interval, so its last counts are stored.
+RETIRED_SERIES_S = 600.0
 
 
 class PartitionLabels(NamedTuple):
@@ -214,6 +224,9 @@ class DecatonCollector:
     Args:
         source: returns the live partitions; called under `lock`.
         subscriptions: returns the subscriptions' stats by subscription id.
+        retired_series_s: how long a revoked partition's series are exported after its
+            revocation, unless it is assigned again.
+        clock: the time in seconds (monotonic); a test's own clock.
 
     Attributes:
         lock: held while a scrape copies the stats. Change what the source returns and call
@@ -225,29 +238,36 @@ class DecatonCollector:
         self,
         source: StatsSource,
         subscriptions: Callable[[], Iterable[tuple[str, SubscriptionStats]]] = tuple,
+        *,
+        retired_series_s: float = RETIRED_SERIES_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lock = threading.RLock()
         self._source = source
         self._subscriptions = subscriptions
-        self._retired: dict[PartitionLabels, PartitionStats] = {}
+        self._retired_series_s = retired_series_s
+        self._clock = clock
+        # A revoked partition's accumulated counts, and when it was last revoked.
+        self._retired: dict[PartitionLabels, tuple[PartitionStats, float]] = {}
         self._label_texts: dict[PartitionLabels, str] = {}
 
     def retire(self, labels: PartitionLabels, stats: PartitionStats) -> None:
         """Fold a revoked partition's counters and histograms into its retired accumulator.
 
         The partition's counter and histogram series keep exporting the accumulator (plus
-        the live stats if it is assigned again), so they never go backwards; its gauges are
-        exported only while it is live. Later updates to ``stats`` are not counted.
+        the live stats if it is assigned again), so they never go backwards, for
+        ``retired_series_s`` from now unless it is assigned again (then from its next
+        revocation); its gauges are exported only while it is live. Later updates to
+        ``stats`` are not counted.
 
         Args:
             labels: the partition's labels.
             stats: its stats, which the source must no longer return.
         """
         with self.lock:
-            acc = self._retired.get(labels)
-            if acc is None:
-                acc = self._retired[labels] = PartitionStats(starved=False)
+            acc, _ = self._retired.get(labels) or (PartitionStats(starved=False), 0.0)
             acc.merge_counters(stats)
+            self._retired[labels] = (acc, self._clock())
 
     def describe(self) -> Iterator[Metric]:
         """Yield the metric families without samples, so the registry knows their names."""
@@ -324,7 +344,12 @@ class DecatonCollector:
     def _snapshot(self) -> list[tuple[PartitionLabels, PartitionStats, bool]]:
         """Copy every partition's numbers (caller holds the lock); True marks live ones."""
         rows = {labels: (stats.snapshot(), True) for labels, stats in self._source()}
-        for labels, retired in self._retired.items():
+        expired_before = self._clock() - self._retired_series_s
+        for labels, (retired, revoked_at) in list(self._retired.items()):
+            if labels not in rows and revoked_at < expired_before:
+                del self._retired[labels]  # its series end
+                self._label_texts.pop(labels, None)
+                continue
             copy, live = rows.get(labels) or (PartitionStats(starved=False), False)
             copy.merge_counters(retired)
             rows[labels] = (copy, live)
@@ -507,7 +532,8 @@ class Metrics(MetricsEndpoint):
         return stats
 
     def retire_partition(self, subscription: str, topic: str, partition: int) -> None:
-        """Stop exporting a revoked partition's gauges; its counters keep their totals.
+        """Stop exporting a revoked partition's gauges; its counters keep their totals for
+        `RETIRED_SERIES_S` (see `DecatonCollector.retire()`).
 
         A partition that is not registered is ignored.
 

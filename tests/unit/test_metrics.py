@@ -336,6 +336,44 @@ def test_reassigned_partition_counters_stay_monotonic() -> None:
     assert value(metrics, "decaton_partition_tasks_pending", **P0) == 7
 
 
+def _processed(collector: DecatonCollector) -> dict[str, float]:
+    """The processed counter by partition, as a scrape of ``collector`` shows it."""
+    return {
+        s.labels["partition"]: s.value
+        for family in collector.collect()
+        if family.name == "decaton_tasks_processed"
+        for s in family.samples
+    }
+
+
+def test_a_revoked_partitions_series_end_after_the_retired_series_time() -> None:
+    """Kept for ``retired_series_s`` after the revocation, unless assigned again (then
+    from the next revocation); once ended, a later assignment starts again from zero."""
+    now = [0.0]
+    live: dict[PartitionLabels, PartitionStats] = {}
+    collector = DecatonCollector(lambda: live.items(), retired_series_s=600, clock=lambda: now[0])
+    a, b = PartitionLabels("s", "t", 0), PartitionLabels("s", "t", 1)
+    for labels, count in ((a, 3), (b, 5)):
+        live[labels] = PartitionStats()
+        live[labels].processed = count
+        collector.retire(labels, live.pop(labels))
+    now[0] = 300.0
+    live[b] = PartitionStats()  # b assigned again
+    live[b].processed = 1
+    now[0] = 599.0
+    assert _processed(collector) == {"0": 3.0, "1": 6.0}
+    now[0] = 601.0
+    assert _processed(collector) == {"1": 6.0}  # a's series ended; b is live
+    collector.retire(b, live.pop(b))
+    now[0] = 1200.0
+    assert _processed(collector) == {"1": 6.0}
+    now[0] = 1202.0
+    assert _processed(collector) == {}
+    live[a] = PartitionStats()  # a assigned again after its series ended
+    live[a].processed = 2
+    assert _processed(collector) == {"0": 2.0}
+
+
 def test_registering_a_live_partition_again_retires_the_old_stats() -> None:
     """A second registration without a revoke keeps the first one's counts."""
     metrics = Metrics(process_metrics=False)
