@@ -82,7 +82,7 @@ class Family:
         self.doc = doc
         self.kind = kind
         self.labels = tuple(labels)
-        if kind == "histogram" and min(labels, default="m") < "le":
+        if kind == "histogram" and any(label < "le" for label in self.labels):
             raise ValueError(f"{name}: a histogram's label names must sort after 'le'")
         text_name = self._sample_name = f"{name}_total" if kind == "counter" else name
         text_doc = doc.replace("\\", r"\\").replace("\n", r"\n")
