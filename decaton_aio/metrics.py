@@ -466,7 +466,10 @@ class Metrics(MetricsEndpoint):
         registry: the registry the endpoint and `render()` export: the runtime's collector
             first, then every collector registered in it (the process's metrics, a state
             store's, an application's own). The endpoint writes the runtime's families
-            itself, not through prometheus_client (`decaton_aio._exposition`).
+            itself, not through prometheus_client (`decaton_aio._exposition`); to serve
+            them from a server of your own, serve `page()`: prometheus_client's writers
+            given this registry read the runtime's families back from that page first,
+            about 20 times slower (300 ms for 96 partitions).
     """
 
     def __init__(self, *, process_metrics: bool = True) -> None:
