@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from decaton_aio._aiokafka import DefaultRecordBatch, DefaultRecordBatchBuilder, protocol_fetch
 from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch import FetchConfig, Fetcher, FetchSession
-from decaton_aio.consumer.fetch._decode import end_offset, read_records
+from decaton_aio.consumer.fetch._decode import fetch_end, read_records
 from decaton_aio.consumer.fetch._protocol import (
     FetchRequest,
     FetchRequestV11,
+    FetchRequestV12,
     FetchResponse,
+    FetchResponseV12,
     PartitionData,
 )
 from decaton_aio.consumer.fetch._session import FetchPlan
@@ -43,7 +45,10 @@ def batch(
     producer_id: int = -1,
     transactional: bool = False,
     headers: list[tuple[str, bytes | None]] | None = None,
+    epoch: int = 0,
 ) -> bytes:
+    """A version 2 record batch of ``values`` from offset ``base``, written by the leader
+    of ``epoch``."""
     builder = DefaultRecordBatchBuilder(
         2, codec, int(transactional), producer_id, 0 if producer_id >= 0 else -1, -1, 1 << 20
     )
@@ -51,16 +56,18 @@ def batch(
         builder.append(i, 1_700_000_000_000 + i, b"k", value, headers or [])
     data = bytearray(builder.build())
     struct.pack_into(">q", data, 0, base)  # the base offset is outside the checksum
+    struct.pack_into(">i", data, 12, epoch)  # and so is the partition leader epoch
     return bytes(data)
 
 
-def marker(offset: int, producer_id: int, *, abort: bool) -> bytes:
+def marker(offset: int, producer_id: int, *, abort: bool, epoch: int = 0) -> bytes:
     """A control batch of one transaction marker (its checksum left stale: read with
     ``check_crcs=False``)."""
     builder = DefaultRecordBatchBuilder(2, 0, 1, producer_id, 0, -1, 1 << 20)
     builder.append(0, 1_700_000_000_000, struct.pack(">hh", 0, 0 if abort else 1), b"", [])
     data = bytearray(builder.build())
     struct.pack_into(">q", data, 0, offset)
+    struct.pack_into(">i", data, 12, epoch)
     (attributes,) = struct.unpack_from(">h", data, 21)
     struct.pack_into(">h", data, 21, attributes | _CONTROL)
     return bytes(data)
@@ -148,25 +155,37 @@ def test_a_fetch_of_markers_only_moves_the_offset_on() -> None:
 def test_the_end_offset_from_the_headers_is_where_reading_ends(
     layout: list[tuple[str, int]], skip: int, cut: int, committed: bool
 ) -> None:
-    """`end_offset()` reads headers only; the fetch loop asks for the next records from
+    """`fetch_end()` reads headers only; the fetch loop asks for the next records from
     it before reading these, so it must be the offset `read_records()` ends at, whatever
-    the batches (records, markers, aborted transactions) and a cut tail."""
-    data, offset, aborted = b"", 0, []
+    the batches (records, markers, aborted transactions) and a cut tail; and the epoch it
+    gives is the last whole batch's."""
+    data, offset, aborted, epochs = b"", 0, [], []
     for kind, size in layout:
+        epoch = 3 + len(epochs)
         if kind == "records":
-            data += batch(offset, [b"v"] * size, producer_id=7, transactional=True)
+            data += batch(offset, [b"v"] * size, producer_id=7, transactional=True, epoch=epoch)
             offset += size
         else:
             if kind == "abort":
                 aborted.append((7, offset))
-            data += marker(offset, 7, abort=kind == "abort")
+            data += marker(offset, 7, abort=kind == "abort", epoch=epoch)
             offset += 1
+        epochs.append((len(data), epoch))
     data = data[: max(0, len(data) - cut)]
     fetch_offset = min(skip, offset)
     _, read_to = read_records(
         data, fetch_offset, aborted, read_committed=committed, check_crcs=False
     )
-    assert end_offset(data, fetch_offset) == read_to
+    whole = [epoch for end, epoch in epochs if end <= len(data)]
+    assert fetch_end(data, fetch_offset, -7) == (read_to, whole[-1] if whole else -7)
+
+
+def test_a_batch_shorter_than_its_header_is_refused() -> None:
+    short = bytearray(batch(0, [b"a"]))
+    struct.pack_into(">i", short, 8, 40)  # a version 2 header needs 49 bytes after it
+    with pytest.raises(CorruptRecordException):
+        fetch_end(bytes(short[:52]), 0, -1)
+    assert fetch_end(bytes(short[:51]), 0, -1) == (0, -1)  # not whole yet: no batch
 
 
 def test_a_corrupt_batch_is_refused() -> None:
@@ -206,9 +225,9 @@ def test_the_response_is_read_as_aiokafka_writes_it() -> None:
 def test_the_request_carries_the_plan_of_its_session() -> None:
     session = FetchSession(1)
     a0, a1, b0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
-    plan = session.plan({a0: (1, 100), a1: (2, 100), b0: (3, 100)})
+    plan = session.plan({a0: (1, 100, 0), a1: (2, 100, 0), b0: (3, 100, 0)})
     session.answered(plan, 0, 5, [])
-    plan = session.plan({a0: (4, 100), a1: (2, 100)})
+    plan = session.plan({a0: (4, 100, 6), a1: (2, 100, 0)})
     built = FetchRequest(plan, 500, 1, 1000, 1, "rack").build(FetchRequestV11)
     fields = built.to_object()
     assert fields["session_id"] == 5
@@ -232,6 +251,117 @@ def test_the_request_carries_the_plan_of_its_session() -> None:
     assert FetchRequestV11.decode(built.encode()).to_object() == fields
 
 
+def test_version_12_carries_each_partitions_last_fetched_epoch() -> None:
+    session = FetchSession(1)
+    a0, b0 = TopicPartition("a", 0), TopicPartition("b", 0)
+    plan = session.plan({a0: (4, 100, 6), b0: (3, 100, -1)})
+    request = FetchRequest(plan, 500, 1, 1000, 0)
+    assert isinstance(request.prepare({1: (4, 17)}), FetchRequestV12)  # the newest both know
+    assert isinstance(request.prepare({1: (4, 11)}), FetchRequestV11)
+    built = request.build(FetchRequestV12)
+    fields = FetchRequestV12.decode(built.encode()).to_object()
+    assert [(t["topic"], t["partitions"]) for t in fields["topics"]] == [
+        (
+            topic,
+            [
+                {
+                    "partition": 0,
+                    "current_leader_epoch": -1,
+                    "fetch_offset": offset,
+                    "last_fetched_epoch": epoch,
+                    "log_start_offset": -1,
+                    "partition_max_bytes": 100,
+                    "tags": {},
+                }
+            ],
+        )
+        for topic, offset, epoch in (("a", 4, 6), ("b", 3, -1))
+    ]
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _compact(raw: bytes | None) -> bytes:
+    return _uvarint(0) if raw is None else _uvarint(len(raw) + 1) + raw
+
+
+def _tags(*fields: tuple[int, bytes]) -> bytes:
+    return _uvarint(len(fields)) + b"".join(
+        _uvarint(tag) + _uvarint(len(raw)) + raw for tag, raw in fields
+    )
+
+
+def _partition_v12(
+    index: int,
+    error: int,
+    aborted: list[tuple[int, int]] | None,
+    records: bytes | None,
+    *tags: tuple[int, bytes],
+) -> bytes:
+    head = struct.pack(">ihqqq", index, error, 10, 9, 0)
+    if aborted is None:
+        listed = _uvarint(0)
+    else:
+        listed = _uvarint(len(aborted) + 1) + b"".join(
+            struct.pack(">qq", *a) + _tags() for a in aborted
+        )
+    return head + listed + struct.pack(">i", -1) + _compact(records) + _tags(*tags)
+
+
+def test_a_version_12_response_is_read_with_its_diverging_epochs() -> None:
+    """Written field by field as Kafka's message schema has it (compact arrays and strings,
+    tagged fields after each structure), not with the reader's own code."""
+    records = batch(0, [b"a"])
+    long_topic = "t" * 150  # its length takes a varint of two bytes
+    diverging = (0, struct.pack(">iq", 4, 17) + _tags())
+    current_leader = (1, struct.pack(">ii", 2, 5) + _tags())
+    unknown = (9, bytes(200))  # a tag this reader does not know, of two-byte size
+    topics = [
+        (
+            long_topic,
+            [
+                _partition_v12(0, 0, [(7, 3)], records, unknown),
+                _partition_v12(1, 0, None, None, diverging, current_leader),
+            ],
+        ),
+        ("u", [_partition_v12(2, 6, [], b"")]),
+    ]
+    body = struct.pack(">ihi", 7, 0, 99) + _uvarint(len(topics) + 1)
+    for topic, partitions in topics:
+        body += _compact(topic.encode()) + _uvarint(len(partitions) + 1)
+        body += b"".join(partitions) + _tags()
+    body += _tags()
+    response = FetchResponseV12.decode(body)
+    assert (response.throttle_time_ms, response.error_code, response.session_id) == (7, 0, 99)
+    first, second, third = response.partitions
+    assert (first.tp, first.aborted, first.records, first.diverging) == (
+        TopicPartition(long_topic, 0),
+        [(7, 3)],
+        records,
+        None,
+    )
+    assert (first.highwater, first.last_stable_offset, first.preferred_read_replica) == (10, 9, -1)
+    assert (second.tp, second.aborted, second.records, second.diverging) == (
+        TopicPartition(long_topic, 1),
+        None,
+        b"",
+        (4, 17),
+    )
+    assert (third.tp, third.error_code, third.aborted, third.diverging) == (
+        TopicPartition("u", 2),
+        6,
+        [],
+        None,
+    )
+
+
 class _Client:
     """What an unstarted fetcher asks of its client."""
 
@@ -250,7 +380,7 @@ async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() 
     bad = bytearray(batch(2, [b"c"]))
     bad[-1] ^= 0xFF
     for asked, raw in ((0, batch(0, [b"a", b"b"])), (2, bytes(bad))):
-        fetch = {tp: (asked, 1 << 20)}
+        fetch = {tp: (asked, 1 << 20, -1)}
         plan = FetchPlan(1, 1, False, fetch, (), fetch)
         fetcher._take(1, plan, [PartitionData(tp, 0, 3, -1, 0, None, raw)])
     assert values((await fetcher.getmany())[tp]) == [b"a", b"b"]
@@ -258,7 +388,7 @@ async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() 
         await fetcher.getmany()
     assert fetcher.position(tp) == 2
     # Fetched again from there: a response to a request from offset 2 is taken.
-    fetch = {tp: (2, 1 << 20)}
+    fetch = {tp: (2, 1 << 20, -1)}
     again = [PartitionData(tp, 0, 3, -1, 0, None, batch(2, [b"c"]))]
     fetcher._take(1, FetchPlan(1, 2, False, fetch, (), fetch), again)
     assert values((await fetcher.getmany())[tp]) == [b"c"]

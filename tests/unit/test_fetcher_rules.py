@@ -8,7 +8,9 @@ until it fails; a broker's unknown error is fetched again; a partition's error h
 other partition of its broker back; a batch whose header cannot
 be read is raised after the records before it; a partition that moves to another leader
 starts no session over; a failed metadata update is forced again while a partition waits
-for its leader."""
+for its leader. Each request names the epoch of the last batch fetched; a leader whose log
+parts from it has the records from there fetched again (or, under the reset policy
+``none``, raises `LogTruncationError` where records past it were handed out)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import CorruptRecordException, KafkaConnectionError, OffsetOutOfRangeError
 
-from decaton_aio.consumer.fetch import FetchConfig, Fetcher
+from decaton_aio.consumer.fetch import FetchConfig, Fetcher, LogTruncationError
 from decaton_aio.consumer.fetch._fetcher import READ_REPLICA_LEASE_S, _Partition
 from decaton_aio.consumer.fetch._protocol import FetchRequest, FetchResponse, PartitionData
 from tests.unit.test_fetch_decode import batch, values
@@ -29,6 +31,7 @@ from tests.unit.test_fetch_decode import batch, values
 TP = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 NOT_LEADER = 6
+MB = 1 << 20
 
 
 class _Cluster:
@@ -86,17 +89,24 @@ class _Client:
 
 async def answer(
     client: _Client, *parts: PartitionData, node: int = 1
-) -> dict[TopicPartition, tuple[int, int]]:
+) -> dict[TopicPartition, tuple[int, int, int]]:
     """Answer the next request, which must go to ``node``, with ``parts``; what it asked
-    for (partition -> (offset, max bytes))."""
+    for (partition -> (offset, max bytes, last fetched epoch))."""
     node_id, request, reply = await client.request()
     assert node_id == node
     reply.set_result(FetchResponse(0, 0, 0, list(parts)))
     return dict(request.plan.wanted)
 
 
-def data(tp: TopicPartition, raw: bytes = b"", *, code: int = 0, replica: int = -1) -> Any:
-    return PartitionData(tp, code, 100, -1, 0, None, raw, replica)
+def data(
+    tp: TopicPartition,
+    raw: bytes = b"",
+    *,
+    code: int = 0,
+    replica: int = -1,
+    diverging: tuple[int, int] | None = None,
+) -> Any:
+    return PartitionData(tp, code, 100, -1, 0, None, raw, replica, diverging)
 
 
 @pytest.fixture
@@ -164,10 +174,10 @@ async def test_a_batch_larger_than_the_bytes_asked_for_is_asked_for_with_more(
     fetcher.assign(TP, 0)
     raw = batch(0, [b"x" * 300])
     assert len(raw) > 200
-    assert (await answer(client, data(TP, raw[:100])))[TP] == (0, 100)
-    assert (await answer(client, data(TP, raw[:200])))[TP] == (0, 200)
-    assert (await answer(client, data(TP, raw)))[TP] == (0, 400)
-    assert (await answer(client, data(TP)))[TP] == (1, 100)  # back to the setting
+    assert (await answer(client, data(TP, raw[:100])))[TP] == (0, 100, -1)
+    assert (await answer(client, data(TP, raw[:200])))[TP] == (0, 200, -1)
+    assert (await answer(client, data(TP, raw)))[TP] == (0, 400, -1)
+    assert (await answer(client, data(TP)))[TP] == (1, 100, 0)  # back to the setting
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"x" * 300]
     await fetcher.stop()
 
@@ -178,10 +188,12 @@ async def test_a_read_replica_named_by_the_leader_is_fetched_until_it_fails(
     fetcher = await started(client, rack_id="zone-b")
     fetcher.assign(TP, 0)
     await answer(client, data(TP, replica=2))  # the leader names broker 2
-    assert await answer(client, data(TP, batch(0, [b"a"])), node=2) == {TP: (0, 1 << 20)}
+    assert await answer(client, data(TP, batch(0, [b"a"], epoch=4)), node=2) == {TP: (0, MB, -1)}
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a"]
-    await answer(client, data(TP, code=NOT_LEADER), node=2)  # no longer in sync
-    assert await answer(client, data(TP, batch(1, [b"b"]))) == {TP: (1, 1 << 20)}
+    # No last fetched epoch to a replica (whose log may lag behind the records fetched)...
+    assert await answer(client, data(TP, code=NOT_LEADER), node=2) == {TP: (1, MB, -1)}
+    # ...but to the leader.
+    assert await answer(client, data(TP, batch(1, [b"b"]))) == {TP: (1, MB, 4)}
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"b"]
     await fetcher.stop()
 
@@ -270,4 +282,71 @@ async def test_a_failed_metadata_update_is_forced_again_while_a_leader_is_missin
     fetcher = await started(leaderless)
     fetcher.assign(TP, 0)
     await asyncio.wait_for(leaderless.updated_twice.wait(), 5)
+    await fetcher.stop()
+
+
+async def test_each_request_names_the_epoch_of_the_last_batch_fetched(client: _Client) -> None:
+    fetcher = await started(client)
+    fetcher.assign(TP, 0)
+    two = batch(0, [b"a"], epoch=3) + batch(1, [b"b"], epoch=5)
+    assert (await answer(client, data(TP, two)))[TP] == (0, MB, -1)  # none fetched yet
+    assert (await answer(client, data(TP)))[TP] == (2, MB, 5)
+    fetcher.seek(TP, 1)  # unknown again: the next request names none
+    assert (await answer(client, data(TP)))[TP] == (1, MB, -1)
+    await fetcher.stop()
+
+
+@pytest.mark.parametrize("policy", ["earliest", "none"])
+async def test_records_handed_out_that_the_leader_lost_are_fetched_again_from_where_its_log_parts(
+    client: _Client, policy: str
+) -> None:
+    fetcher = await started(client, auto_offset_reset=policy)
+    fetcher.assign(TP, 0)
+    await answer(client, data(TP, batch(0, [b"a", b"b", b"c", b"d"], epoch=1)))
+    assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a", b"b", b"c", b"d"]
+    # A leader of epoch 2 elected with a and b only: epoch 1 ends at offset 2 in its log.
+    assert (await answer(client, data(TP, diverging=(1, 2))))[TP] == (4, MB, 1)
+    if policy == "none":
+        with pytest.raises(LogTruncationError) as raised:
+            await fetcher.getmany(timeout_ms=5000)
+        assert raised.value.args[0] == {TP: 2}
+    else:
+        assert (await answer(client, data(TP, batch(2, [b"x"], epoch=2))))[TP] == (2, MB, 1)
+        assert fetcher.position(TP) == 2  # moved back: the runtime starts the partition again
+        assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"x"]
+    assert fetcher.counters.truncations == 1
+    await fetcher.stop()
+
+
+async def test_records_fetched_past_where_the_leaders_log_parts_are_dropped_before_handed_out(
+    client: _Client,
+) -> None:
+    fetcher = await started(client)
+    fetcher.assign(TP, 0)
+    await answer(client, data(TP, batch(0, [b"a", b"b", b"c"], epoch=1)))  # not taken yet
+    await answer(client, data(TP, diverging=(1, 1)))  # the leader holds a only
+    again = batch(0, [b"a"], epoch=1) + batch(1, [b"y"], epoch=2)
+    assert (await answer(client, data(TP, again)))[TP] == (0, MB, 1)  # its position, 0
+    got: list[bytes | None] = []
+    while len(got) < 2:
+        got.extend(values((await fetcher.getmany(timeout_ms=5000))[TP]))
+    assert got == [b"a", b"y"]
+    assert fetcher.position(TP) == 2
+    await fetcher.stop()
+
+
+async def test_a_leader_holding_every_record_fetched_goes_on_under_its_own_epoch(
+    client: _Client,
+) -> None:
+    fetcher = await started(client)
+    fetcher.assign(TP, 0)
+    await answer(client, data(TP, batch(0, [b"a"], epoch=5)))
+    # The leader has no epoch 5; its epoch 4 ends past the fetch offset: nothing lost.
+    assert (await answer(client, data(TP, diverging=(4, 7))))[TP] == (1, MB, 5)
+    assert (await answer(client, data(TP, batch(1, [b"b"], epoch=6))))[TP] == (1, MB, 4)
+    got: list[bytes | None] = []
+    while len(got) < 2:
+        got.extend(values((await fetcher.getmany(timeout_ms=5000))[TP]))
+    assert got == [b"a", b"b"]
+    assert fetcher.counters.truncations == 0
     await fetcher.stop()

@@ -6,7 +6,14 @@ straight into the runtime's `TaskRecord` (see
 from __future__ import annotations
 
 from decaton_aio.consumer.fetch._config import FetchConfig, FetchCounters
-from decaton_aio.consumer.fetch._fetcher import Fetcher
+from decaton_aio.consumer.fetch._fetcher import Fetcher, LogTruncationError
 from decaton_aio.consumer.fetch._session import FetchPlan, FetchSession
 
-__all__ = ["FetchConfig", "FetchCounters", "FetchPlan", "FetchSession", "Fetcher"]
+__all__ = [
+    "FetchConfig",
+    "FetchCounters",
+    "FetchPlan",
+    "FetchSession",
+    "Fetcher",
+    "LogTruncationError",
+]

@@ -101,6 +101,8 @@ class FetchCounters:
         throttled_ms: time the brokers asked the loop to wait.
         offset_resets: partitions placed by the reset policy.
         errors: requests that failed, partitions answered with an error.
+        truncations: times a leader's log parted from records fetched before (a leader
+            elected without them): the partition fetched again from where they part.
     """
 
     cycles: int = 0
@@ -115,3 +117,4 @@ class FetchCounters:
     throttled_ms: int = 0
     offset_resets: int = 0
     errors: int = 0
+    truncations: int = 0

@@ -11,8 +11,9 @@ every format and codec; each record it yields becomes a `TaskRecord` at once
   transactional batches are skipped until its abort marker.
 
 What is read here is pure: bytes and the aborted list in, records and the next fetch
-offset out. `end_offset()` gives that offset from the batches' headers alone, so the
-fetch loop can ask for what follows before it reads the records.
+offset out. `fetch_end()` gives that offset from the batches' headers alone, so the
+fetch loop can ask for what follows before it reads the records, with the leader epoch
+of the last batch (what the next request names as its last fetched epoch).
 """
 
 from __future__ import annotations
@@ -25,11 +26,20 @@ from aiokafka.errors import CorruptRecordException
 from decaton_aio._aiokafka import MemoryRecords
 from decaton_aio.consumer._records import TaskRecord, task_record
 
-__all__ = ["ABORT_MARKER", "end_offset", "read_records"]
+__all__ = ["ABORT_MARKER", "fetch_end", "read_records"]
 
 #: The type of a control record whose transaction was aborted (its key: version, type).
 ABORT_MARKER: Final = 0
 _CONTROL_KEY = struct.Struct(">hh")
+# A batch's header as far as fetch_end() reads it: base offset and length, the magic, and
+# from a version 2 batch's partition leader epoch (after the length) to its last offset
+# delta (skipping magic, checksum and attributes).
+_BATCH_HEAD = struct.Struct(">qi")
+_EPOCH_DELTA = struct.Struct(">i1x4x2xi")
+_LOG_OVERHEAD: Final = 12  # base offset and length
+_MAGIC_AT: Final = 16
+_MIN_BATCH: Final = 26  # the smallest legacy message
+_MIN_BATCH_V2: Final = 61  # a version 2 batch's header
 
 
 def _is_abort(batch: Any) -> bool:
@@ -41,19 +51,37 @@ def _is_abort(batch: Any) -> bool:
     return False
 
 
-def end_offset(data: bytes, fetch_offset: int) -> int:
-    """The offset to fetch after ``data`` (from ``fetch_offset``): past its last complete
-    batch, as `read_records()` returns it, read from the batches' headers only."""
+def fetch_end(data: bytes, fetch_offset: int, epoch: int) -> tuple[int, int]:
+    """The offset to fetch after ``data`` (fetched from ``fetch_offset``), past its last
+    complete batch as `read_records()` returns it, and that batch's partition leader epoch
+    (-1 for a legacy batch; ``epoch`` as given when ``data`` holds no complete batch),
+    read from the batches' headers only.
+
+    Raises:
+        CorruptRecordException: a batch is shorter than its header.
+    """
     next_offset = fetch_offset
-    if not data:
-        return next_offset
-    batches = MemoryRecords(data)
-    while batches.has_next():
-        batch = batches.next_batch()
-        if batch is None:
-            break
-        next_offset = max(next_offset, batch.next_offset)
-    return next_offset
+    size = len(data)
+    pos = 0
+    unpack_head, unpack_epoch_delta = _BATCH_HEAD.unpack_from, _EPOCH_DELTA.unpack_from
+    while size - pos >= _LOG_OVERHEAD:
+        base, length = unpack_head(data, pos)
+        end = pos + _LOG_OVERHEAD + length
+        if end > size:
+            break  # the start of a batch larger than the bytes asked for
+        magic = data[pos + _MAGIC_AT] if length >= _MIN_BATCH - _LOG_OVERHEAD else -1
+        if length < (_MIN_BATCH_V2 if magic >= 2 else _MIN_BATCH) - _LOG_OVERHEAD:
+            raise CorruptRecordException(
+                f"a record batch at offset {base} is shorter than its header ({length} bytes)"
+            )
+        if magic >= 2:
+            epoch, delta = unpack_epoch_delta(data, pos + _LOG_OVERHEAD)
+            next_offset = max(next_offset, base + delta + 1)
+        else:
+            next_offset = max(next_offset, base + 1)  # a legacy wrapper's is its last
+            epoch = -1
+        pos = end
+    return next_offset, epoch
 
 
 def read_records(

@@ -5,7 +5,7 @@ Each broker that leads an assigned partition gets a routine (`_node_routine()`) 
 request in flight: it plans the request of its session (`FetchSession`) from the
 partitions it leads that are fetchable (assigned, not paused, placed, not in error),
 sends it, keeps each partition's bytes up to the end of their last complete batch
-(`end_offset()`), and sends the next at once, unless the bytes waiting for `getmany()`
+(`fetch_end()`), and sends the next at once, unless the bytes waiting for `getmany()`
 are over ``max_buffered_bytes`` (a paused partition's not counted) or the broker asked
 for a pause (throttling). The bytes are read into `TaskRecord` lists (`read_records()`)
 when `getmany()` first takes them. A partition's fetch offset moves when its bytes
@@ -16,6 +16,16 @@ larger than the bytes asked for) has the partition asked for twice as many bytes
 ``max_bytes``, until the batch comes whole. A leader that names a read replica of the
 consumer's rack (``rack_id``, KIP-392) has the partition fetched from that replica for
 `READ_REPLICA_LEASE_S`, or until the replica answers with an error or cannot be reached.
+
+Each request names, with a partition's fetch offset, the leader epoch of the last batch
+fetched before it (Fetch version 12 on; none after a seek or a reset, and none to a read
+replica). A leader whose log parts from that history answers with the epoch and end
+offset where they part (a leader elected without records the loop had fetched: an unclean
+election); below the fetch offset, the records from that end offset on are not the
+leader's any more: what was fetched from there is dropped, and the partition is fetched
+again from there, its position moved back when records past it were handed out already
+(under the reset policy ``none``, that raises `LogTruncationError` instead). At or past the
+fetch offset, nothing fetched is lost and the partition goes on with the leader's epoch.
 
 Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
 (ListOffsets, `_reset_routine()`) once the records fetched before that offset are taken;
@@ -53,19 +63,20 @@ from aiokafka.errors import (
 
 from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch._config import FetchConfig, FetchCounters
-from decaton_aio.consumer.fetch._decode import end_offset, read_records
+from decaton_aio.consumer.fetch._decode import fetch_end, read_records
 from decaton_aio.consumer.fetch._protocol import (
     EARLIEST,
     LATEST,
+    NO_EPOCH,
     FetchRequest,
     FetchResponse,
     PartitionData,
     list_offsets_request,
     read_list_offsets,
 )
-from decaton_aio.consumer.fetch._session import FetchPlan, FetchSession
+from decaton_aio.consumer.fetch._session import FetchPlan, FetchSession, PartitionFetch
 
-__all__ = ["Fetcher"]
+__all__ = ["Fetcher", "LogTruncationError"]
 
 log = structlog.get_logger("decaton_aio.consumer.fetch")
 
@@ -79,6 +90,12 @@ READ_REPLICA_LEASE_S: Final = 300.0
 _CLOSE_TIMEOUT_S: Final = 1.0
 #: Partition errors that say the broker asked is not (or no longer) the leader.
 LEADER_ERRORS: Final = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100})
+
+
+class LogTruncationError(OffsetOutOfRangeError):  # type: ignore[misc]
+    """A partition's leader no longer holds records the consumer handed out (it was elected
+    without them), and the reset policy is ``none``. ``args[0]``: the partition and the
+    offset where the leader's log parts from them; `Fetcher.seek()` goes on."""
 
 
 class _Chunk:
@@ -113,6 +130,7 @@ class _Partition:
         "backing_off",
         "chunks",
         "error",
+        "fetch_epoch",
         "fetch_offset",
         "highwater",
         "last_stable_offset",
@@ -133,6 +151,8 @@ class _Partition:
         self.tp = tp
         self.position = offset
         self.fetch_offset = offset
+        # The partition leader epoch of the last batch fetched before fetch_offset.
+        self.fetch_epoch = NO_EPOCH
         self.paused = False
         self.resetting = offset is None
         self.leader: int | None = None
@@ -308,6 +328,7 @@ class Fetcher:
         part = self._partitions[tp]
         self._drop_chunks(part)
         part.position = part.fetch_offset = offset
+        part.fetch_epoch = NO_EPOCH
         part.resetting = False
         part.error = None
         part.out_of_range_at = None
@@ -472,6 +493,7 @@ class Fetcher:
                         freed += part.buffered
                         chunks.clear()
                         part.fetch_offset = chunk.asked
+                        part.fetch_epoch = NO_EPOCH
                         part.out_of_range_at = None
                         break
                 if budget < 0 or len(records) <= budget:
@@ -598,11 +620,17 @@ class Fetcher:
         task.add_done_callback(self._routine_ended)
         self._routines[node_id] = task
 
-    def _wanted(self, node_id: int) -> dict[TopicPartition, tuple[int, int]]:
+    def _wanted(self, node_id: int) -> dict[TopicPartition, PartitionFetch]:
+        # The last fetched epoch goes to the leader only: a read replica's log may lag
+        # behind the records fetched, which it would take for a divergence.
         max_bytes = self.config.max_partition_bytes
         now = time.monotonic()
         return {
-            tp: (part.fetch_offset, part.max_bytes or max_bytes)  # type: ignore[misc]
+            tp: (
+                part.fetch_offset,  # type: ignore[misc]
+                part.max_bytes or max_bytes,
+                part.fetch_epoch if node_id == part.leader else NO_EPOCH,
+            )
             for tp, part in self._partitions.items()
             if part.fetchable and part.source(now) == node_id
         }
@@ -709,12 +737,15 @@ class Fetcher:
             if replica >= 0 and replica != node_id:
                 self._read_from(part, replica)
                 continue
+            if data.diverging is not None:
+                self._diverged(part, asked, *data.diverging)
+                continue
             raw = data.records
             if not raw:
                 continue
             counters.bytes += len(raw)
             try:
-                next_offset = end_offset(raw, asked)
+                next_offset, epoch = fetch_end(raw, asked, part.fetch_epoch)
             except KafkaError as exc:
                 # Raised by getmany() once the records before it are taken (_drain);
                 # the partition is not fetched meanwhile (its error is set, not yet in
@@ -728,6 +759,7 @@ class Fetcher:
                 part.max_bytes = 0
                 chunk = _Chunk(raw, asked, data.aborted, next_offset)
                 part.fetch_offset = next_offset
+                part.fetch_epoch = epoch
             part.chunks.append(chunk)
             if not part.paused:
                 self._buffered_bytes += len(raw)
@@ -782,6 +814,37 @@ class Fetcher:
         if part.replica is not None:
             part.replica = None
             self._pulse()
+
+    def _diverged(self, part: _Partition, offset: int, epoch: int, end: int) -> None:
+        # The leader's log parts from the partition's last fetched epoch at `end`, the end
+        # of the leader's `epoch` (the epoch's own or an older one).
+        if end >= offset:
+            # What was fetched is the leader's too: go on under the leader's epoch.
+            part.fetch_epoch = epoch
+            self._pulse()
+            return
+        self._counters.truncations += 1
+        tp = part.tp
+        position = part.position if part.position is not None else offset
+        self._drop_chunks(part)
+        if position > end and self.config.auto_offset_reset == "none":
+            part.error = LogTruncationError({tp: end})
+            self._errored.add(tp)
+            self._ready.set()
+            self._ready.clear()
+            return
+        log.warning(
+            "the partition's leader does not hold records fetched before: fetching again "
+            "from where its log parts from them",
+            partition=f"{tp.topic}-{tp.partition}",
+            offset=end,
+            handed_out_past_it=max(0, position - end),
+        )
+        part.fetch_offset = min(position, end)
+        part.position = part.fetch_offset
+        part.fetch_epoch = epoch
+        part.out_of_range_at = None
+        self._pulse()
 
     # -------------------------------------------------------------------- resets
 
@@ -862,6 +925,7 @@ class Fetcher:
                     self._lost_leader(part)
                 continue
             part.position = part.fetch_offset = offset
+            part.fetch_epoch = NO_EPOCH
             part.resetting = False
             self._counters.offset_resets += 1
         self._pulse()

@@ -1,12 +1,20 @@
-"""The fetch loop's requests on the wire: Fetch version 11 with its session fields, its
-response read in one pass, and ListOffsets for the reset policy.
+"""The fetch loop's requests on the wire: Fetch versions 11 and 12 with their session
+fields, their responses read in one pass, and ListOffsets for the reset policy.
 
 Fetch 11 is the newest version aiokafka's protocol types describe, and it has what the
-loop needs: fetch sessions (from version 7), ``read_committed`` (aborted transactions in
-the response), the current leader epoch per partition (from 9) and the rack (11). The
-request is aiokafka's schema; the response is read here with `struct` over the bytes of
-the frame rather than through aiokafka's generic schema decoder: one pass, no tuple per
-field, and each partition's records kept as the bytes the batch reader takes.
+loop needs but one thing: fetch sessions (from version 7), ``read_committed`` (aborted
+transactions in the response), the current leader epoch per partition (from 9) and the
+rack (11). Version 12, the first flexible one (compact strings and arrays, tagged fields),
+adds each partition's last fetched epoch: the leader epoch of the last record batch the
+client read. The leader checks it against its own log and, where the log diverged from
+what the client read (a leader elected without the records the client had fetched), answers
+with the epoch and end offset where its log and the client's history part
+(``diverging``) instead of records. Version 12 is sent to a broker that serves it
+(aiokafka's connection picks the highest version both sides know), version 11 otherwise.
+The request is built on aiokafka's schema types; the responses are read here with `struct`
+over the bytes of the frame rather than through aiokafka's generic schema decoder: one
+pass, no tuple per field, and each partition's records kept as the bytes the batch reader
+takes.
 """
 
 from __future__ import annotations
@@ -18,14 +26,33 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
-from decaton_aio._aiokafka import Request, RequestStruct, Response, protocol_fetch, protocol_offset
+from decaton_aio._aiokafka import (
+    CompactArray,
+    CompactBytes,
+    CompactString,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Request,
+    RequestStruct,
+    Response,
+    Schema,
+    TaggedFields,
+    protocol_fetch,
+    protocol_offset,
+)
 from decaton_aio.consumer.fetch._session import FetchPlan
 
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "NO_EPOCH",
     "FetchRequest",
+    "FetchRequestV11",
+    "FetchRequestV12",
     "FetchResponse",
+    "FetchResponseV12",
     "PartitionData",
     "list_offsets_request",
     "read_list_offsets",
@@ -34,6 +61,8 @@ __all__ = [
 #: ListOffsets timestamps of the reset policy.
 EARLIEST: Final = -2
 LATEST: Final = -1
+#: No leader epoch: the broker checks none.
+NO_EPOCH: Final = -1
 
 _HEAD = struct.Struct(">ihii")  # throttle_time_ms, error_code, session_id, topic count
 _PARTITION = struct.Struct(">ihqqqi")  # partition, error, hw, lso, log start, aborted count
@@ -41,6 +70,12 @@ _ABORTED = struct.Struct(">qq")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I32I32 = struct.Struct(">ii")
+# flexible versions (12)
+_HEAD12 = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
+_PARTITION12 = struct.Struct(">ihqqq")  # partition, error, hw, lso, log start
+_EPOCH_END = struct.Struct(">iq")  # the diverging epoch's epoch and end offset
+#: The tag of a partition's diverging epoch in a version 12 response.
+_DIVERGING_EPOCH_TAG: Final = 0
 
 
 class PartitionData:
@@ -57,10 +92,14 @@ class PartitionData:
         preferred_read_replica: the replica the leader asks the client to fetch the
             partition from instead (KIP-392; -1: the leader itself). Its records are
             then empty.
+        diverging: ``(epoch, end offset)`` where the leader's log parts from the last
+            fetched epoch the request named (version 12 on), or None. Its records are
+            then empty.
     """
 
     __slots__ = (
         "aborted",
+        "diverging",
         "error_code",
         "highwater",
         "last_stable_offset",
@@ -80,6 +119,7 @@ class PartitionData:
         aborted: list[tuple[int, int]] | None,
         records: bytes,
         preferred_read_replica: int = -1,
+        diverging: tuple[int, int] | None = None,
     ) -> None:
         self.tp = tp
         self.error_code = error_code
@@ -89,6 +129,7 @@ class PartitionData:
         self.aborted = aborted
         self.records = records
         self.preferred_read_replica = preferred_read_replica
+        self.diverging = diverging
 
     def __repr__(self) -> str:
         return (
@@ -183,6 +224,141 @@ class FetchResponse(Response):  # type: ignore[misc]
         )
 
 
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint at ``pos`` and the position after it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise ValueError("an unsigned varint longer than 5 bytes")
+
+
+def _diverging(buf: bytes, pos: int) -> tuple[tuple[int, int] | None, int]:
+    """A partition's tagged fields at ``pos``: its diverging epoch (None without one) and
+    the position after them."""
+    diverging = None
+    count, pos = _uvarint(buf, pos)
+    for _ in range(count):
+        tag, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        if tag == _DIVERGING_EPOCH_TAG:
+            diverging = _EPOCH_END.unpack_from(buf, pos)
+        pos += size
+    return diverging, pos
+
+
+def _skip_tags(buf: bytes, pos: int) -> int:
+    count, pos = _uvarint(buf, pos)
+    for _ in range(count):
+        _, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        pos += size
+    return pos
+
+
+class FetchResponseV12(FetchResponse):
+    """A fetch response of version 12 (flexible), read by `decode()`; each partition's
+    diverging epoch (tag 0) is read, its other tagged fields skipped."""
+
+    API_VERSION = 12
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        ("session_id", Int32),
+        (
+            "responses",
+            CompactArray(
+                ("topic", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition_index", Int32),
+                        ("error_code", Int16),
+                        ("high_watermark", Int64),
+                        ("last_stable_offset", Int64),
+                        ("log_start_offset", Int64),
+                        (
+                            "aborted_transactions",
+                            CompactArray(
+                                ("producer_id", Int64),
+                                ("first_offset", Int64),
+                                ("tags", TaggedFields),
+                            ),
+                        ),
+                        ("preferred_read_replica", Int32),
+                        ("records", CompactBytes),
+                        # tag 0: the diverging epoch (epoch Int32, end offset Int64, tags)
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+    @classmethod
+    def decode(cls, data: BytesIO | bytes) -> FetchResponseV12:
+        """Read a response body (after its header)."""
+        if isinstance(data, BytesIO):
+            buf = data.getvalue()
+            pos = data.tell()
+        else:
+            buf, pos = data, 0
+        throttle, error, session_id = _HEAD12.unpack_from(buf, pos)
+        pos += _HEAD12.size
+        partitions: list[PartitionData] = []
+        unpack_partition, unpack_aborted = _PARTITION12.unpack_from, _ABORTED.unpack_from
+        unpack_i32 = _I32.unpack_from
+        topics, pos = _uvarint(buf, pos)
+        for _ in range(topics - 1):
+            length, pos = _uvarint(buf, pos)
+            topic = buf[pos : pos + length - 1].decode("utf-8")
+            pos += length - 1
+            count, pos = _uvarint(buf, pos)
+            for _ in range(count - 1):
+                partition, code, high, stable, start = unpack_partition(buf, pos)
+                pos += _PARTITION12.size
+                n_aborted, pos = _uvarint(buf, pos)
+                aborted: list[tuple[int, int]] | None = None
+                if n_aborted:
+                    aborted = []
+                    for _ in range(n_aborted - 1):
+                        aborted.append(unpack_aborted(buf, pos))
+                        pos = _skip_tags(buf, pos + 16)
+                (replica,) = unpack_i32(buf, pos)
+                size, pos = _uvarint(buf, pos + 4)
+                records = b""
+                if size > 1:
+                    records = buf[pos : pos + size - 1]
+                    pos += size - 1
+                diverging = None
+                if buf[pos]:
+                    diverging, pos = _diverging(buf, pos)
+                else:
+                    pos += 1
+                partitions.append(
+                    PartitionData(
+                        TopicPartition(topic, partition),
+                        code,
+                        high,
+                        stable,
+                        start,
+                        aborted,
+                        records,
+                        replica,
+                        diverging,
+                    )
+                )
+            pos = _skip_tags(buf, pos)
+        return cls(throttle, error, session_id, partitions)
+
+
 class FetchRequestV11(RequestStruct):  # type: ignore[misc]
     """Fetch version 11 as aiokafka's schema has it, answered by `FetchResponse`."""
 
@@ -190,6 +366,53 @@ class FetchRequestV11(RequestStruct):  # type: ignore[misc]
     API_VERSION = 11
     RESPONSE_TYPE = FetchResponse
     SCHEMA = protocol_fetch.FetchRequest_v11.SCHEMA
+
+
+_FETCH_PARTITION_V12 = CompactArray(
+    ("partition", Int32),
+    ("current_leader_epoch", Int32),
+    ("fetch_offset", Int64),
+    ("last_fetched_epoch", Int32),
+    ("log_start_offset", Int64),
+    ("partition_max_bytes", Int32),
+    ("tags", TaggedFields),
+)
+
+
+class FetchRequestV12(RequestStruct):  # type: ignore[misc]
+    """Fetch version 12, the first flexible one: each partition's last fetched epoch."""
+
+    API_KEY = 1
+    API_VERSION = 12
+    FLEXIBLE_VERSION = True
+    RESPONSE_TYPE = FetchResponseV12
+    SCHEMA = Schema(
+        ("replica_id", Int32),
+        ("max_wait_ms", Int32),
+        ("min_bytes", Int32),
+        ("max_bytes", Int32),
+        ("isolation_level", Int8),
+        ("session_id", Int32),
+        ("session_epoch", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("topic", CompactString("utf-8")),
+                ("partitions", _FETCH_PARTITION_V12),
+                ("tags", TaggedFields),
+            ),
+        ),
+        (
+            "forgotten_topics_data",
+            CompactArray(
+                ("topic", CompactString("utf-8")),
+                ("partitions", CompactArray(Int32)),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("rack_id", CompactString("utf-8")),
+        ("tags", TaggedFields),
+    )
 
 
 def _by_topic(
@@ -201,8 +424,12 @@ def _by_topic(
     return grouped
 
 
-class FetchRequest(Request[FetchRequestV11]):  # type: ignore[misc]
-    """The fetch request of a session's plan.
+_NO_TAGS: Final[dict[int, bytes]] = {}
+
+
+class FetchRequest(Request[FetchRequestV11 | FetchRequestV12]):  # type: ignore[misc]
+    """The fetch request of a session's plan, in the newest version the broker serves
+    of 11 and 12 (11 leaves the last fetched epochs out).
 
     Args:
         plan: what the request names (see `FetchSession.plan()`).
@@ -228,33 +455,49 @@ class FetchRequest(Request[FetchRequestV11]):  # type: ignore[misc]
         self.fields = (max_wait_ms, min_bytes, max_bytes, isolation_level)
         self.rack_id = rack_id
 
-    def build(self, request_struct_class: type[FetchRequestV11]) -> Any:
+    def build(self, request_struct_class: type[FetchRequestV11 | FetchRequestV12]) -> Any:
         plan = self.plan
         named = plan.named
-        topics = [
-            (
-                topic,
+        grouped = _by_topic(named).items()
+        forgotten = _by_topic(plan.forgotten).items()
+        # NO_EPOCH as the current leader epoch: the leader checks none; -1 as the log
+        # start offset: a consumer's is none.
+        if request_struct_class.API_VERSION < 12:
+            return request_struct_class(
+                -1,  # replica id: a consumer
+                *self.fields,
+                plan.session_id,
+                plan.epoch,
                 [
-                    # -1: no current leader epoch known (the leader does not check it),
-                    # -1: the log start offset (a consumer's is none)
-                    (tp.partition, -1, named[tp][0], -1, named[tp][1])
-                    for tp in tps
+                    (
+                        topic,
+                        [(tp.partition, NO_EPOCH, named[tp][0], -1, named[tp][1]) for tp in tps],
+                    )
+                    for topic, tps in grouped
                 ],
+                [(topic, [tp.partition for tp in tps]) for topic, tps in forgotten],
+                self.rack_id,
             )
-            for topic, tps in _by_topic(named).items()
-        ]
-        forgotten = [
-            (topic, [tp.partition for tp in tps])
-            for topic, tps in _by_topic(plan.forgotten).items()
-        ]
         return request_struct_class(
-            -1,  # replica id: a consumer
+            -1,
             *self.fields,
             plan.session_id,
             plan.epoch,
-            topics,
-            forgotten,
+            [
+                (
+                    topic,
+                    [
+                        (tp.partition, NO_EPOCH, offset, epoch, -1, max_bytes, _NO_TAGS)
+                        for tp in tps
+                        for offset, max_bytes, epoch in (named[tp],)
+                    ],
+                    _NO_TAGS,
+                )
+                for topic, tps in grouped
+            ],
+            [(topic, [tp.partition for tp in tps], _NO_TAGS) for topic, tps in forgotten],
             self.rack_id,
+            _NO_TAGS,
         )
 
 

@@ -1,11 +1,12 @@
 """A fetch session with one broker: what the broker holds, what the next request names.
 
-A broker keeps, per fetch session, the partitions a consumer fetches and the offset it
-asked each from. A full request (epoch 0) names every partition and opens a session; the
-broker answers with its id. Later requests are incremental: they carry the session id and
-the next epoch, and name only the partitions that are new or whose fetch data changed
-(their fetch offset moved after records were taken), and the partitions to drop
-(forgotten). The broker answers each with the partitions that have records or news.
+A broker keeps, per fetch session, the partitions a consumer fetches and what it asked
+of each (the offset, the bytes, the last fetched epoch). A full request (epoch 0) names
+every partition and opens a session; the broker answers with its id. Later requests are
+incremental: they carry the session id and the next epoch, and name only the partitions
+that are new or whose fetch data changed (their fetch offset moved after records were
+taken), and the partitions to drop (forgotten). The broker answers each with the
+partitions that have records or news.
 
 The session starts over with a full request after:
 
@@ -57,8 +58,9 @@ INVALID_FETCH_SESSION_EPOCH: Final = 71
 
 _MAX_EPOCH: Final = 2**31 - 1
 
-#: What a request says of one partition: ``(fetch offset, max bytes)``.
-PartitionFetch = tuple[int, int]
+#: What a request says of one partition: ``(fetch offset, max bytes, last fetched
+#: epoch)`` (the epoch -1 when unknown).
+PartitionFetch = tuple[int, int, int]
 
 
 def next_epoch(epoch: int) -> int:
