@@ -157,11 +157,11 @@ def test_the_end_offset_from_the_headers_is_where_reading_ends(
 ) -> None:
     """`fetch_end()` reads headers only; the fetch loop asks for the next records from
     it before reading these, so it must be the offset `read_records()` ends at, whatever
-    the batches (records, markers, aborted transactions) and a cut tail; and the epoch it
-    gives is the last whole batch's."""
+    the batches (records, markers, aborted transactions) and a cut tail; and the epoch
+    history gains each whole batch's epoch newer than the last, at its base offset."""
     data, offset, aborted, epochs = b"", 0, [], []
-    for kind, size in layout:
-        epoch = 3 + len(epochs)
+    for i, (kind, size) in enumerate(layout):
+        epoch, base = 3 + i // 2, offset  # two batches an epoch
         if kind == "records":
             data += batch(offset, [b"v"] * size, producer_id=7, transactional=True, epoch=epoch)
             offset += size
@@ -170,22 +170,27 @@ def test_the_end_offset_from_the_headers_is_where_reading_ends(
                 aborted.append((7, offset))
             data += marker(offset, 7, abort=kind == "abort", epoch=epoch)
             offset += 1
-        epochs.append((len(data), epoch))
+        epochs.append((len(data), epoch, base))
     data = data[: max(0, len(data) - cut)]
     fetch_offset = min(skip, offset)
     _, read_to = read_records(
         data, fetch_offset, aborted, read_committed=committed, check_crcs=False
     )
-    whole = [epoch for end, epoch in epochs if end <= len(data)]
-    assert fetch_end(data, fetch_offset, -7) == (read_to, whole[-1] if whole else -7)
+    history = [(2, 0)]  # an older epoch, from an earlier fetch
+    assert fetch_end(data, fetch_offset, history) == read_to
+    whole = [(epoch, base) for end, epoch, base in epochs if end <= len(data)]
+    firsts = [entry for i, entry in enumerate(whole) if i == 0 or whole[i - 1][0] < entry[0]]
+    assert history == [(2, 0), *firsts]
 
 
 def test_a_batch_shorter_than_its_header_is_refused() -> None:
     short = bytearray(batch(0, [b"a"]))
     struct.pack_into(">i", short, 8, 40)  # a version 2 header needs 49 bytes after it
     with pytest.raises(CorruptRecordException):
-        fetch_end(bytes(short[:52]), 0, -1)
-    assert fetch_end(bytes(short[:51]), 0, -1) == (0, -1)  # not whole yet: no batch
+        fetch_end(bytes(short[:52]), 0, [])
+    history: list[tuple[int, int]] = []
+    assert fetch_end(bytes(short[:51]), 0, history) == 0  # not whole yet: no batch
+    assert history == []
 
 
 def test_a_corrupt_batch_is_refused() -> None:
@@ -259,6 +264,13 @@ def test_version_12_carries_each_partitions_last_fetched_epoch() -> None:
     assert isinstance(request.prepare({1: (4, 17)}), FetchRequestV12)  # the newest both know
     assert isinstance(request.prepare({1: (4, 11)}), FetchRequestV11)
     built = request.build(FetchRequestV12)
+    # Written field by field as Kafka's message schema has it.
+    written = struct.pack(">iiiibii", -1, 500, 1, 1000, 0, 0, 0) + _uvarint(3)
+    for topic, offset, epoch in ((b"a", 4, 6), (b"b", 3, -1)):
+        written += _compact(topic) + _uvarint(2)
+        written += struct.pack(">iiqiqi", 0, -1, offset, epoch, -1, 100) + _tags() + _tags()
+    written += _uvarint(1) + _compact(b"") + _tags()  # nothing forgotten, no rack
+    assert built.encode() == written
     fields = FetchRequestV12.decode(built.encode()).to_object()
     assert [(t["topic"], t["partitions"]) for t in fields["topics"]] == [
         (
@@ -377,9 +389,9 @@ async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() 
     tp = TopicPartition("t", 0)
     fetcher = Fetcher(_Client(), FetchConfig())
     fetcher.assign(tp, 0)
-    bad = bytearray(batch(2, [b"c"]))
+    bad = bytearray(batch(2, [b"c"], epoch=2))
     bad[-1] ^= 0xFF
-    for asked, raw in ((0, batch(0, [b"a", b"b"])), (2, bytes(bad))):
+    for asked, raw in ((0, batch(0, [b"a", b"b"], epoch=1)), (2, bytes(bad))):
         fetch = {tp: (asked, 1 << 20, -1)}
         plan = FetchPlan(1, 1, False, fetch, (), fetch)
         fetcher._take(1, plan, [PartitionData(tp, 0, 3, -1, 0, None, raw)])
@@ -387,6 +399,7 @@ async def test_a_corrupt_batch_is_raised_by_getmany_after_what_came_before_it() 
     with pytest.raises(CorruptRecordException):
         await fetcher.getmany()
     assert fetcher.position(tp) == 2
+    assert fetcher.last_fetched_epoch(tp) == 1  # the next request names 1, not 2
     # Fetched again from there: a response to a request from offset 2 is taken.
     fetch = {tp: (2, 1 << 20, -1)}
     again = [PartitionData(tp, 0, 3, -1, 0, None, batch(2, [b"c"]))]

@@ -9,8 +9,9 @@ other partition of its broker back; a batch whose header cannot
 be read is raised after the records before it; a partition that moves to another leader
 starts no session over; a failed metadata update is forced again while a partition waits
 for its leader. Each request names the epoch of the last batch fetched; a leader whose log
-parts from it has the records from there fetched again (or, under the reset policy
-``none``, raises `LogTruncationError` where records past it were handed out)."""
+parts from the epochs fetched has the records from there fetched again (or, under the
+reset policy ``none``, raises `LogTruncationError` where records past it were handed out);
+a read replica's such answer counts only when it holds records up to the fetch offset."""
 
 from __future__ import annotations
 
@@ -190,9 +191,7 @@ async def test_a_read_replica_named_by_the_leader_is_fetched_until_it_fails(
     await answer(client, data(TP, replica=2))  # the leader names broker 2
     assert await answer(client, data(TP, batch(0, [b"a"], epoch=4)), node=2) == {TP: (0, MB, -1)}
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a"]
-    # No last fetched epoch to a replica (whose log may lag behind the records fetched)...
-    assert await answer(client, data(TP, code=NOT_LEADER), node=2) == {TP: (1, MB, -1)}
-    # ...but to the leader.
+    assert await answer(client, data(TP, code=NOT_LEADER), node=2) == {TP: (1, MB, 4)}
     assert await answer(client, data(TP, batch(1, [b"b"]))) == {TP: (1, MB, 4)}
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"b"]
     await fetcher.stop()
@@ -239,12 +238,12 @@ async def test_a_batch_whose_header_cannot_be_read_is_raised_after_the_records_b
     fetcher.assign(TP, 0)
     bad = bytearray(batch(2, [b"c"]))
     struct.pack_into(">i", bad, 8, 0)  # a batch length under the header's
-    await answer(client, data(TP, batch(0, [b"a", b"b"])))
+    await answer(client, data(TP, batch(0, [b"a", b"b"], epoch=1)))
     await answer(client, data(TP, bytes(bad)))
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a", b"b"]
     with pytest.raises(CorruptRecordException):
         await fetcher.getmany(timeout_ms=5000)
-    assert (await answer(client, data(TP, batch(2, [b"c"]))))[TP][0] == 2
+    assert (await answer(client, data(TP, batch(2, [b"c"]))))[TP] == (2, MB, 1)
     assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"c"]
     await fetcher.stop()
 
@@ -310,6 +309,8 @@ async def test_records_handed_out_that_the_leader_lost_are_fetched_again_from_wh
         with pytest.raises(LogTruncationError) as raised:
             await fetcher.getmany(timeout_ms=5000)
         assert raised.value.args[0] == {TP: 2}
+        fetcher.seek(TP, 2)  # not fetched until then
+        assert (await answer(client, data(TP)))[TP] == (2, MB, -1)
     else:
         assert (await answer(client, data(TP, batch(2, [b"x"], epoch=2))))[TP] == (2, MB, 1)
         assert fetcher.position(TP) == 2  # moved back: the runtime starts the partition again
@@ -326,7 +327,8 @@ async def test_records_fetched_past_where_the_leaders_log_parts_are_dropped_befo
     await answer(client, data(TP, batch(0, [b"a", b"b", b"c"], epoch=1)))  # not taken yet
     await answer(client, data(TP, diverging=(1, 1)))  # the leader holds a only
     again = batch(0, [b"a"], epoch=1) + batch(1, [b"y"], epoch=2)
-    assert (await answer(client, data(TP, again)))[TP] == (0, MB, 1)  # its position, 0
+    # From its position, 0, before which no epoch was fetched.
+    assert (await answer(client, data(TP, again)))[TP] == (0, MB, -1)
     got: list[bytes | None] = []
     while len(got) < 2:
         got.extend(values((await fetcher.getmany(timeout_ms=5000))[TP]))
@@ -335,18 +337,38 @@ async def test_records_fetched_past_where_the_leaders_log_parts_are_dropped_befo
     await fetcher.stop()
 
 
-async def test_a_leader_holding_every_record_fetched_goes_on_under_its_own_epoch(
+async def test_records_of_an_epoch_the_leader_never_had_are_fetched_again(
     client: _Client,
 ) -> None:
     fetcher = await started(client)
     fetcher.assign(TP, 0)
-    await answer(client, data(TP, batch(0, [b"a"], epoch=5)))
-    # The leader has no epoch 5; its epoch 4 ends past the fetch offset: nothing lost.
-    assert (await answer(client, data(TP, diverging=(4, 7))))[TP] == (1, MB, 5)
-    assert (await answer(client, data(TP, batch(1, [b"b"], epoch=6))))[TP] == (1, MB, 4)
-    got: list[bytes | None] = []
-    while len(got) < 2:
-        got.extend(values((await fetcher.getmany(timeout_ms=5000))[TP]))
-    assert got == [b"a", b"b"]
-    assert fetcher.counters.truncations == 0
+    fetched = batch(0, [b"a"], epoch=3) + batch(1, [b"b", b"c"], epoch=5)
+    await answer(client, data(TP, fetched))
+    assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a", b"b", b"c"]
+    # The leader has no epoch 5; its epoch 4 ends at 7, past the fetch offset. But b and c,
+    # of epoch 5, are not its records: fetched again from b, under epoch 3.
+    assert (await answer(client, data(TP, diverging=(4, 7))))[TP] == (3, MB, 5)
+    assert (await answer(client, data(TP, batch(1, [b"x"], epoch=4))))[TP] == (1, MB, 3)
+    assert fetcher.position(TP) == 1
+    assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"x"]
+    assert fetcher.counters.truncations == 1
+    await fetcher.stop()
+
+
+@pytest.mark.parametrize(("highwater", "counts"), [(1, True), (0, False)])
+async def test_a_read_replicas_divergence_counts_only_when_it_holds_the_records_fetched(
+    client: _Client, highwater: int, counts: bool
+) -> None:
+    fetcher = await started(client, rack_id="zone-b")
+    fetcher.assign(TP, 0)
+    await answer(client, data(TP, replica=2))  # the leader names broker 2
+    await answer(client, data(TP, batch(0, [b"a"], epoch=4)), node=2)
+    assert values((await fetcher.getmany(timeout_ms=5000))[TP]) == [b"a"]
+    diverged = PartitionData(TP, 0, highwater, -1, 0, None, b"", -1, (4, 0))
+    assert await answer(client, diverged, node=2) == {TP: (1, MB, 4)}
+    if counts:  # the replica's log holds offset 1 and parts at 0: fetched again from 0
+        assert await answer(client, data(TP), node=2) == {TP: (0, MB, -1)}
+    else:  # it lags: the leader is asked, from the same offset and epoch
+        assert await answer(client, data(TP)) == {TP: (1, MB, 4)}
+    assert fetcher.counters.truncations == int(counts)
     await fetcher.stop()

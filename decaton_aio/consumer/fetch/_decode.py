@@ -12,8 +12,9 @@ every format and codec; each record it yields becomes a `TaskRecord` at once
 
 What is read here is pure: bytes and the aborted list in, records and the next fetch
 offset out. `fetch_end()` gives that offset from the batches' headers alone, so the
-fetch loop can ask for what follows before it reads the records, with the leader epoch
-of the last batch (what the next request names as its last fetched epoch).
+fetch loop can ask for what follows before it reads the records, and notes where each
+partition leader epoch the batches carry starts (the partition's epoch history: the last
+one is what the next request names as its last fetched epoch).
 """
 
 from __future__ import annotations
@@ -51,15 +52,18 @@ def _is_abort(batch: Any) -> bool:
     return False
 
 
-def fetch_end(data: bytes, fetch_offset: int, epoch: int) -> tuple[int, int]:
+def fetch_end(data: bytes, fetch_offset: int, epochs: list[tuple[int, int]]) -> int:
     """The offset to fetch after ``data`` (fetched from ``fetch_offset``), past its last
-    complete batch as `read_records()` returns it, and that batch's partition leader epoch
-    (-1 for a legacy batch; ``epoch`` as given when ``data`` holds no complete batch),
-    read from the batches' headers only.
+    complete batch as `read_records()` returns it, read from the batches' headers only.
+
+    ``epochs``, the partition's epoch history (``(epoch, first offset)`` in offset order),
+    gains each partition leader epoch of a complete batch that is newer than its last, at
+    that batch's base offset (a legacy batch has none).
 
     Raises:
         CorruptRecordException: a batch is shorter than its header.
     """
+    last = epochs[-1][0] if epochs else -1
     next_offset = fetch_offset
     size = len(data)
     pos = 0
@@ -77,11 +81,13 @@ def fetch_end(data: bytes, fetch_offset: int, epoch: int) -> tuple[int, int]:
         if magic >= 2:
             epoch, delta = unpack_epoch_delta(data, pos + _LOG_OVERHEAD)
             next_offset = max(next_offset, base + delta + 1)
+            if epoch > last:
+                epochs.append((epoch, base))
+                last = epoch
         else:
             next_offset = max(next_offset, base + 1)  # a legacy wrapper's is its last
-            epoch = -1
         pos = end
-    return next_offset, epoch
+    return next_offset
 
 
 def read_records(

@@ -17,15 +17,17 @@ larger than the bytes asked for) has the partition asked for twice as many bytes
 consumer's rack (``rack_id``, KIP-392) has the partition fetched from that replica for
 `READ_REPLICA_LEASE_S`, or until the replica answers with an error or cannot be reached.
 
-Each request names, with a partition's fetch offset, the leader epoch of the last batch
-fetched before it (Fetch version 12 on; none after a seek or a reset, and none to a read
-replica). A leader whose log parts from that history answers with the epoch and end
-offset where they part (a leader elected without records the loop had fetched: an unclean
-election); below the fetch offset, the records from that end offset on are not the
-leader's any more: what was fetched from there is dropped, and the partition is fetched
-again from there, its position moved back when records past it were handed out already
-(under the reset policy ``none``, that raises `LogTruncationError` instead). At or past the
-fetch offset, nothing fetched is lost and the partition goes on with the leader's epoch.
+A partition keeps its epoch history since it was assigned, sought or reset: where each
+partition leader epoch of the batches fetched starts. Each request names, with the fetch
+offset, the last of them (Fetch version 12 on; none while the history is empty). A broker
+whose log parts from it (a leader elected without records the loop had fetched: an
+unclean election) answers with its own epoch and where that epoch ends in its log; the
+records fetched from there, or from the first one of an epoch newer than the broker's if
+that comes first, are not the broker's: they are dropped, their epochs leave the
+history, and the partition is fetched again from there, its position moved back when
+records past it were handed out already (under the reset policy ``none``, that raises
+`LogTruncationError` instead). A read replica's answer of that kind counts only when the
+replica holds records up to the fetch offset (else it lags: the leader is asked again).
 
 Partition errors: ``OFFSET_OUT_OF_RANGE`` places the partition by the reset policy
 (ListOffsets, `_reset_routine()`) once the records fetched before that offset are taken;
@@ -129,8 +131,8 @@ class _Partition:
     __slots__ = (
         "backing_off",
         "chunks",
+        "epochs",
         "error",
-        "fetch_epoch",
         "fetch_offset",
         "highwater",
         "last_stable_offset",
@@ -151,8 +153,9 @@ class _Partition:
         self.tp = tp
         self.position = offset
         self.fetch_offset = offset
-        # The partition leader epoch of the last batch fetched before fetch_offset.
-        self.fetch_epoch = NO_EPOCH
+        # The epoch history: (partition leader epoch, first offset) of the batches fetched
+        # before fetch_offset since the last assignment, seek or reset, in offset order.
+        self.epochs: list[tuple[int, int]] = []
         self.paused = False
         self.resetting = offset is None
         self.leader: int | None = None
@@ -186,6 +189,17 @@ class _Partition:
             and self.out_of_range_at is None
             and not self.backing_off
         )
+
+    @property
+    def last_epoch(self) -> int:
+        """The partition leader epoch of the last batch fetched (`NO_EPOCH`: unknown)."""
+        return self.epochs[-1][0] if self.epochs else NO_EPOCH
+
+    def rewind_epochs(self, offset: int) -> None:
+        """Drop the epochs that start at or after ``offset`` (fetched again from there)."""
+        epochs = self.epochs
+        while epochs and epochs[-1][1] >= offset:
+            epochs.pop()
 
     @property
     def buffered(self) -> int:
@@ -328,7 +342,7 @@ class Fetcher:
         part = self._partitions[tp]
         self._drop_chunks(part)
         part.position = part.fetch_offset = offset
-        part.fetch_epoch = NO_EPOCH
+        part.epochs.clear()
         part.resetting = False
         part.error = None
         part.out_of_range_at = None
@@ -371,6 +385,13 @@ class Fetcher:
         """The partition's end as its leader last said, None until a response told."""
         part = self._partitions.get(tp)
         return part.highwater if part is not None else None
+
+    def last_fetched_epoch(self, tp: TopicPartition) -> int | None:
+        """The partition leader epoch of the last batch fetched for ``tp``, which the next
+        request names (`NO_EPOCH`: none since it was assigned, sought or reset); None
+        when not assigned."""
+        part = self._partitions.get(tp)
+        return part.last_epoch if part is not None else None
 
     def last_stable_offset(self, tp: TopicPartition) -> int | None:
         """The end a ``read_committed`` reader reaches, as the leader last said."""
@@ -493,7 +514,7 @@ class Fetcher:
                         freed += part.buffered
                         chunks.clear()
                         part.fetch_offset = chunk.asked
-                        part.fetch_epoch = NO_EPOCH
+                        part.rewind_epochs(chunk.asked)
                         part.out_of_range_at = None
                         break
                 if budget < 0 or len(records) <= budget:
@@ -621,16 +642,10 @@ class Fetcher:
         self._routines[node_id] = task
 
     def _wanted(self, node_id: int) -> dict[TopicPartition, PartitionFetch]:
-        # The last fetched epoch goes to the leader only: a read replica's log may lag
-        # behind the records fetched, which it would take for a divergence.
         max_bytes = self.config.max_partition_bytes
         now = time.monotonic()
         return {
-            tp: (
-                part.fetch_offset,  # type: ignore[misc]
-                part.max_bytes or max_bytes,
-                part.fetch_epoch if node_id == part.leader else NO_EPOCH,
-            )
+            tp: (part.fetch_offset, part.max_bytes or max_bytes, part.last_epoch)  # type: ignore[misc]
             for tp, part in self._partitions.items()
             if part.fetchable and part.source(now) == node_id
         }
@@ -738,15 +753,19 @@ class Fetcher:
                 self._read_from(part, replica)
                 continue
             if data.diverging is not None:
-                self._diverged(part, asked, *data.diverging)
+                if node_id != part.leader and data.highwater < asked:
+                    self._leave_replica(part)  # a replica behind the records fetched
+                else:
+                    self._diverged(part, asked, *data.diverging)
                 continue
             raw = data.records
             if not raw:
                 continue
             counters.bytes += len(raw)
             try:
-                next_offset, epoch = fetch_end(raw, asked, part.fetch_epoch)
+                next_offset = fetch_end(raw, asked, part.epochs)
             except KafkaError as exc:
+                part.rewind_epochs(asked)
                 # Raised by getmany() once the records before it are taken (_drain);
                 # the partition is not fetched meanwhile (its error is set, not yet in
                 # _errored, which getmany() raises first).
@@ -759,7 +778,6 @@ class Fetcher:
                 part.max_bytes = 0
                 chunk = _Chunk(raw, asked, data.aborted, next_offset)
                 part.fetch_offset = next_offset
-                part.fetch_epoch = epoch
             part.chunks.append(chunk)
             if not part.paused:
                 self._buffered_bytes += len(raw)
@@ -816,19 +834,25 @@ class Fetcher:
             self._pulse()
 
     def _diverged(self, part: _Partition, offset: int, epoch: int, end: int) -> None:
-        # The leader's log parts from the partition's last fetched epoch at `end`, the end
-        # of the leader's `epoch` (the epoch's own or an older one).
-        if end >= offset:
-            # What was fetched is the leader's too: go on under the leader's epoch.
-            part.fetch_epoch = epoch
+        # The broker's log holds `epoch` up to `end` and parts from the history there, or
+        # at the first epoch of the history newer than `epoch`, whichever comes first.
+        parts_at = end
+        for fetched_epoch, start in part.epochs:
+            if fetched_epoch > epoch:
+                parts_at = min(end, start)
+                break
+        if parts_at >= offset:
+            # The broker holds every record fetched: its answer was to an epoch the
+            # history no longer names (sought meanwhile). Fetched on, naming none.
+            part.epochs.clear()
             self._pulse()
             return
         self._counters.truncations += 1
         tp = part.tp
         position = part.position if part.position is not None else offset
         self._drop_chunks(part)
-        if position > end and self.config.auto_offset_reset == "none":
-            part.error = LogTruncationError({tp: end})
+        if position > parts_at and self.config.auto_offset_reset == "none":
+            part.error = LogTruncationError({tp: parts_at})
             self._errored.add(tp)
             self._ready.set()
             self._ready.clear()
@@ -837,12 +861,11 @@ class Fetcher:
             "the partition's leader does not hold records fetched before: fetching again "
             "from where its log parts from them",
             partition=f"{tp.topic}-{tp.partition}",
-            offset=end,
-            handed_out_past_it=max(0, position - end),
+            offset=parts_at,
+            handed_out_past_it=max(0, position - parts_at),
         )
-        part.fetch_offset = min(position, end)
-        part.position = part.fetch_offset
-        part.fetch_epoch = epoch
+        part.position = part.fetch_offset = min(position, parts_at)
+        part.rewind_epochs(part.fetch_offset)
         part.out_of_range_at = None
         self._pulse()
 
@@ -925,7 +948,7 @@ class Fetcher:
                     self._lost_leader(part)
                 continue
             part.position = part.fetch_offset = offset
-            part.fetch_epoch = NO_EPOCH
+            part.epochs.clear()
             part.resetting = False
             self._counters.offset_resets += 1
         self._pulse()
