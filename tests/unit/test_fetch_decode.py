@@ -12,7 +12,12 @@ from aiokafka.errors import CorruptRecordException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decaton_aio._aiokafka import DefaultRecordBatch, DefaultRecordBatchBuilder, protocol_fetch
+from decaton_aio._aiokafka import (
+    DefaultRecordBatch,
+    DefaultRecordBatchBuilder,
+    RequestStruct,
+    protocol_fetch,
+)
 from decaton_aio.consumer._records import TaskRecord
 from decaton_aio.consumer.fetch import FetchConfig, Fetcher, FetchSession
 from decaton_aio.consumer.fetch._decode import fetch_end, read_records
@@ -271,6 +276,12 @@ def test_version_12_carries_each_partitions_last_fetched_epoch() -> None:
         written += struct.pack(">iiqiqi", 0, -1, offset, epoch, -1, 100) + _tags() + _tags()
     written += _uvarint(1) + _compact(b"") + _tags()  # nothing forgotten, no rack
     assert built.encode() == written
+    # And as the schema's generic writer writes it, with forgotten partitions and a rack.
+    a0, c1, c2 = TopicPartition("a", 0), TopicPartition("c", 1), TopicPartition("c", 2)
+    wanted = {a0: (8, 100, 2)}
+    other = FetchRequest(FetchPlan(9, 4, False, wanted, (c1, c2), wanted), 5, 16, 99, 1, "r1")
+    again = other.build(FetchRequestV12)
+    assert again.encode() == RequestStruct.encode(again)
     fields = FetchRequestV12.decode(built.encode()).to_object()
     assert [(t["topic"], t["partitions"]) for t in fields["topics"]] == [
         (
