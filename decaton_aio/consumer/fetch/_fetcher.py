@@ -858,8 +858,8 @@ class Fetcher:
             self._ready.clear()
             return
         log.warning(
-            "the partition's leader does not hold records fetched before: fetching again "
-            "from where its log parts from them",
+            "the broker's log no longer holds records fetched before (a leader elected "
+            "without them): fetching again from where it parts from them",
             partition=f"{tp.topic}-{tp.partition}",
             offset=parts_at,
             handed_out_past_it=max(0, position - parts_at),
